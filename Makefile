@@ -1,0 +1,46 @@
+# kafka-diode: `make demo` and `make test` are the two set-up commands (README.md).
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.PHONY: install jars check fmt test test-all chaos demo bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# Resolves the Kafka broker and Spark connector jars from Maven Central once, into the user cache.
+jars: $(STAMP)
+	$(BIN)/kafka-diode local-kafka fetch
+
+check: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+fmt: $(STAMP)
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+# Everything CI runs: static checks, unit, property, integration and the fast chaos subset.
+test: check jars
+	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+
+# The full matrix, including the slow chaos scenarios.
+test-all: check jars
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+chaos: jars
+	$(BIN)/pytest -m chaos $(PYTEST_ARGS)
+
+demo: jars
+	$(BIN)/kafka-diode demo
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,79 @@
+"""The one exception tree of kafka-diode.
+
+::
+
+    DiodeError
+    ├── ConfigError            bad configuration; names the key and the fix; stops start-up
+    ├── LocalProtocolError     we used the protocol API wrongly (a bug on our side)
+    ├── RemoteProtocolError    bytes from the wire are invalid; carries a DropReason
+    ├── KeyRingError           key material missing, malformed or unknown
+    ├── BundleError            a resend bundle is tampered, truncated, of a wrong version or key
+    └── ServiceError           an external service (Kafka, Java, Maven, Spark) is unusable
+        └── LocalKafkaError    the embedded broker cannot be fetched, started or stopped
+
+``retriable`` says whether trying the same thing again later may succeed (aiokafka's convention).
+Third-party exceptions are wrapped once, at the module that calls the library, with
+``raise OurError(...) from exc``.
+"""
+
+from __future__ import annotations
+
+
+class DiodeError(Exception):
+    """Root of every exception kafka-diode raises on purpose."""
+
+    retriable: bool = False
+
+
+class ConfigError(DiodeError):
+    """A configuration value is missing or invalid.
+
+    The message always names the key (as the user wrote it: TOML key, environment variable or
+    flag) and says how to fix it.
+    """
+
+    def __init__(self, key: str, problem: str, fix: str | None = None) -> None:
+        self.key = key
+        self.problem = problem
+        self.fix = fix
+        message = f"{key}: {problem}"
+        if fix:
+            message += f" ({fix})"
+        super().__init__(message)
+
+
+class LocalProtocolError(DiodeError):
+    """The protocol API was called in a way it does not allow; always a bug of the caller."""
+
+
+class RemoteProtocolError(DiodeError):
+    """Input received from the wire is invalid.
+
+    Decoders raise this internally and turn it into a counted drop; it never escapes a decoder's
+    public ``receive_datagram``.
+    """
+
+    def __init__(self, reason: object, detail: str = "") -> None:
+        self.reason = reason
+        self.detail = detail
+        super().__init__(f"{reason}: {detail}" if detail else str(reason))
+
+
+class KeyRingError(DiodeError):
+    """Key material is missing, unreadable, malformed, or a key id is unknown."""
+
+
+class BundleError(DiodeError):
+    """A resend bundle cannot be trusted or read (tampered, truncated, wrong key or version)."""
+
+
+class ServiceError(DiodeError):
+    """An external service or tool the process depends on is unusable."""
+
+    retriable = True
+
+
+class LocalKafkaError(ServiceError):
+    """The embedded Kafka broker could not be fetched, started, reached or stopped."""
+
+    retriable = False

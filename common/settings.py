@@ -1,0 +1,343 @@
+"""Layered process settings: defaults, then a TOML file, then environment, then flags.
+
+Every long-running command describes its settings as a frozen, keyword-only dataclass whose fields
+carry a docstring (the attribute docstring right below the field). This module turns that one
+description into:
+
+- argparse options (``add_flags``), with the field docstring as help text;
+- a merged configuration (``build``) where a later layer overrides an earlier one
+  (defaults < file < environment < flags), unknown keys are refused with a "did you mean" hint,
+  and strings from the environment are converted to the field's type;
+- a printable, secret-masked view (``describe``) for ``--check-config`` and start-up logs;
+- the reference tables in ``docs/configuration.md`` (``field_docs``), so docs cannot drift.
+
+Dictionary-typed fields (librdkafka or Spark pass-through properties) take environment variables
+of the form ``<PREFIX><FIELD>__<PROPERTY>``, with ``_`` in the property read as ``.``:
+``DIODE_SENDER_KAFKA__SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka["security.protocol"]``.
+
+Pure: the caller reads the TOML file and passes ``os.environ``; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import difflib
+import inspect
+import itertools
+import textwrap
+import types
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from common.errors import ConfigError
+
+T = TypeVar("T")
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+_SECRET_WORDS = ("password", "secret", "passphrase", "token", "sasl.oauthbearer", "private")
+MASK = "***"
+
+
+def field_docs(cls: type[Any]) -> dict[str, str]:
+    """Return ``{field name: docstring}`` read from the attribute docstrings in ``cls``'s source."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):
+            continue
+        body = ast.parse(source).body[0]
+        if not isinstance(body, ast.ClassDef):
+            continue
+        statements = body.body
+        for first, second in itertools.pairwise(statements):
+            if (
+                isinstance(first, ast.AnnAssign)
+                and isinstance(first.target, ast.Name)
+                and isinstance(second, ast.Expr)
+                and isinstance(second.value, ast.Constant)
+                and isinstance(second.value.value, str)
+            ):
+                docs[first.target.id] = " ".join(second.value.value.split())
+    return docs
+
+
+def is_secret(cls: type[Any], name: str) -> bool:
+    """A field is secret when declared with ``repr=False`` (key material, passwords)."""
+    for f in dataclasses.fields(cls):
+        if f.name == name:
+            return not f.repr
+    return False
+
+
+def _hints(cls: type[Any]) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(typing.get_args(tp)) == 2:
+            return args[0], True
+    return tp, False
+
+
+def _convert(key: str, raw: Any, tp: Any) -> Any:
+    """Convert ``raw`` (a string from env/flags or a TOML value) to type ``tp``."""
+    inner, optional = _unwrap_optional(tp)
+    if raw is None:
+        if optional:
+            return None
+        raise ConfigError(key, "must not be empty")
+    if optional and isinstance(raw, str) and raw == "":
+        return None
+    origin = typing.get_origin(inner)
+    try:
+        if inner is bool:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+            raise ValueError(raw)
+        if inner is int:
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return int(str(raw).replace("_", "")) if isinstance(raw, str) else int(raw)
+        if inner is float:
+            if isinstance(raw, bool):
+                raise ValueError(raw)
+            return float(raw)
+        if inner is str:
+            if not isinstance(raw, str | int | float):
+                raise ValueError(raw)
+            return str(raw)
+        if inner is Path:
+            return Path(str(raw)).expanduser()
+        if origin is tuple:
+            args = typing.get_args(inner)
+            item_tp = args[0] if args else str
+            items = (
+                [s.strip() for s in raw.split(",") if s.strip()] if isinstance(raw, str) else raw
+            )
+            if not isinstance(items, list | tuple):
+                raise ValueError(raw)
+            return tuple(_convert(key, item, item_tp) for item in items)
+        if origin is dict:
+            if not isinstance(raw, Mapping):
+                raise ValueError(raw)
+            return {
+                str(k): str(v) if not isinstance(v, bool) else str(v).lower()
+                for k, v in raw.items()
+            }
+        if origin is typing.Literal:
+            allowed = typing.get_args(inner)
+            if raw not in allowed:
+                raise ConfigError(key, f"is {raw!r}", f"use one of: {', '.join(map(str, allowed))}")
+            return raw
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(key, f"{raw!r} is not a valid {_type_name(tp)}") from exc
+    return raw
+
+
+def _type_name(tp: Any) -> str:
+    inner, optional = _unwrap_optional(tp)
+    origin = typing.get_origin(inner)
+    if origin is tuple:
+        name = "comma-separated list"
+    elif origin is dict:
+        name = "table of properties"
+    elif origin is typing.Literal:
+        name = " | ".join(map(str, typing.get_args(inner)))
+    else:
+        name = {bool: "boolean", int: "integer", float: "number", str: "string", Path: "path"}.get(
+            inner, getattr(inner, "__name__", str(inner))
+        )
+    return f"{name} (optional)" if optional else name
+
+
+def env_name(prefix: str, field_name: str) -> str:
+    """The environment variable that sets ``field_name``."""
+    return prefix + field_name.upper()
+
+
+def flag_name(field_name: str) -> str:
+    """The command-line flag that sets ``field_name``."""
+    return "--" + field_name.replace("_", "-")
+
+
+def _unknown(key: str, known: list[str], where: str) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    fix = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(known))}"
+    return ConfigError(key, f"unknown {where}", fix)
+
+
+def add_flags(
+    parser: argparse.ArgumentParser, cls: type[Any], *, skip: tuple[str, ...] = ()
+) -> None:
+    """Add one ``--flag`` per field of ``cls``; an unset flag stays ``None`` (no override)."""
+    docs = field_docs(cls)
+    hints = _hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        tp = hints[f.name]
+        inner, _ = _unwrap_optional(tp)
+        default = _default_text(f)
+        help_text = f"{docs.get(f.name, '')} [{_type_name(tp)}; default: {default}]"
+        if typing.get_origin(inner) is dict:
+            parser.add_argument(
+                flag_name(f.name),
+                dest=f.name,
+                action="append",
+                metavar="PROP=VALUE",
+                default=None,
+                help=help_text + " (repeatable)",
+            )
+        else:
+            parser.add_argument(flag_name(f.name), dest=f.name, default=None, help=help_text)
+
+
+def _default_text(f: dataclasses.Field[Any]) -> str:
+    if not f.repr:
+        return "unset"
+    if f.default is not dataclasses.MISSING:
+        value: Any = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+    else:
+        return "required"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "empty"
+    if isinstance(value, dict):
+        return "none" if not value else ", ".join(f"{k}={v}" for k, v in value.items())
+    return "none" if value is None else str(value)
+
+
+def build(
+    cls: type[T],
+    *,
+    file_values: Mapping[str, Any] | None = None,
+    env: Mapping[str, str] | None = None,
+    env_prefix: str = "",
+    flags: argparse.Namespace | Mapping[str, Any] | None = None,
+) -> T:
+    """Merge defaults < file < environment < flags into an instance of ``cls``.
+
+    Raises:
+        ConfigError: an unknown key, a value of the wrong type, or whatever ``cls`` refuses in
+            its ``__post_init__``.
+    """
+    hints = _hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]  # type: ignore[arg-type]
+    values: dict[str, Any] = {}
+
+    for key, raw in (file_values or {}).items():
+        if key not in hints:
+            raise _unknown(key, names, "key in the configuration file")
+        values[key] = _convert(key, raw, hints[key])
+
+    if env is not None and env_prefix:
+        for var, raw in env.items():
+            if not var.startswith(env_prefix):
+                continue
+            field_part, _, prop = var[len(env_prefix) :].partition("__")
+            name = field_part.lower()
+            if name not in hints:
+                raise _unknown(
+                    var, [env_name(env_prefix, n) for n in names], "environment variable"
+                )
+            inner, _ = _unwrap_optional(hints[name])
+            if typing.get_origin(inner) is dict:
+                if not prop:
+                    raise ConfigError(
+                        var, "sets a property table", f"use {var}__PROPERTY_NAME=value"
+                    )
+                table = dict(values.get(name) or {})
+                table[prop.lower().replace("_", ".")] = raw
+                values[name] = table
+            else:
+                values[name] = _convert(var, raw, hints[name])
+
+    flag_map = vars(flags) if isinstance(flags, argparse.Namespace) else dict(flags or {})
+    for name, raw in flag_map.items():
+        if name not in hints or raw is None:
+            continue
+        inner, _ = _unwrap_optional(hints[name])
+        if typing.get_origin(inner) is dict and isinstance(raw, list):
+            table = dict(values.get(name) or {})
+            for item in raw:
+                prop, sep, value = str(item).partition("=")
+                if not sep:
+                    raise ConfigError(flag_name(name), f"{item!r} is not PROP=VALUE")
+                table[prop.strip()] = value
+            values[name] = table
+        else:
+            values[name] = _convert(flag_name(name), raw, hints[name])
+
+    try:
+        return cls(**values)
+    except TypeError as exc:  # a required field without a value
+        missing = [
+            f.name
+            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+            if f.name not in values
+            and f.default is dataclasses.MISSING
+            and f.default_factory is dataclasses.MISSING
+        ]
+        if missing:
+            name = missing[0]
+            raise ConfigError(
+                name,
+                "is required",
+                f"set it in the file, as {env_name(env_prefix, name)} or with {flag_name(name)}",
+            ) from exc
+        raise
+
+
+def describe(config: Any) -> dict[str, Any]:
+    """A JSON-friendly view of ``config`` with every secret masked."""
+    out: dict[str, Any] = {}
+    cls = type(config)
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if not f.repr:
+            out[f.name] = None if value is None else MASK
+        elif isinstance(value, dict):
+            out[f.name] = {
+                k: (MASK if any(w in k.lower() for w in _SECRET_WORDS) else v)
+                for k, v in value.items()
+            }
+        elif isinstance(value, Path):
+            out[f.name] = str(value)
+        elif isinstance(value, tuple):
+            out[f.name] = list(value)
+        else:
+            out[f.name] = value
+    del cls
+    return out
+
+
+def reference_table(cls: type[Any], env_prefix: str) -> str:
+    """A Markdown table of every field: key, env var, flag, type, default and meaning."""
+    docs = field_docs(cls)
+    hints = _hints(cls)
+    rows = ["| key | environment | flag | type | default | meaning |", "|---|---|---|---|---|---|"]
+    for f in dataclasses.fields(cls):
+        rows.append(
+            f"| `{f.name}` | `{env_name(env_prefix, f.name)}` | `{flag_name(f.name)}` "
+            f"| {_type_name(hints[f.name])} | `{_default_text(f)}` | {docs.get(f.name, '')} |"
+        )
+    return "\n".join(rows)

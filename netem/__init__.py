@@ -1,0 +1,1 @@
+"""Network impairment: loss, duplication, reordering, delay, corruption."""

@@ -1,0 +1,1 @@
+"""Low side: receive UDP datagrams, authenticate, decode and write the raw topic."""

@@ -1,0 +1,1 @@
+"""High side: read upstream Kafka, send paced, encrypted UDP datagrams."""

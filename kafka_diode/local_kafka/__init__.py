@@ -1,0 +1,27 @@
+"""Real Apache Kafka brokers on this host, without Docker, for tests and the demo.
+
+``artifacts`` fetches and caches the broker jars and Spark's Kafka connector (Maven Central, once;
+offline afterwards); ``broker`` runs a named single-node KRaft broker as a background JVM; ``cli``
+is ``kafka-diode local-kafka``. See docs/local-kafka.md.
+"""
+
+from __future__ import annotations
+
+from kafka_diode.local_kafka.artifacts import (
+    KAFKA_VERSION,
+    SPARK_VERSION,
+    ensure_kafka_jars,
+    spark_connector_jars,
+)
+from kafka_diode.local_kafka.broker import BrokerState, BrokerStatus, LocalBroker, list_brokers
+
+__all__ = [
+    "KAFKA_VERSION",
+    "SPARK_VERSION",
+    "BrokerState",
+    "BrokerStatus",
+    "LocalBroker",
+    "ensure_kafka_jars",
+    "list_brokers",
+    "spark_connector_jars",
+]

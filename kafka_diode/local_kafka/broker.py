@@ -1,0 +1,691 @@
+"""A real single-node Apache Kafka broker (KRaft, combined broker+controller) as a background JVM.
+
+Theory of operation
+-------------------
+``LocalBroker.start()`` resolves Java (17+) and the cached broker jars, writes ``server.properties``
+and a log4j2 configuration into the data directory, formats the storage once (a fresh cluster id on
+first start; later starts reuse it), and launches ``java ... kafka.Kafka server.properties`` in its
+own session, so the broker outlives the command that started it. It returns only once the broker
+has accepted a produce *and* served the same record back to a fetch, or raises
+:class:`LocalKafkaError` with the tail of the broker's log.
+
+State lives in two places::
+
+    <data-dir>/broker.json        pid, ports, bootstrap, java command of the running broker
+    <data-dir>/server.properties  the broker configuration (rewritten on every start)
+    <data-dir>/logs/server.log    the broker's own log (log4j2, rolled at 20 MB x 3)
+    <data-dir>/logs/stdout.log    the JVM's stdout/stderr (crashes, OOM)
+    <data-dir>/kraft-logs/        Kafka's log.dirs
+    <run-dir>/<name>.json         index: name -> data dir, so ``stop --name`` and ``status`` find it
+
+``<run-dir>`` is ``$KAFKA_DIODE_RUN_DIR`` or ``<cache>/run``; the default data dir is
+``<cache>/data/<name>``.
+
+Guarantees: ``stop()`` signals only the process whose ``/proc/<pid>/cmdline`` carries this broker's
+name *and* data directory (never a recycled pid), sends SIGTERM, and sends SIGKILL only after a
+deadline. ``start()`` of a name that is already running on the same port returns the running
+broker; starting on a port that something else holds fails before Java is launched.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from common.errors import ConfigError, LocalKafkaError
+from kafka_diode.local_kafka import artifacts
+
+log = logging.getLogger(__name__)
+
+HOST = "127.0.0.1"
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+#: Measured: a broker under the test suite's load peaks well below this (docs/benchmarks.md).
+DEFAULT_HEAP_MB = 512
+DEFAULT_START_TIMEOUT_S = 90.0
+DEFAULT_STOP_TIMEOUT_S = 30.0
+PROBE_TOPIC = "__kafka_diode_probe"
+#: Marks our JVMs on their command line, so stop/status recognise them and nothing else.
+CMDLINE_NAME_PROP = "-Dkafka_diode.broker="
+CMDLINE_DIR_PROP = "-Dkafka_diode.data_dir="
+STATE_FILE = "broker.json"
+_LOG_TAIL_LINES = 8
+_POLL_S = 0.2
+
+_LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
+<!-- Written by kafka-diode: the broker logs to files in its data dir, never to our terminal. -->
+<Configuration status="WARN" shutdownHook="disable">
+  <Appenders>
+    <RollingFile name="server" fileName="{logs}/server.log" filePattern="{logs}/server.log.%i">
+      <PatternLayout pattern="[%d] %p %m (%c)%n"/>
+      <Policies><SizeBasedTriggeringPolicy size="20 MB"/></Policies>
+      <DefaultRolloverStrategy max="3"/>
+    </RollingFile>
+  </Appenders>
+  <Loggers>
+    <Root level="INFO"><AppenderRef ref="server"/></Root>
+    <Logger name="kafka.request.logger" level="WARN"/>
+    <Logger name="state.change.logger" level="WARN"/>
+    <Logger name="kafka.network.RequestChannel$" level="WARN"/>
+    <Logger name="org.apache.kafka.common.utils.AppInfoParser" level="WARN"/>
+    <Logger name="org.apache.kafka.storage.internals.log" level="WARN"/>
+    <Logger name="kafka.log.LogCleaner" level="WARN"/>
+  </Loggers>
+</Configuration>
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerState:
+    """What ``broker.json`` records about a started broker."""
+
+    name: str
+    """The broker's name (``--name``)."""
+    pid: int
+    """The JVM's process id."""
+    port: int
+    """The client (PLAINTEXT) port."""
+    controller_port: int
+    """The KRaft controller port, chosen automatically."""
+    bootstrap: str
+    """``host:port`` for ``bootstrap.servers``."""
+    data_dir: str
+    """Absolute data directory."""
+    cluster_id: str
+    """The KRaft cluster id the storage was formatted with."""
+    kafka_version: str
+    """The Apache Kafka release running."""
+    started_at: float
+    """Unix time the JVM was launched."""
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> BrokerState:
+        """Parse a ``broker.json`` document (unknown keys are ignored)."""
+        return cls(
+            name=str(data["name"]),
+            pid=int(data["pid"]),
+            port=int(data["port"]),
+            controller_port=int(data["controller_port"]),
+            bootstrap=str(data["bootstrap"]),
+            data_dir=str(data["data_dir"]),
+            cluster_id=str(data["cluster_id"]),
+            kafka_version=str(data["kafka_version"]),
+            started_at=float(data["started_at"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerStatus:
+    """One row of ``status``: a known broker and whether its JVM is alive."""
+
+    name: str
+    """The broker's name."""
+    running: bool
+    """Whether the recorded pid is alive and is this broker's JVM."""
+    data_dir: str
+    """The broker's data directory."""
+    state: BrokerState | None
+    """The last recorded state, if the state file is readable."""
+
+
+def run_dir(env: Mapping[str, str] | None = None) -> Path:
+    """Where the name index lives: ``$KAFKA_DIODE_RUN_DIR`` or ``<cache>/run``."""
+    environ = os.environ if env is None else env
+    configured = environ.get("KAFKA_DIODE_RUN_DIR", "").strip()
+    return Path(configured).expanduser() if configured else artifacts.cache_root(env) / "run"
+
+
+def default_data_dir(name: str, env: Mapping[str, str] | None = None) -> Path:
+    """``<cache>/data/<name>``: the broker's data unless ``--data-dir`` says otherwise."""
+    return artifacts.cache_root(env) / "data" / name
+
+
+def validate_name(name: str) -> str:
+    """Return ``name`` if it is a safe broker name, else raise ConfigError."""
+    if not NAME_PATTERN.fullmatch(name):
+        raise ConfigError(
+            "--name",
+            f"{name!r} is not a valid broker name",
+            "use 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit",
+        )
+    return name
+
+
+def validate_port(port: int, key: str = "--port") -> int:
+    """Return ``port`` if it is a usable TCP port, else raise ConfigError."""
+    if not 1 <= port <= 65535:
+        raise ConfigError(key, f"{port} is not a TCP port", "use 1-65535")
+    return port
+
+
+def port_in_use(port: int, host: str = HOST) -> bool:
+    """Whether a listening socket already holds ``host:port`` (as the JVM would bind it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # The JVM binds with SO_REUSEADDR, so a TIME_WAIT leftover does not block it; mirror that.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+def free_port(host: str = HOST) -> int:
+    """A TCP port the kernel considers free right now (for tests and the controller listener)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (Kafka's Uuid form)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode("ascii").rstrip("=")
+
+
+def pid_cmdline(pid: int) -> list[str] | None:
+    """The argv of ``pid`` from /proc, or None when it is gone or a zombie."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+    if not raw:  # zombies and kernel threads have an empty cmdline
+        return None
+    return [part.decode("utf-8", "replace") for part in raw.split(b"\0") if part]
+
+
+def is_our_broker(pid: int, name: str, data_dir: str | Path) -> bool:
+    """Whether ``pid`` is alive and is the JVM of broker ``name`` on ``data_dir``."""
+    argv = pid_cmdline(pid)
+    if argv is None:
+        return False
+    return f"{CMDLINE_NAME_PROP}{name}" in argv and f"{CMDLINE_DIR_PROP}{data_dir}" in argv
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid`` if it is our exited child, so it does not linger as a zombie."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+@contextlib.contextmanager
+def _name_lock(name: str, env: Mapping[str, str] | None) -> Iterator[None]:
+    """Serialise start/stop of one name across processes (two concurrent ``start --name x``)."""
+    directory = run_dir(env)
+    directory.mkdir(parents=True, exist_ok=True)
+    with (directory / f"{name}.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+class LocalBroker:
+    """One named local broker. Cheap to construct; nothing runs until :meth:`start`.
+
+    Usable as a context manager: ``with LocalBroker("up", 9092) as broker: broker.bootstrap``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        port: int,
+        *,
+        data_dir: str | Path | None = None,
+        partitions: int = 1,
+        heap_mb: int = DEFAULT_HEAP_MB,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.name = validate_name(name)
+        self.port = validate_port(port)
+        if partitions < 1:
+            raise ConfigError("--partitions", f"{partitions} is not a partition count", "use >= 1")
+        if heap_mb < 128:
+            raise ConfigError("heap_mb", f"{heap_mb} MB is too small for a broker", "use >= 128")
+        self.partitions = partitions
+        self.heap_mb = heap_mb
+        self._env = env
+        chosen = Path(data_dir) if data_dir is not None else default_data_dir(name, env)
+        self.data_dir = chosen.expanduser().resolve()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._state: BrokerState | None = None
+
+    # -- public surface -------------------------------------------------------------------------
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` for ``bootstrap.servers``."""
+        return f"{HOST}:{self.port}"
+
+    @property
+    def state(self) -> BrokerState | None:
+        """The state recorded by the last start of this broker, if any."""
+        return self._state or read_state(self.data_dir)
+
+    def __enter__(self) -> LocalBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def is_running(self) -> bool:
+        """Whether this broker's JVM is alive (by pid and command line)."""
+        state = self.state
+        if state is None:
+            return False
+        if self._process is not None and self._process.poll() is not None:
+            return False
+        return is_our_broker(state.pid, self.name, self.data_dir)
+
+    def start(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> BrokerState:
+        """Start the broker (or return it if already running here) and wait until it is usable.
+
+        Raises:
+            LocalKafkaError: Java/jars unusable, port taken, or the broker did not become ready.
+        """
+        with _name_lock(self.name, self._env):
+            existing = self.state
+            if existing is not None and is_our_broker(existing.pid, self.name, self.data_dir):
+                if existing.port != self.port:
+                    raise LocalKafkaError(
+                        f"broker {self.name!r} already runs on port {existing.port}: "
+                        f"stop it first (kafka-diode local-kafka stop --name {self.name})"
+                    )
+                self._state = existing
+                _wait_ready(existing.bootstrap, time.monotonic() + timeout, alive=self.is_running)
+                return existing
+            other = _index_entry(self.name, self._env)
+            if other is not None and Path(other) != self.data_dir:
+                other_state = read_state(Path(other))
+                if other_state is not None and is_our_broker(other_state.pid, self.name, other):
+                    raise LocalKafkaError(
+                        f"a broker named {self.name!r} already runs from {other}: stop it first "
+                        f"(kafka-diode local-kafka stop --name {self.name}) or pick another name"
+                    )
+            if port_in_use(self.port):
+                raise LocalKafkaError(
+                    f"port {self.port} on {HOST} is already in use: pick another --port "
+                    "or stop what listens there (see 'ss -ltnp')"
+                )
+            java = artifacts.java_executable(self._env)
+            jars = artifacts.ensure_kafka_jars(self._env)
+            state = self._launch(java, jars, previous=existing)
+            self._state = state
+            _write_index(self.name, self.data_dir, self._env)
+        try:
+            _wait_ready(state.bootstrap, time.monotonic() + timeout, alive=self.is_running)
+        except LocalKafkaError as exc:
+            self.stop()
+            raise LocalKafkaError(f"{exc}{self._log_tail()}") from exc
+        log.info("broker %s ready at %s (pid %d)", self.name, state.bootstrap, state.pid)
+        return state
+
+    def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT_S) -> bool:
+        """Stop this broker: SIGTERM, wait, SIGKILL after ``timeout``. Idempotent.
+
+        Returns:
+            True if a running broker was stopped, False if none was running.
+        """
+        with _name_lock(self.name, self._env):
+            state = self.state
+            stopped = False
+            if state is not None:
+                stopped = _terminate(state, self.data_dir, timeout, self._process)
+            self._process = None
+            _remove_index(self.name, self.data_dir, self._env)
+            return stopped
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _launch(self, java: str, jars: Path, previous: BrokerState | None) -> BrokerState:
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        log_dirs = self.data_dir / "kraft-logs"
+        controller_port = _controller_port(previous, self.port)
+        cluster_id = _formatted_cluster_id(log_dirs) or new_cluster_id()
+        properties = self.data_dir / "server.properties"
+        properties.write_text(
+            _server_properties(self.port, controller_port, log_dirs, self.partitions),
+            encoding="utf-8",
+        )
+        log4j = self.data_dir / "log4j2.xml"
+        log4j.write_text(_LOG4J2_XML.format(logs=logs), encoding="utf-8")
+        base = [
+            java,
+            f"-Dlog4j2.configurationFile={log4j}",
+            f"-Dkafka.logs.dir={logs}",
+            "-Djava.awt.headless=true",
+            "-cp",
+            f"{jars}/*",
+        ]
+        if _formatted_cluster_id(log_dirs) is None:
+            self._format(base, properties, cluster_id)
+        command = [
+            *base[:1],
+            f"-Xmx{self.heap_mb}m",
+            "-Xms64m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            # Few cores, several JVMs: keep the broker's own thread pools small.
+            "-XX:ParallelGCThreads=2",
+            "-XX:CICompilerCount=2",
+            f"{CMDLINE_NAME_PROP}{self.name}",
+            f"{CMDLINE_DIR_PROP}{self.data_dir}",
+            *base[1:],
+            "kafka.Kafka",
+            str(properties),
+        ]
+        with (logs / "stdout.log").open("ab") as out:
+            process = subprocess.Popen(
+                command,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # survive the CLI's exit and its terminal's Ctrl+C
+                cwd=self.data_dir,
+            )
+        self._process = process
+        state = BrokerState(
+            name=self.name,
+            pid=process.pid,
+            port=self.port,
+            controller_port=controller_port,
+            bootstrap=self.bootstrap,
+            data_dir=str(self.data_dir),
+            cluster_id=cluster_id,
+            kafka_version=artifacts.KAFKA_VERSION,
+            started_at=time.time(),
+        )
+        _write_json_atomic(self.data_dir / STATE_FILE, asdict(state))
+        return state
+
+    def _format(self, base: list[str], properties: Path, cluster_id: str) -> None:
+        command = [*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c"]
+        command.append(str(properties))
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=DEFAULT_START_TIMEOUT_S,
+                check=False,
+                cwd=self.data_dir,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise LocalKafkaError(f"formatting the storage of {self.name!r} failed: {exc}") from exc
+        if result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise LocalKafkaError(
+                f"formatting the storage in {self.data_dir} failed ({detail[0][:300]}): "
+                "remove the data dir or pick another --data-dir"
+            )
+
+    def _log_tail(self) -> str:
+        lines: list[str] = []
+        for path in (self.data_dir / "logs" / "stdout.log", self.data_dir / "logs" / "server.log"):
+            with contextlib.suppress(OSError):
+                text = path.read_text(encoding="utf-8", errors="replace")
+                interesting = [
+                    line for line in text.splitlines() if "ERROR" in line or "Exception" in line
+                ]
+                lines += interesting[-_LOG_TAIL_LINES:]
+        if not lines:
+            return f"; broker log: {self.data_dir / 'logs'}"
+        return f"; broker log {self.data_dir / 'logs'} says: " + " | ".join(
+            line[:200] for line in lines[-_LOG_TAIL_LINES:]
+        )
+
+
+def _controller_port(previous: BrokerState | None, client_port: int) -> int:
+    # Reuse the last controller port when free: the next start then looks like the last one.
+    if (
+        previous is not None
+        and previous.controller_port != client_port
+        and not port_in_use(previous.controller_port)
+    ):
+        return previous.controller_port
+    while True:
+        candidate = free_port()
+        if candidate != client_port:
+            return candidate
+
+
+def _formatted_cluster_id(log_dirs: Path) -> str | None:
+    try:
+        text = (log_dirs / "meta.properties").read_text(encoding="utf-8")
+    except OSError:
+        return None
+    match = re.search(r"^cluster\.id=(\S+)$", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def _server_properties(port: int, controller_port: int, log_dirs: Path, partitions: int) -> str:
+    settings = {
+        "process.roles": "broker,controller",
+        "node.id": "1",
+        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "log.dirs": str(log_dirs),
+        "num.partitions": str(partitions),
+        "default.replication.factor": "1",
+        "min.insync.replicas": "1",
+        "auto.create.topics.enable": "true",
+        "offsets.topic.replication.factor": "1",
+        # Fewer internal partitions: the first consumer group and first transaction come up fast.
+        "offsets.topic.num.partitions": "5",
+        "transaction.state.log.replication.factor": "1",
+        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.num.partitions": "5",
+        "share.coordinator.state.topic.replication.factor": "1",
+        "share.coordinator.state.topic.min.isr": "1",
+        "group.initial.rebalance.delay.ms": "0",
+        "num.network.threads": "2",
+        "num.io.threads": "4",
+        "num.recovery.threads.per.data.dir": "1",
+        "log.retention.hours": "168",
+        "log.segment.bytes": str(256 * 1024 * 1024),
+    }
+    lines = ["# Written by kafka-diode on every start; edit the code, not this file."]
+    lines += [f"{key}={value}" for key, value in settings.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _wait_ready(bootstrap: str, deadline: float, alive: Callable[[], bool]) -> None:
+    """Wait until ``bootstrap`` accepts a produce and serves it back to a fetch, or raise."""
+    host, _, port_text = bootstrap.rpartition(":")
+    last_error = "no answer yet"
+    while True:
+        if not alive():
+            raise LocalKafkaError(f"the broker at {bootstrap} exited during start-up")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise LocalKafkaError(f"the broker at {bootstrap} was not ready in time ({last_error})")
+        try:
+            with socket.create_connection((host, int(port_text)), timeout=min(1.0, remaining)):
+                pass
+        except OSError as exc:
+            last_error = f"connect: {exc}"
+            time.sleep(_POLL_S)  # polling a condition under a deadline, not synchronising on time
+            continue
+        try:
+            _probe(bootstrap, min(remaining, 15.0))
+            return
+        except LocalKafkaError as exc:
+            last_error = str(exc)
+
+
+def _probe(bootstrap: str, timeout: float) -> None:
+    """Produce one record to the probe topic and fetch it back; raise LocalKafkaError if not."""
+    # Imported here: status/stop and `--help` must not pay for loading librdkafka.
+    from confluent_kafka import (  # noqa: PLC0415
+        Consumer,
+        KafkaError,
+        KafkaException,
+        Producer,
+        TopicPartition,
+    )
+    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
+    from confluent_kafka.cimpl import NewTopic  # noqa: PLC0415
+
+    deadline = time.monotonic() + timeout
+    quiet = logging.getLogger(f"{__name__}.probe")
+    common: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "logger": quiet,
+        "socket.timeout.ms": 5000,
+    }
+    admin = AdminClient(common)
+    futures = admin.create_topics([NewTopic(PROBE_TOPIC, 1, 1)], request_timeout=timeout)
+    try:
+        futures[PROBE_TOPIC].result(timeout=timeout)
+    except KafkaException as exc:
+        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+            raise LocalKafkaError(f"create probe topic: {exc.args[0].str()}") from exc
+    delivered: list[tuple[int, str | None]] = []
+    token = uuid.uuid4().bytes
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        delivered.append((-1, err.str()) if err is not None else (int(msg.offset()), None))
+
+    producer = Producer({**common, "acks": "all", "message.timeout.ms": int(timeout * 1000)})
+    producer.produce(PROBE_TOPIC, value=token, partition=0, on_delivery=on_delivery)
+    producer.flush(timeout)
+    if not delivered or delivered[0][1] is not None:
+        raise LocalKafkaError(f"probe produce: {delivered[0][1] if delivered else 'timed out'}")
+    consumer = Consumer({**common, "group.id": "kafka-diode-probe", "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(PROBE_TOPIC, 0, delivered[0][0])])
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None or msg.error() is not None:
+                continue
+            if msg.value() == token:
+                return
+        raise LocalKafkaError("probe fetch: the produced record did not come back in time")
+    finally:
+        consumer.close()
+
+
+def _terminate(
+    state: BrokerState,
+    data_dir: Path,
+    timeout: float,
+    process: subprocess.Popen[bytes] | None,
+) -> bool:
+    pid = state.pid
+    if not is_our_broker(pid, state.name, data_dir):
+        _reap(pid)
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    if _wait_gone(pid, state.name, data_dir, timeout, process):
+        return True
+    log.warning("broker %s (pid %d) ignored SIGTERM for %.0f s; killing", state.name, pid, timeout)
+    if is_our_broker(pid, state.name, data_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    if not _wait_gone(pid, state.name, data_dir, 10.0, process):
+        raise LocalKafkaError(f"broker {state.name!r} (pid {pid}) survived SIGKILL")
+    return True
+
+
+def _wait_gone(
+    pid: int, name: str, data_dir: Path, timeout: float, process: subprocess.Popen[bytes] | None
+) -> bool:
+    if process is not None:
+        try:
+            process.wait(timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        _reap(pid)
+        if not is_our_broker(pid, name, data_dir):
+            return True
+        time.sleep(_POLL_S)  # the pid is not our child: /proc is all we can watch
+    return not is_our_broker(pid, name, data_dir)
+
+
+def read_state(data_dir: Path) -> BrokerState | None:
+    """The ``broker.json`` of ``data_dir``, or None when absent or unreadable."""
+    try:
+        return BrokerState.from_json(json.loads((data_dir / STATE_FILE).read_text("utf-8")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_json_atomic(path: Path, data: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+    temp.replace(path)
+
+
+def _index_entry(name: str, env: Mapping[str, str] | None) -> str | None:
+    try:
+        data = json.loads((run_dir(env) / f"{name}.json").read_text("utf-8"))
+        return str(data["data_dir"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _write_index(name: str, data_dir: Path, env: Mapping[str, str] | None) -> None:
+    _write_json_atomic(run_dir(env) / f"{name}.json", {"name": name, "data_dir": str(data_dir)})
+
+
+def _remove_index(name: str, data_dir: Path, env: Mapping[str, str] | None) -> None:
+    if _index_entry(name, env) == str(data_dir):
+        with contextlib.suppress(FileNotFoundError):
+            (run_dir(env) / f"{name}.json").unlink()
+
+
+def broker_by_name(name: str, env: Mapping[str, str] | None = None) -> LocalBroker | None:
+    """The indexed broker called ``name`` (running or not), or None if the index lacks it."""
+    validate_name(name)
+    data_dir = _index_entry(name, env)
+    if data_dir is None:
+        return None
+    state = read_state(Path(data_dir))
+    port = state.port if state is not None else 1
+    return LocalBroker(name, port, data_dir=data_dir, env=env)
+
+
+def list_brokers(env: Mapping[str, str] | None = None) -> list[BrokerStatus]:
+    """Every indexed broker and whether it runs; entries whose data dir vanished are dropped."""
+    directory = run_dir(env)
+    rows: list[BrokerStatus] = []
+    if not directory.is_dir():
+        return rows
+    for entry in sorted(directory.glob("*.json")):
+        name = entry.stem
+        data_dir = _index_entry(name, env)
+        if data_dir is None or not Path(data_dir).is_dir():
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
+            continue
+        state = read_state(Path(data_dir))
+        running = state is not None and is_our_broker(state.pid, name, data_dir)
+        rows.append(BrokerStatus(name=name, running=running, data_dir=data_dir, state=state))
+    return rows

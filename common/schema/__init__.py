@@ -1,0 +1,1 @@
+"""Avro schemas of the wire protocol (docs/protocol.md); loaded by common.wire.envelope."""

@@ -1,0 +1,35 @@
+"""Wire protocol v1: what crosses the diode (normative spec: docs/protocol.md).
+
+Sans-IO: :class:`Encoder` turns records and control messages into datagrams, :class:`Decoder`
+turns datagrams into events; neither reads a clock, a socket or a file. Import everything from
+here.
+"""
+
+from common.wire.config import WireConfig, fragment_capacity
+from common.wire.events import (
+    Dropped,
+    DropReason,
+    Event,
+    Heartbeat,
+    Record,
+    RecordBatch,
+    ResendMarker,
+)
+from common.wire.keyring import Key, KeyRing, derive_key, format_key_id, key_id_for
+
+__all__ = [
+    "DropReason",
+    "Dropped",
+    "Event",
+    "Heartbeat",
+    "Key",
+    "KeyRing",
+    "Record",
+    "RecordBatch",
+    "ResendMarker",
+    "WireConfig",
+    "derive_key",
+    "format_key_id",
+    "fragment_capacity",
+    "key_id_for",
+]

@@ -1,0 +1,127 @@
+"""The datagram envelope: a 44-byte fixed header followed by an Avro ``bytes`` payload.
+
+The envelope is the Avro record in ``common/schema/envelope.avsc``. Every header field is an Avro
+``fixed``, so its binary encoding is the raw bytes at a fixed offset and the whole header is one
+``struct`` unpack; the payload is an Avro ``bytes`` (zigzag varint length, then the bytes). A
+datagram is valid Avro for that schema, byte for byte (the golden-vector tests decode it with
+fastavro), but the hot path never pays for a generic Avro reader. docs/protocol.md §3.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any, Final
+
+from fastavro import parse_schema
+
+MAGIC: Final = b"KDIO"
+VERSION: Final = 1
+
+KIND_RECORD_BATCH: Final = 0
+KIND_HEARTBEAT: Final = 1
+KIND_RESEND_MARKER: Final = 2
+KIND_KEY_ANNOUNCEMENT: Final = 3  # reserved for the public-key mode; not implemented in v1
+KINDS: Final = (KIND_RECORD_BATCH, KIND_HEARTBEAT, KIND_RESEND_MARKER)
+
+COMPRESSION_NONE: Final = 0
+COMPRESSION_GZIP: Final = 1
+COMPRESSION_ZSTD: Final = 2  # reserved
+COMPRESSION_CODES: Final = {"none": COMPRESSION_NONE, "gzip": COMPRESSION_GZIP}
+
+CIPHER_NONE: Final = 0
+CIPHER_AES_256_GCM: Final = 1
+
+#: magic, version, kind, compression, cipher, session id, sequence, key id, fragment index,
+#: fragment count, message length — all big-endian, no padding.
+HEADER: Final = struct.Struct(">4sBBBB16sQIHHI")
+HEADER_SIZE: Final = HEADER.size
+TAG_SIZE: Final = 16
+SESSION_ID_SIZE: Final = 16
+MAX_SEQUENCE: Final = (1 << 64) - 1
+
+assert HEADER_SIZE == 44
+
+_SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
+
+
+def load_schema(name: str) -> Any:
+    """Parse ``common/schema/<name>.avsc`` (done once per schema, at import)."""
+    with (_SCHEMA_DIR / f"{name}.avsc").open(encoding="utf-8") as fh:
+        return parse_schema(json.load(fh))
+
+
+ENVELOPE_SCHEMA: Final = load_schema("envelope")
+
+
+def varint_size(n: int) -> int:
+    """Bytes a (non-negative, already zigzagged) Avro varint of ``n`` takes."""
+    return (n.bit_length() + 6) // 7 or 1
+
+
+def encode_long(n: int) -> bytes:
+    """Avro long: zigzag then little-endian base-128 varint."""
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+#: Precomputed zigzag varints for small non-negative longs (lengths, counts, small deltas).
+SMALL_LONGS: Final = tuple(encode_long(i) for i in range(1 << 14))
+
+
+def decode_long(data: bytes, pos: int, limit: int) -> tuple[int, int]:
+    """Read an Avro long at ``pos`` (not past ``limit``); returns ``(value, next pos)``.
+
+    Raises:
+        ValueError: truncated, or longer than the 10 bytes a 64-bit long may take.
+    """
+    shift = 0
+    acc = 0
+    for i in range(pos, min(limit, pos + 10)):
+        b = data[i]
+        acc |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (acc >> 1) ^ -(acc & 1), i + 1
+        shift += 7
+    raise ValueError("truncated or overlong varint")
+
+
+def build_header(
+    *,
+    kind: int,
+    compression: int,
+    cipher: int,
+    session_id: bytes,
+    sequence: int,
+    key_id: int,
+    fragment_index: int,
+    fragment_count: int,
+    message_length: int,
+) -> bytes:
+    """The 44 header bytes (also the AES-GCM associated data)."""
+    return HEADER.pack(
+        MAGIC,
+        VERSION,
+        kind,
+        compression,
+        cipher,
+        session_id,
+        sequence,
+        key_id,
+        fragment_index,
+        fragment_count,
+        message_length,
+    )
+
+
+def frame(header: bytes, payload: bytes) -> bytes:
+    """Header, Avro length prefix and payload: the datagram."""
+    n = len(payload)
+    prefix = SMALL_LONGS[n] if n < (1 << 14) else encode_long(n)
+    return b"".join((header, prefix, payload))

@@ -1,0 +1,143 @@
+"""What the wire decoder hands to its caller: small frozen events (docs/protocol.md §8).
+
+Every datagram a :class:`~common.wire.decoder.Decoder` receives ends as exactly one of: part of a
+:class:`RecordBatch`, :class:`Heartbeat` or :class:`ResendMarker` (once its message is complete),
+or a :class:`Dropped` with a :class:`DropReason`. ``DropReason`` values are used verbatim as
+Prometheus label values, so they never change within a protocol version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class DropReason(StrEnum):
+    """Why a datagram (or a whole fragmented message) was dropped; a metric label value."""
+
+    MALFORMED = "malformed"
+    """Not decodable: too short, bad Avro, inconsistent columns, corrupt gzip, bad values."""
+    BAD_MAGIC = "bad_magic"
+    """The first four bytes are not ``KDIO``: not our protocol at all."""
+    UNSUPPORTED_VERSION = "unsupported_version"
+    """Our magic, but a protocol version this decoder does not implement."""
+    TRAILING_BYTES = "trailing_bytes"
+    """Bytes left over after the envelope, the decompressed stream or the Avro payload."""
+    UNKNOWN_KEY = "unknown_key"
+    """The key id is not in the receiver's key ring (not yet installed, or already retired)."""
+    AUTH_FAILED = "auth_failed"
+    """AES-256-GCM authentication failed: forged, corrupted or encrypted under another key."""
+    CLEARTEXT_REFUSED = "cleartext_refused"
+    """Cipher ``none`` while the decoder does not allow cleartext."""
+    REPLAYED = "replayed"
+    """Sequence number older than the anti-replay window of its session."""
+    DUPLICATE = "duplicate"
+    """Sequence number already seen inside the window: redundant copies end here (not an attack)."""
+    TOO_LARGE = "too_large"
+    """A declared or decompressed size is above the configured limit."""
+    TOO_MANY_FRAGMENTS = "too_many_fragments"
+    """The fragment count is above ``max_fragments`` (or the index is not below the count)."""
+    REASSEMBLY_OVERFLOW = "reassembly_overflow"
+    """A partial message was evicted because too many (or too large) reassemblies were in flight."""
+    REASSEMBLY_TIMEOUT = "reassembly_timeout"
+    """A partial message did not complete within ``reassembly_timeout`` (a fragment was lost)."""
+    FRAGMENT_MISMATCH = "fragment_mismatch"
+    """A fragment disagrees with the rest of its message, or the lengths do not add up."""
+    UNKNOWN_COMPRESSION = "unknown_compression"
+    """A compression code this decoder does not implement."""
+    UNKNOWN_CIPHER = "unknown_cipher"
+    """A cipher code this decoder does not implement."""
+    UNKNOWN_KIND = "unknown_kind"
+    """A message kind this decoder does not implement (for example a key announcement)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One Kafka record as read upstream, carried byte for byte."""
+
+    topic: str
+    """Source topic name."""
+    partition: int
+    """Source partition."""
+    offset: int
+    """Source offset (signed 64-bit, non-negative)."""
+    timestamp: int
+    """Record timestamp in milliseconds since the epoch."""
+    timestamp_type: int
+    """Kafka's timestamp type: 0 not available, 1 create time, 2 log-append time."""
+    key: bytes | None
+    """Record key; ``None`` (null) and ``b""`` (empty) are different and both preserved."""
+    value: bytes | None
+    """Record value; ``None`` is a tombstone."""
+    headers: tuple[tuple[str, bytes | None], ...]
+    """Record headers in order, duplicates allowed; a header value may be null."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordBatch:
+    """The records of one complete message (one datagram, or one reassembled fragmented message)."""
+
+    session_id: bytes
+    """16-byte id of the sending session (random per sender start)."""
+    sequence: int
+    """Sequence number of the message's first datagram."""
+    records: tuple[Record, ...]
+    """Records in the order the sender added them."""
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """A sender's periodic status: tells the far side where every partition's tail is."""
+
+    session_id: bytes
+    """16-byte id of the sending session."""
+    sequence: int
+    """Sequence number of the heartbeat's first datagram."""
+    sender_id: str
+    """Operator-chosen name of the sender instance."""
+    started_at_ms: int
+    """When the sender session started (ms since the epoch)."""
+    sent_at_ms: int
+    """When this heartbeat was built (ms since the epoch)."""
+    high_offsets: tuple[tuple[str, int, int], ...]
+    """``(topic, partition, highest offset sent)`` for every partition the sender reads."""
+    counters: tuple[tuple[str, int], ...]
+    """Free-form sender counters (records sent, skipped, ...), name -> value."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResendMarker:
+    """Start or end of a resend run, so the far side can tell resent records from live ones."""
+
+    session_id: bytes
+    """16-byte id of the sending session."""
+    sequence: int
+    """Sequence number of the marker's first datagram."""
+    bundle_id: str
+    """Id of the bundle (or time range description) being resent."""
+    phase: str
+    """``"start"`` or ``"end"``."""
+    ranges: tuple[tuple[str, int, int, int], ...]
+    """``(topic, partition, first offset, last offset)`` covered by the run (inclusive)."""
+    records_sent: int
+    """Records sent so far in this run (0 at start, the total at end)."""
+    sent_at_ms: int
+    """When the marker was built (ms since the epoch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped:
+    """A datagram or partial message the decoder refused; counted in ``Decoder.drops``."""
+
+    reason: DropReason
+    """Why; also the metric label."""
+    detail: str
+    """Human-readable detail for a rate-limited log line (never contains key material)."""
+    session_id: bytes | None
+    """Session of the datagram when it could be read (unauthenticated unless after AUTH)."""
+
+
+Event = RecordBatch | Heartbeat | ResendMarker | Dropped
+"""Everything ``Decoder.next_event`` can return."""
+
+RESEND_PHASES = ("start", "end")

@@ -1,0 +1,95 @@
+"""``kafka-diode keygen``: write a key file (mode 0600) and print the new key id.
+
+A key is 256 random bits, or derived from a password and salt with scrypt (both sides derive the
+same key from the same password and salt). ``--add`` appends a key to an existing ring and makes
+it active, for rotation (docs/protocol.md §7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import sys
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from common.errors import KeyRingError
+from common.wire.keyring import (
+    MIN_SALT_SIZE,
+    SCRYPT_N,
+    SCRYPT_P,
+    SCRYPT_R,
+    Key,
+    KeyRing,
+    derive_key,
+    format_key_id,
+)
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Write a new 256-bit key file with mode 0600 and print its key id.",
+    )
+    p.add_argument("--out", required=True, type=Path, help="key file to write")
+    p.add_argument("--force", action="store_true", help="overwrite an existing key file")
+    p.add_argument(
+        "--add",
+        action="store_true",
+        help="append a new key to the existing key file and make it active (rotation)",
+    )
+    p.add_argument(
+        "--password",
+        action="store_true",
+        help="derive the key from a password (read from stdin when it is not a terminal, "
+        "otherwise prompted twice) and a salt, with scrypt",
+    )
+    p.add_argument(
+        "--salt",
+        help=f"salt as hex (at least {MIN_SALT_SIZE} bytes) for --password; random if omitted "
+        "(it is printed: give the same salt to the other side)",
+    )
+    p.add_argument("--scrypt-n", type=int, default=SCRYPT_N, help="scrypt cost N (power of 2)")
+    return p
+
+
+def _read_password() -> str:
+    if not sys.stdin.isatty():
+        return sys.stdin.readline().rstrip("\r\n")
+    first = getpass.getpass("password: ")
+    if getpass.getpass("again: ") != first:
+        raise KeyRingError("the passwords differ")
+    return first
+
+
+def main(argv: Sequence[str], prog: str = "kafka-diode keygen") -> int:
+    """Entry point; returns the exit code (0 ok, 1 error, 2 usage)."""
+    args = _parser(prog).parse_args(list(argv))
+    created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    try:
+        if args.add and args.force:
+            raise KeyRingError("--add and --force exclude each other")
+        ring = KeyRing.from_file(args.out) if args.add else KeyRing()
+        if not args.add and args.out.exists() and not args.force:
+            raise KeyRingError(f"{args.out} exists; use --force to overwrite or --add to rotate")
+        if args.password:
+            try:
+                salt = bytes.fromhex(args.salt) if args.salt else os.urandom(MIN_SALT_SIZE)
+            except ValueError:
+                raise KeyRingError("--salt is not hex") from None
+            material = derive_key(_read_password(), salt, n=args.scrypt_n)
+            kdf = {"name": "scrypt", "salt": salt.hex(), "n": args.scrypt_n}
+            kdf |= {"r": SCRYPT_R, "p": SCRYPT_P}
+            key = Key.from_material(material, created=created, kdf=kdf)
+            print(f"salt {salt.hex()}", file=sys.stderr)
+        else:
+            key = Key.generate(created=created)
+        ring.add(key, activate=True)
+        ring.write(args.out, overwrite=args.add or args.force)
+    except KeyRingError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    print(format_key_id(key.key_id))
+    return 0

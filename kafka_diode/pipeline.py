@@ -1,0 +1,399 @@
+"""The whole system on one host: brokers, topics, keys and every component as a real process.
+
+Used by ``kafka-diode demo``, the chaos suite and the end-to-end benchmark, so all three run the
+same commands a user would (``kafka-diode send``, ``netem relay``, ``receive``, ``dedup``,
+``bundle create``, ``resend``), each a separate process with its own log under ``work_dir/logs``.
+
+    producer -> upstream broker -> sender -> relay (netem profile) -> receiver -> downstream broker
+             -> dedup (Spark) -> clean topics + gap topic -> bundle -> resend -> sender path again
+
+Topic names carry a per-run prefix so several pipelines can share two brokers (the test suite's).
+Whether the promise holds is decided by ``kafka_diode.verify`` from the topics alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+from kafka_diode.local_kafka.broker import LocalBroker, free_port
+from kafka_diode.processes import ManagedProcess, ProcessGroup, diode_command, wait_until
+from kafka_diode.verify import Verdict, verify
+from kafka_diode.workload import Workload, produce
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PipelineSpec:
+    """What to run; every field has a demo-friendly default."""
+
+    records: int = 20_000
+    """Records to produce upstream."""
+    topics: tuple[str, ...] = ("orders", "telemetry.site-1", "audit_log")
+    """Upstream topic names (prefixed per run)."""
+    partitions: int = 3
+    """Partitions of every topic."""
+    value_size: int = 200
+    """Mean value size in bytes."""
+    produce_rate: float | None = None
+    """Records/s offered by the producer; None: as fast as it can."""
+    profile: str | None = "demo"
+    """netem profile for the relay between sender and receiver; None: no relay."""
+    seed: int = 1
+    """Seed for the workload and the relay."""
+    compression: str = "none"
+    """Sender compression: none or gzip."""
+    copies: int = 1
+    """Sender redundancy: copies of each datagram."""
+    rate_bytes: float = 0.0
+    """Sender pacing in bytes/s (0: unpaced)."""
+    max_datagram_size: int = 0
+    """Sender datagram size limit (0: the default, which fits a 1500-byte MTU)."""
+    heartbeat_interval: float = 1.0
+    """Sender heartbeat period in seconds."""
+    window_size: int = 1000
+    """Dedup WINDOW_SIZE."""
+    max_windows: int = 1000
+    """Dedup MAX_WINDOWS."""
+    gap_emit_interval: float = 2.0
+    """Dedup GAP_EMIT_INTERVAL_SEC."""
+    persist_interval_ms: int = 1000
+    """Dedup PERSIST_INTERVAL_MS (trigger interval)."""
+    spark_master: str = "local[2]"
+    """Dedup SPARK_MASTER."""
+    run_dedup: bool = True
+    """Whether to start the Spark dedup (the receiver benchmark does not need it)."""
+    extra_env: tuple[tuple[str, str], ...] = ()
+    """Extra environment for every component."""
+
+
+@dataclass
+class Endpoints:
+    """Addresses and names of one pipeline run."""
+
+    upstream: str = ""
+    downstream: str = ""
+    prefix: str = ""
+    source_topics: tuple[str, ...] = ()
+    raw_topic: str = ""
+    clean_template: str = ""
+    gap_topic: str = ""
+    key_file: Path = Path()
+    receiver_port: int = 0
+    relay_port: int = 0
+    metrics: dict[str, int] = field(default_factory=dict)
+
+
+class Pipeline:
+    """One run of the whole system; ``with Pipeline(...) as p:`` stops everything on exit."""
+
+    def __init__(
+        self,
+        spec: PipelineSpec,
+        work_dir: Path,
+        *,
+        upstream: str | None = None,
+        downstream: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.work_dir = work_dir
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.group = ProcessGroup(work_dir / "logs")
+        self.brokers: list[LocalBroker] = []
+        self.ep = Endpoints(upstream=upstream or "", downstream=downstream or "")
+        run = uuid.uuid4().hex[:8]
+        self.ep.prefix = f"r{run}."
+        self.ep.source_topics = tuple(self.ep.prefix + t for t in spec.topics)
+        self.ep.raw_topic = f"{self.ep.prefix}diode.raw"
+        self.ep.clean_template = f"{self.ep.prefix}clean.{{topic}}"
+        self.ep.gap_topic = f"{self.ep.prefix}diode.gaps"
+        self.ep.key_file = work_dir / "link.key"
+        self.produced = 0
+
+    # -- set-up ------------------------------------------------------------------------------
+
+    def start_brokers(self) -> None:
+        """Start our own upstream and downstream brokers unless bootstraps were given."""
+        for side in ("upstream", "downstream"):
+            if getattr(self.ep, side):
+                continue
+            broker = LocalBroker(
+                f"demo-{side}",
+                free_port(),
+                data_dir=self.work_dir / f"kafka-{side}",
+                partitions=self.spec.partitions,
+            )
+            broker.start()
+            self.brokers.append(broker)
+            setattr(self.ep, side, broker.bootstrap)
+
+    def create_topics(self) -> None:
+        """Upstream sources; downstream raw, clean (one per source) and compacted gap topics."""
+        n = self.spec.partitions
+        _create(self.ep.upstream, [NewTopic(t, n, 1) for t in self.ep.source_topics])
+        downstream = [NewTopic(self.ep.raw_topic, n, 1)]
+        downstream += [
+            NewTopic(self.ep.clean_template.replace("{topic}", t), n, 1)
+            for t in self.ep.source_topics
+        ]
+        downstream.append(NewTopic(self.ep.gap_topic, 1, 1, config={"cleanup.policy": "compact"}))
+        _create(self.ep.downstream, downstream)
+
+    def make_key(self) -> None:
+        """One shared link key, as an operator would make it with ``kafka-diode keygen``."""
+        if self.ep.key_file.exists():
+            return
+        proc = ManagedProcess(
+            "keygen",
+            diode_command("keygen", "--out", str(self.ep.key_file)),
+            log_dir=self.group.log_dir,
+        )
+        proc.start()
+        assert proc.proc is not None
+        if proc.proc.wait(60) != 0:
+            raise RuntimeError(f"keygen failed:\n{proc.tail()}")
+
+    def setup(self) -> None:
+        """Brokers, topics and key."""
+        self.start_brokers()
+        self.create_topics()
+        self.make_key()
+
+    # -- components ---------------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(self.spec.extra_env)
+        env["PYSPARK_PYTHON"] = sys.executable
+        return env
+
+    def _metrics_port(self, name: str) -> str:
+        port = free_port()
+        self.ep.metrics[name] = port
+        return str(port)
+
+    def receiver_argv(self) -> list[str]:
+        """``kafka-diode receive`` for this run."""
+        if not self.ep.receiver_port:
+            self.ep.receiver_port = free_port()
+        return diode_command(
+            "receive",
+            "--bootstrap-servers", self.ep.downstream,
+            "--raw-topic", self.ep.raw_topic,
+            "--listen-host", "127.0.0.1",
+            "--listen-port", str(self.ep.receiver_port),
+            "--key-file", str(self.ep.key_file),
+            "--metrics-port", self._metrics_port("receiver"),
+        )  # fmt: skip
+
+    def relay_argv(self) -> list[str]:
+        """``kafka-diode netem relay`` between sender and receiver."""
+        assert self.spec.profile is not None
+        if not self.ep.relay_port:
+            self.ep.relay_port = free_port()
+        return diode_command(
+            "netem", "relay",
+            "--listen", f"127.0.0.1:{self.ep.relay_port}",
+            "--forward", f"127.0.0.1:{self.ep.receiver_port}",
+            "--profile", self.spec.profile,
+            "--seed", str(self.spec.seed),
+            "--metrics-port", self._metrics_port("relay"),
+        )  # fmt: skip
+
+    def _target(self) -> str:
+        port = self.ep.relay_port if self.spec.profile is not None else self.ep.receiver_port
+        return f"127.0.0.1:{port}"
+
+    def _sender_wire_args(self) -> list[str]:
+        args = ["--key-file", str(self.ep.key_file), "--compression", self.spec.compression]
+        args += ["--copies", str(self.spec.copies), "--rate-bytes", str(self.spec.rate_bytes)]
+        if self.spec.max_datagram_size:
+            args += ["--max-datagram-size", str(self.spec.max_datagram_size)]
+        return args
+
+    def sender_argv(self) -> list[str]:
+        """``kafka-diode send`` for this run."""
+        return diode_command(
+            "send",
+            "--bootstrap-servers", self.ep.upstream,
+            "--target", self._target(),
+            "--topics", ",".join(self.ep.source_topics),
+            "--group-id", f"{self.ep.prefix}sender",
+            "--start-position", "earliest",
+            "--heartbeat-interval", str(self.spec.heartbeat_interval),
+            "--metrics-port", self._metrics_port("sender"),
+            *self._sender_wire_args(),
+        )  # fmt: skip
+
+    def dedup_env(self) -> dict[str, str]:
+        """The environment ``kafka-diode dedup`` reads, as an operator would set it."""
+        env = self._env()
+        env.update(
+            {
+                "RAW_TOPICS": self.ep.raw_topic,
+                "BOOTSTRAP_SERVERS": self.ep.downstream,
+                "CLEAN_TOPIC": self.ep.clean_template,
+                "GAP_TOPIC": self.ep.gap_topic,
+                "STATE_DIR_CONFIG": str(self.work_dir / "dedup-checkpoint"),
+                "WINDOW_SIZE": str(self.spec.window_size),
+                "MAX_WINDOWS": str(self.spec.max_windows),
+                "GAP_EMIT_INTERVAL_SEC": str(self.spec.gap_emit_interval),
+                "PERSIST_INTERVAL_MS": str(self.spec.persist_interval_ms),
+                "SPARK_MASTER": self.spec.spark_master,
+            }
+        )
+        return env
+
+    def dedup_argv(self) -> list[str]:
+        """``kafka-diode dedup`` for this run."""
+        return diode_command("dedup", "--metrics-port", self._metrics_port("dedup"))
+
+    def start_components(self) -> None:
+        """Receiver, relay, sender and dedup, each its own process."""
+        env = self._env()
+        self.group.add("receiver", self.receiver_argv(), env=env)
+        if self.spec.profile is not None:
+            self.group.add("relay", self.relay_argv(), env=env)
+        self.group.add("sender", self.sender_argv(), env=env)
+        if self.spec.run_dedup:
+            self.group.add("dedup", self.dedup_argv(), env=self.dedup_env(), stop_timeout=60)
+
+    def restart(self, name: str, *, crash: bool) -> None:
+        """Kill (SIGKILL) or stop (SIGTERM) one component and start it again."""
+        proc = self.group[name]
+        if crash:
+            proc.kill()
+        else:
+            proc.stop()
+        proc.start()
+
+    # -- data and verdicts ---------------------------------------------------------------------
+
+    def workload(self) -> Workload:
+        """The workload this run produces."""
+        return Workload(
+            topics=self.ep.source_topics,
+            records=self.spec.records,
+            value_size=self.spec.value_size,
+            seed=self.spec.seed,
+        )
+
+    def produce(self, progress: Callable[[int], None] | None = None) -> int:
+        """Produce the workload upstream; returns records acknowledged."""
+        self.produced += produce(
+            self.ep.upstream,
+            self.workload(),
+            partitions=self.spec.partitions,
+            progress=progress,
+            rate=self.spec.produce_rate,
+            clock=time.monotonic,
+            sleep=time.sleep,
+        )
+        return self.produced
+
+    def verdict(self) -> Verdict:
+        """Read upstream, clean and gap topics and judge (kafka_diode.verify)."""
+        return verify(
+            upstream=self.ep.upstream,
+            downstream=self.ep.downstream,
+            source_topics=self.ep.source_topics,
+            clean_template=self.ep.clean_template,
+            gap_topic=self.ep.gap_topic,
+        )
+
+    def wait_settled(self, *, timeout: float, want_ok: bool = False) -> Verdict:
+        """Wait until every produced record is accounted for: delivered or inside an open gap.
+
+        With ``want_ok``, wait for every record delivered and no gap open. Returns the last
+        verdict either way (the caller asserts on it); fails early if a component died.
+        """
+        last: list[Verdict] = []
+        alive = [p for p in self.group.processes.values() if p.name in _LONG_RUNNING]
+
+        def settled() -> bool:
+            v = self.verdict()
+            last[:] = [v]
+            if want_ok:
+                return v.ok
+            accounted = v.exactly_once + v.missing_reported
+            return v.promise_kept and accounted >= v.produced > 0
+
+        try:
+            wait_until(
+                settled, timeout=timeout, interval=1.0, what="pipeline to settle", alive=alive
+            )
+        except TimeoutError:
+            log.warning("pipeline did not settle: %s", last[0].line() if last else "no verdict")
+        return last[0] if last else self.verdict()
+
+    def resend_pass(self) -> None:
+        """Low side writes a bundle from the gap topic; high side resends it (real commands)."""
+        bundle = self.work_dir / f"bundle-{uuid.uuid4().hex[:6]}.json"
+        create_argv = diode_command(
+            "bundle", "create",
+            "--bootstrap-servers", self.ep.downstream,
+            "--gap-topic", self.ep.gap_topic,
+            "--key-file", str(self.ep.key_file),
+            "--out", str(bundle),
+        )  # fmt: skip
+        create = ManagedProcess("bundle", create_argv, log_dir=self.group.log_dir, env=self._env())
+        _run_to_end(create, timeout=120)
+        resend_argv = diode_command(
+            "resend",
+            "--bundle", str(bundle),
+            "--bootstrap-servers", self.ep.upstream,
+            "--target", self._target(),
+            "--no-progress",
+            *self._sender_wire_args(),
+        )  # fmt: skip
+        resend = ManagedProcess("resend", resend_argv, log_dir=self.group.log_dir, env=self._env())
+        _run_to_end(resend, timeout=600)
+
+    # -- teardown ------------------------------------------------------------------------------
+
+    def stop(self) -> dict[str, int | None]:
+        """Stop every component (newest first) and the brokers we started."""
+        codes = self.group.stop_all()
+        for broker in reversed(self.brokers):
+            broker.stop()
+        return codes
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def with_spec(self, **changes: object) -> PipelineSpec:
+        """A copy of the spec with changes (for sweeps)."""
+        return replace(self.spec, **changes)  # type: ignore[arg-type]
+
+
+_LONG_RUNNING = ("receiver", "relay", "sender", "dedup")
+
+
+def _run_to_end(proc: ManagedProcess, *, timeout: float) -> None:
+    proc.start()
+    assert proc.proc is not None
+    code = proc.proc.wait(timeout)
+    if code != 0:
+        raise RuntimeError(f"{proc.name} exited with {code}:\n{proc.tail()}")
+
+
+def _create(bootstrap: str, topics: list[NewTopic]) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for name, future in admin.create_topics(topics, operation_timeout=30).items():
+        try:
+            future.result(60)
+        except Exception as exc:  # confluent-kafka raises KafkaException with an error code
+            if "TOPIC_ALREADY_EXISTS" not in str(exc):
+                raise RuntimeError(f"cannot create topic {name}: {exc}") from exc

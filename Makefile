@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install jars check fmt test test-all chaos demo bench clean
+.PHONY: install jars check fmt docs test test-all chaos demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ check: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# Regenerates docs/configuration.md from the config dataclasses (a test checks it is current).
+docs: $(STAMP)
+	$(BIN)/python -m kafka_diode.docs_gen > docs/configuration.md
 
 fmt: $(STAMP)
 	$(BIN)/ruff format .

@@ -216,6 +216,8 @@ def _default_text(f: dataclasses.Field[Any]) -> str:
     if f.default is not dataclasses.MISSING:
         value: Any = f.default
     elif f.default_factory is not dataclasses.MISSING:
+        if f.default_factory not in (dict, list, tuple, set):
+            return "computed at start-up"  # e.g. the host name: not the same on every machine
         value = f.default_factory()
     else:
         return "required"
@@ -223,6 +225,8 @@ def _default_text(f: dataclasses.Field[Any]) -> str:
         return ",".join(map(str, value)) or "empty"
     if isinstance(value, dict):
         return "none" if not value else ", ".join(f"{k}={v}" for k, v in value.items())
+    if value == "":
+        return "empty"
     return "none" if value is None else str(value)
 
 

@@ -1,0 +1,118 @@
+"""Gap-topic records: key and JSON value of a :class:`~dedup.gaps.GapReport` (docs/gaps.md).
+
+Key ``<topic>:<partition>:<first>`` (ASCII), so a compacted gap topic keeps the latest state per
+(topic, partition, gap start). Value: human-readable JSON, schema version 1. A null value
+(tombstone) means "no gap with this key", like FILLED. ``parse_gap`` treats every byte as
+untrusted: anything that does not match the schema raises :class:`GapRecordError`.
+"""
+
+from __future__ import annotations
+
+import json
+
+from common.errors import DiodeError
+from dedup.gaps import MAX_OFFSET, GapReport, GapState
+
+__all__ = ["GAP_RECORD_VERSION", "GapRecordError", "gap_key", "gap_value", "parse_gap"]
+
+GAP_RECORD_VERSION = 1
+_MAX_RECORD = 64 * 1024  # a gap record is a few hundred bytes; refuse anything absurd
+_FIELDS = frozenset(
+    {
+        "topic",
+        "partition",
+        "first",
+        "last",
+        "count",
+        "state",
+        "detected_at",
+        "reported_at",
+        "version",
+    }
+)
+
+
+class GapRecordError(DiodeError):
+    """A gap-topic record does not match the documented schema (docs/gaps.md)."""
+
+
+def gap_key(report: GapReport) -> bytes:
+    """Compaction key ``<topic>:<partition>:<first>``."""
+    return f"{report.topic}:{report.partition}:{report.first}".encode("ascii")
+
+
+def gap_value(report: GapReport) -> bytes:
+    """JSON value, keys in a fixed order, version 1."""
+    return json.dumps(
+        {
+            "topic": report.topic,
+            "partition": report.partition,
+            "first": report.first,
+            "last": report.last,
+            "count": report.count,
+            "state": report.state.value,
+            "detected_at": report.detected_at,
+            "reported_at": report.reported_at,
+            "version": GAP_RECORD_VERSION,
+        },
+        separators=(",", ":"),
+    ).encode("utf-8")
+
+
+def _split_key(key: bytes) -> tuple[str, int, int]:
+    try:
+        text = key.decode("ascii")
+        topic, partition, first = text.rsplit(":", 2)
+        return topic, int(partition), int(first)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise GapRecordError(f"gap key {key[:80]!r} is not <topic>:<partition>:<first>") from exc
+
+
+def _int(doc: dict[str, object], name: str, low: int, high: int) -> int:
+    value = doc.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise GapRecordError(f"gap field {name!r} must be an integer in {low}..{high}")
+    return value
+
+
+def parse_gap(key: bytes, value: bytes | None) -> GapReport | None:
+    """Parse one gap-topic record; ``None`` for a tombstone.
+
+    Raises:
+        GapRecordError: malformed key or value, unknown version or state, or key/value mismatch.
+    """
+    topic, partition, first = _split_key(key)
+    if value is None:
+        return None
+    if len(value) > _MAX_RECORD:
+        raise GapRecordError(f"gap value of {len(value)} bytes exceeds {_MAX_RECORD}")
+    try:
+        doc = json.loads(value)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise GapRecordError(f"gap value is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise GapRecordError("gap value must be a JSON object")
+    if doc.get("version") != GAP_RECORD_VERSION:
+        raise GapRecordError(f"gap record version {doc.get('version')!r} is not supported")
+    if not doc.keys() >= _FIELDS:
+        raise GapRecordError(f"gap value lacks {sorted(_FIELDS - doc.keys())}")
+    try:
+        state = GapState(doc["state"])
+    except ValueError as exc:
+        raise GapRecordError(f"unknown gap state {doc['state']!r}") from exc
+    if not isinstance(doc["topic"], str):
+        raise GapRecordError("gap field 'topic' must be a string")
+    report = GapReport(
+        topic=doc["topic"],
+        partition=_int(doc, "partition", 0, 2**31 - 1),
+        first=_int(doc, "first", 0, MAX_OFFSET),
+        last=_int(doc, "last", 0, MAX_OFFSET),
+        state=state,
+        detected_at=_int(doc, "detected_at", 0, 2**63 - 1),
+        reported_at=_int(doc, "reported_at", 0, 2**63 - 1),
+    )
+    if (report.topic, report.partition, report.first) != (topic, partition, first):
+        raise GapRecordError("gap key and value disagree on topic, partition or first")
+    if report.last < report.first or _int(doc, "count", 1, 2**63 - 1) != report.count:
+        raise GapRecordError("gap range is empty or count does not match first..last")
+    return report

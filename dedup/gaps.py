@@ -1,0 +1,731 @@
+"""Per-partition gap detector: first-seen/duplicate answers and gap reports (pure, no Spark).
+
+Guarantee (DESIGN.md §1, §7): for one source (topic, partition), every offset passed to
+:meth:`PartitionDetector.observe` is answered *deliver* at most once, and every offset at or above
+the first one seen that has not been delivered is either inside a gap the detector reports OPEN,
+or was reported EXPIRED (a counted, reported loss). Nothing is lost or repeated silently.
+
+Theory of operation
+-------------------
+State per partition::
+
+    first      the first offset ever seen: the low end of what the state vouches for
+    next       nextExpected = highest offset seen + 1
+    high       highest offset the sender's heartbeat says it sent (tail gaps)
+    windows    [lo_w, hi_w]: window indices, each WINDOW_SIZE offsets aligned to multiples of
+               WINDOW_SIZE (1000: offset 5499 is in window 5000..5999); hi_w - lo_w < MAX_WINDOWS
+    seen       one Roaring BitMap64 of delivered offsets inside the windows
+    expired    bounded list of gap ranges below the oldest window (MAX_EXPIRED_GAPS)
+    reported   gaps currently OPEN in the gap topic (key -> last, detected_at)
+    pending    gaps seen by the previous scan but not yet reported (the two-scan rule)
+
+The floor is ``lo_w * WINDOW_SIZE``. For an offset ``o``:
+
+- ``o`` at or above the floor: deliver iff its bit is clear (this is DESIGN §7's four cases: equal
+  to or beyond ``next`` is never seen; below ``next`` with a clear bit is inside a gap; a set bit is
+  a duplicate). An ``o`` beyond the newest window opens windows up to it; if the span would exceed
+  MAX_WINDOWS the oldest windows are evicted first and their gaps move to ``expired`` and are
+  reported at once (OPEN).
+- ``o`` below the floor: deliver iff inside an ``expired`` gap (which shrinks or splits). Otherwise
+  drop: a duplicate if the state still remembers every gap down there, else ``below_window``.
+- ``o`` below ``first`` before any eviction: the sender may have started there, so these offsets
+  are never a gap; they are delivered once (the window range grows down if it fits MAX_WINDOWS).
+
+Gaps are never stored twice: inside the windows they are the clear bits between ``max(first,
+floor)`` and ``max(next - 1, high)`` (so missing tails and whole empty windows are gaps), below the
+floor they are the ``expired`` ranges. ``scan`` compares that set with what the gap topic says
+(``reported``) and emits only changes. The pure core never reads a clock: every call takes
+``now_ms``.
+
+One BitMap64 for all windows instead of one bitmap per window: Roaring already splits a bitmap into
+65,536-offset containers, so compression is the same, while a whole micro-batch becomes one bulk
+operation and eviction one ``remove_range``. Windows remain the unit of eviction and of MAX_WINDOWS.
+"""
+
+from __future__ import annotations
+
+import array
+import bisect
+import logging
+import struct
+import zlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from pyroaring import BitMap64
+
+from common.errors import ConfigError, DiodeError, LocalProtocolError
+
+__all__ = [
+    "MAX_OFFSET",
+    "DetectorConfig",
+    "GapReport",
+    "GapState",
+    "GapStateError",
+    "PartitionDetector",
+    "gap_key",
+    "gap_value",
+    "parse_gap",
+]
+
+logger = logging.getLogger(__name__)
+
+MAX_OFFSET = 2**63 - 2
+"""Largest offset accepted: Kafka offsets are signed 64-bit and ``next`` (offset + 1) must fit."""
+
+_MAX_WINDOW_SIZE = 2**32
+_MAX_WINDOWS = 2**20
+_MAX_SPAN = 2**36  # WINDOW_SIZE x MAX_WINDOWS: bounds the transient range bitmaps of a scan
+_GAP_ENTRY_BYTES = 64  # estimated memory per remembered gap (Python objects), for the budget
+_MAX_WARNINGS = 16
+_U64_END = 2**64
+
+
+class GapStateError(DiodeError):
+    """Serialised detector state is unreadable, truncated, of another version or another config."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectorConfig:
+    """Limits of one partition's detector; the dedup reads them from the environment."""
+
+    window_size: int = 65_536
+    """WINDOW_SIZE: offsets per window; windows are aligned to multiples of it. The default is one
+    Roaring container, so a window costs nothing beyond its container."""
+
+    max_windows: int = 1024
+    """MAX_WINDOWS: windows kept per partition (default span 67 M offsets, about 1.9 h at 10,000
+    records/s). A record older than the oldest window is accepted only if it fills a remembered
+    gap."""
+
+    max_expired_gaps: int = 100_000
+    """MAX_EXPIRED_GAPS: gap ranges remembered below the oldest window, so a late resend into them
+    is still delivered once. Beyond it the oldest are reported EXPIRED and forgotten."""
+
+    max_state_bytes: int = 64 * 1024 * 1024
+    """MAX_STATE_BYTES: memory budget of one partition's state (bitmap plus gap tables, estimated).
+    When opening a window would exceed it, the oldest windows are evicted early (and reported).
+    Keep it below Spark's per-key state limit (about 256 MiB)."""
+
+    def __post_init__(self) -> None:
+        _check_int("WINDOW_SIZE", self.window_size, 1, _MAX_WINDOW_SIZE)
+        _check_int("MAX_WINDOWS", self.max_windows, 1, _MAX_WINDOWS)
+        _check_int("MAX_EXPIRED_GAPS", self.max_expired_gaps, 0, 2**31)
+        _check_int("MAX_STATE_BYTES", self.max_state_bytes, 4096, 2**40)
+        if self.window_size * self.max_windows > _MAX_SPAN:
+            raise ConfigError(
+                "MAX_WINDOWS",
+                f"WINDOW_SIZE x MAX_WINDOWS = {self.window_size * self.max_windows} exceeds "
+                f"{_MAX_SPAN}",
+                "lower WINDOW_SIZE or MAX_WINDOWS",
+            )
+
+
+def _check_int(key: str, value: object, low: int, high: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(key, f"must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ConfigError(key, f"must be between {low} and {high}, got {value}")
+
+
+class GapState(StrEnum):
+    """State of a gap in the gap topic."""
+
+    OPEN = "open"
+    FILLED = "filled"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class GapReport:
+    """One gap-topic record: the latest state of the gap starting at ``first``."""
+
+    topic: str
+    """Source topic."""
+    partition: int
+    """Source partition."""
+    first: int
+    """First missing offset; with (topic, partition) the compaction key."""
+    last: int
+    """Last offset of the range (inclusive). For FILLED: the closed prefix of the range."""
+    state: GapState
+    """OPEN, FILLED (a resend or late record closed it) or EXPIRED (forgotten: records are lost)."""
+    detected_at: int
+    """Milliseconds: ``now_ms`` of the scan or eviction that first saw the gap (or its parent)."""
+    reported_at: int
+    """Milliseconds: ``now_ms`` of the call that produced this report."""
+
+    @property
+    def count(self) -> int:
+        """Number of offsets in ``first..last``."""
+        return self.last - self.first + 1
+
+
+# -- serialisation layout (version 1) --------------------------------------------------------
+_MAGIC = b"KDGD"
+_VERSION = 1
+_NONE = -1
+# window_size, first, next, high, lo_w, hi_w, evicted_any, delivered, duplicates, below_window,
+# budget_evictions, forgotten_max, topic length
+_HEADER = struct.Struct("<QqqqqqBQQQQqH")
+_SECTION = struct.Struct("<QQ")  # (entry count or bitmap bytes, compressed bytes)
+
+
+class PartitionDetector:
+    """Gap detector of one source (topic, partition). See the module docstring."""
+
+    def __init__(self, topic: str, partition: int, config: DetectorConfig) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.config = config
+        self._first: int | None = None
+        self._next: int | None = None
+        self._high: int | None = None
+        self._lo_w = 0
+        self._hi_w = -1
+        self._evicted_any = False
+        self._seen = BitMap64()
+        # expired gaps below the floor: sorted, disjoint, parallel lists
+        self._e_first: list[int] = []
+        self._e_last: list[int] = []
+        self._e_det: list[int] = []
+        self._forgotten_max = -1  # highest offset of any forgotten (EXPIRED) gap
+        self._reported: dict[int, tuple[int, int]] = {}  # first -> (last, detected_at)
+        self._pending: dict[tuple[int, int], int] = {}  # (first, last) -> detected_at
+        self._reports: list[GapReport] = []
+        self._warnings: list[str] = []
+        self.delivered = 0
+        """Offsets answered *deliver*."""
+        self.duplicates = 0
+        """Offsets dropped as already delivered."""
+        self.below_window = 0
+        """Offsets dropped because they are older than anything the state can vouch for."""
+        self.budget_evictions = 0
+        """Windows evicted early because of MAX_STATE_BYTES."""
+
+    # -- properties ---------------------------------------------------------------------------
+    @property
+    def next_expected(self) -> int | None:
+        """nextExpected (highest offset seen + 1), or None before the first offset."""
+        return self._next
+
+    @property
+    def low_watermark(self) -> int | None:
+        """The floor: first offset of the oldest window, or None before the first offset."""
+        return None if self._next is None else self._lo_w * self.config.window_size
+
+    @property
+    def first_offset(self) -> int | None:
+        """The first offset ever seen (offsets below it are never a gap)."""
+        return self._first
+
+    @property
+    def heartbeat_high(self) -> int | None:
+        """Highest offset a heartbeat announced, or None."""
+        return self._high
+
+    # -- observing ----------------------------------------------------------------------------
+    def observe(self, offset: int, now_ms: int) -> bool:
+        """Answer one offset: True to deliver it (first seen), False to drop it.
+
+        Raises:
+            LocalProtocolError: ``offset`` is not within 0..MAX_OFFSET.
+        """
+        if not 0 <= offset <= MAX_OFFSET:
+            raise LocalProtocolError(f"offset {offset} outside 0..{MAX_OFFSET}")
+        ws = self.config.window_size
+        if self._next is None:
+            self._first = offset
+            self._next = offset + 1
+            self._lo_w = self._hi_w = offset // ws
+            self._seen.add(offset)
+            self.delivered += 1
+            return True
+        if offset >= (self._hi_w + 1) * ws:
+            self._open_window(offset // ws, offset, now_ms)
+        if offset >= self._lo_w * ws:
+            return self._mark(offset)
+        window = offset // ws
+        assert self._first is not None
+        if (
+            not self._evicted_any
+            and offset < self._first
+            and self._hi_w - window < self.config.max_windows
+        ):
+            # Before any eviction nothing below the floor was ever delivered: grow down.
+            self._lo_w = window
+            return self._mark(offset)
+        return self._below_floor(offset, now_ms)
+
+    def _mark(self, offset: int) -> bool:
+        if offset in self._seen:
+            self.duplicates += 1
+            return False
+        self._seen.add(offset)
+        assert self._next is not None
+        if offset >= self._next:
+            self._next = offset + 1
+        self.delivered += 1
+        return True
+
+    def _below_floor(self, offset: int, now_ms: int) -> bool:
+        del now_ms  # reports for expired gaps are produced by the next scan
+        idx = bisect.bisect_right(self._e_first, offset) - 1
+        if idx >= 0 and offset <= self._e_last[idx]:
+            first, last, det = self._e_first[idx], self._e_last[idx], self._e_det[idx]
+            del self._e_first[idx], self._e_last[idx], self._e_det[idx]
+            pieces = [(a, b) for a, b in ((first, offset - 1), (offset + 1, last)) if a <= b]
+            for a, b in reversed(pieces):
+                self._e_first.insert(idx, a)
+                self._e_last.insert(idx, b)
+                self._e_det.insert(idx, det)
+            self.delivered += 1
+            return True
+        assert self._first is not None
+        if offset < self._first or offset <= self._forgotten_max:
+            self.below_window += 1
+        else:
+            self.duplicates += 1
+        return False
+
+    def observe_many(self, offsets: Sequence[int] | array.array[int], now_ms: int) -> list[bool]:
+        """Answer a batch: the same answers, in order, as calling :meth:`observe` for each.
+
+        Runs of offsets inside the already open windows are answered with bulk bitmap operations;
+        only offsets that open a window or fall below the floor take the one-by-one path.
+
+        Raises:
+            LocalProtocolError: an offset is not within 0..MAX_OFFSET.
+        """
+        arr = _as_u64(offsets)
+        n = len(arr)
+        answers: list[bool] = []
+        ws = self.config.window_size
+        i = 0
+        while i < n:
+            if self._next is None:
+                answers.append(self.observe(arr[i], now_ms))
+                i += 1
+                continue
+            floor = self._lo_w * ws
+            top = (self._hi_w + 1) * ws - 1
+            x = arr[i]
+            if not floor <= x <= top:
+                answers.append(self.observe(x, now_ms))
+                i += 1
+                continue
+            j = _fitting_prefix_end(arr, i, floor, top)
+            answers.extend(self._bulk(arr[i:j]))
+            i = j
+        return answers
+
+    def _bulk(self, chunk: array.array[int]) -> list[bool]:
+        batch = BitMap64(chunk)
+        new = batch - self._seen
+        k = len(new)
+        n = len(chunk)
+        if k == n:
+            answers = [True] * n
+        elif k == 0:
+            answers = [False] * n
+        else:
+            todo = set(new)
+            answers = [False] * n
+            for idx, x in enumerate(chunk):
+                if x in todo:
+                    todo.remove(x)
+                    answers[idx] = True
+        if k:
+            self._seen |= new
+            assert self._next is not None
+            self._next = max(self._next, new.max() + 1)
+        self.delivered += k
+        self.duplicates += n - k
+        return answers
+
+    def heartbeat(self, high_offset: int, now_ms: int) -> None:
+        """The sender says it has sent every offset up to ``high_offset``: missing ones are gaps.
+
+        Offsets between the last one received and ``high_offset`` become a (tail) gap at the next
+        scans even if nothing follows. Before the first record a heartbeat only sets the high mark
+        (the start is unknown, so nothing below the first record is ever a gap).
+        """
+        del now_ms
+        if not 0 <= high_offset <= MAX_OFFSET:
+            raise LocalProtocolError(f"heartbeat offset {high_offset} outside 0..{MAX_OFFSET}")
+        if self._high is None or high_offset > self._high:
+            self._high = high_offset
+
+    # -- windows and eviction -------------------------------------------------------------------
+    def _tail(self) -> int:
+        assert self._next is not None
+        tail = self._next - 1
+        return tail if self._high is None else max(tail, self._high)
+
+    def _open_window(self, window: int, offset: int, now_ms: int) -> None:
+        new_lo = max(self._lo_w, window - self.config.max_windows + 1)
+        top = max(self._tail(), offset - 1)  # the record about to arrive makes [next, o-1] a gap
+        if new_lo > self._lo_w:
+            self._evict(new_lo, top, now_ms)
+        self._hi_w = window
+        budget = self.config.max_state_bytes
+        if self.state_bytes_estimate() > budget and self._lo_w < self._hi_w:
+            before = self._lo_w
+            while self.state_bytes_estimate() > budget and self._lo_w < self._hi_w:
+                self._evict(self._lo_w + 1, top, now_ms)
+                self.budget_evictions += 1
+            message = (
+                f"gap detector {self.topic}:{self.partition}: state would exceed MAX_STATE_BYTES="
+                f"{budget}; evicted windows {before}..{self._lo_w - 1} early and reported their "
+                "gaps; raise MAX_STATE_BYTES, or lower WINDOW_SIZE x MAX_WINDOWS"
+            )
+            logger.warning("%s", message)
+            if len(self._warnings) < _MAX_WARNINGS:
+                self._warnings.append(message)
+
+    def _evict(self, new_lo: int, top: int, now_ms: int) -> None:
+        """Drop windows below ``new_lo``; their gaps move to the expired list, reported OPEN."""
+        ws = self.config.window_size
+        assert self._first is not None
+        old_floor = self._lo_w * ws
+        new_floor = new_lo * ws
+        runs = self._missing_runs(max(self._first, old_floor), min(new_floor - 1, top))
+        self._seen.remove_range(0, new_floor)
+        self._lo_w = new_lo
+        self._evicted_any = True
+        for a, b in runs:
+            prev = self._reported.get(a)
+            det = prev[1] if prev is not None else self._pending.get((a, b), now_ms)
+            if prev is not None and prev[0] >= new_floor:
+                # The reported gap crosses the new floor: its upper part gets its own key now.
+                self._reported[new_floor] = (prev[0], det)
+                self._emit(new_floor, prev[0], GapState.OPEN, det, now_ms)
+            self._e_first.append(a)
+            self._e_last.append(b)
+            self._e_det.append(det)
+            if prev is None or prev[0] != b:
+                self._reported[a] = (b, det)
+                self._emit(a, b, GapState.OPEN, det, now_ms)
+        overflow = len(self._e_first) - self.config.max_expired_gaps
+        if overflow > 0:
+            for a, b, det in zip(
+                self._e_first[:overflow],
+                self._e_last[:overflow],
+                self._e_det[:overflow],
+                strict=True,
+            ):
+                self._reported.pop(a, None)
+                self._forgotten_max = max(self._forgotten_max, b)
+                self._emit(a, b, GapState.EXPIRED, det, now_ms)
+            del self._e_first[:overflow], self._e_last[:overflow], self._e_det[:overflow]
+
+    def _emit(self, first: int, last: int, state: GapState, det: int, now_ms: int) -> None:
+        self._reports.append(GapReport(self.topic, self.partition, first, last, state, det, now_ms))
+
+    def _missing_runs(self, low: int, high: int) -> list[tuple[int, int]]:
+        """Maximal runs of offsets in ``low..high`` whose bit is clear."""
+        if low > high:
+            return []
+        seen = self._seen
+        if not seen or seen.max() < low or seen.min() > high:
+            return [(low, high)]
+        span = BitMap64()
+        span.add_range(max(low, seen.min()), min(high, seen.max()) + 1)
+        sub = seen & span
+        if not sub:
+            return [(low, high)]
+        starts = (sub - sub.shift(1)).to_array()  # first offset of each run of present bits
+        ends = (sub - sub.shift(-1)).to_array()  # last offset of each run of present bits
+        runs: list[tuple[int, int]] = []
+        if starts[0] > low:
+            runs.append((low, starts[0] - 1))
+        runs.extend((e + 1, s - 1) for e, s in zip(ends, starts[1:], strict=False))
+        if ends[-1] < high:
+            runs.append((ends[-1] + 1, high))
+        return runs
+
+    # -- gaps and reports -----------------------------------------------------------------------
+    def open_gaps(self) -> list[tuple[int, int]]:
+        """Every range currently missing (expired ranges below the floor, then window gaps)."""
+        if self._next is None:
+            return []
+        assert self._first is not None
+        expired = list(zip(self._e_first, self._e_last, strict=True))
+        floor = self._lo_w * self.config.window_size
+        return expired + self._missing_runs(max(self._first, floor), self._tail())
+
+    def scan(self, now_ms: int) -> list[GapReport]:
+        """Periodic scan: report gaps seen by two consecutive scans, and changes to reported ones.
+
+        A new gap is reported OPEN when the previous scan saw exactly the same range (so ordinary
+        reordering raises no alarm). A gap already reported is updated at once: OPEN with its new
+        ``last`` if it shrank from the end; remainders after a late fill are OPEN under their own
+        ``first``; a key whose ``first`` got filled is closed FILLED (``last`` = the filled prefix).
+        Reports produced since the last :meth:`drain_reports` are returned first.
+        """
+        reports = self.drain_reports()
+        current = self.open_gaps()
+        cur_first = [a for a, _ in current]
+        cur_last = [b for _, b in current]
+        old_rep = sorted((k, v[0], v[1]) for k, v in self._reported.items())
+        old_pend = sorted((a, b, d) for (a, b), d in self._pending.items())
+        new_rep: dict[int, tuple[int, int]] = {}
+        new_pend: dict[tuple[int, int], int] = {}
+        ri = pi = 0
+        for a, b in current:
+            prev = self._reported.get(a)
+            if prev is not None:
+                new_rep[a] = (b, prev[1])
+                if prev[0] != b:
+                    self._emit(a, b, GapState.OPEN, prev[1], now_ms)
+                continue
+            while ri < len(old_rep) and old_rep[ri][1] < a:
+                ri += 1
+            if ri < len(old_rep) and old_rep[ri][0] <= b:  # remainder of a reported gap
+                det = old_rep[ri][2]
+                new_rep[a] = (b, det)
+                self._emit(a, b, GapState.OPEN, det, now_ms)
+                continue
+            while pi < len(old_pend) and old_pend[pi][1] < a:
+                pi += 1
+            overlapping = pi < len(old_pend) and old_pend[pi][0] <= b
+            det = old_pend[pi][2] if overlapping else now_ms
+            if overlapping and old_pend[pi][0] == a and old_pend[pi][1] == b:
+                new_rep[a] = (b, det)
+                self._emit(a, b, GapState.OPEN, det, now_ms)
+            else:
+                new_pend[(a, b)] = det
+        for k, last, det in old_rep:
+            if k in new_rep:
+                continue
+            idx = bisect.bisect_left(cur_last, k)
+            if idx < len(current) and cur_first[idx] <= last:
+                filled_last = max(k, cur_first[idx] - 1)
+            else:
+                filled_last = last
+            self._emit(k, filled_last, GapState.FILLED, det, now_ms)
+        self._reported = new_rep
+        self._pending = new_pend
+        return reports + self.drain_reports()
+
+    def drain_reports(self) -> list[GapReport]:
+        """Reports produced outside :meth:`scan` (evictions, EXPIRED), oldest first; clears them."""
+        reports, self._reports = self._reports, []
+        return reports
+
+    def drain_warnings(self) -> list[str]:
+        """Operator messages (memory budget evictions) since the last call, at most 16."""
+        warnings, self._warnings = self._warnings, []
+        return warnings
+
+    def reported_open(self) -> list[tuple[int, int]]:
+        """Ranges the gap topic currently holds OPEN for this partition (after drained reports)."""
+        return sorted((k, v[0]) for k, v in self._reported.items())
+
+    def state_bytes_estimate(self) -> int:
+        """Estimated memory of the state: bitmap containers plus the gap tables."""
+        stats = self._seen.get_statistics()
+        bitmap = (
+            stats["n_bytes_array_containers"]
+            + stats["n_bytes_run_containers"]
+            + stats["n_bytes_bitset_containers"]
+            + 16 * stats["n_containers"]
+        )
+        entries = len(self._e_first) + len(self._reported) + len(self._pending)
+        return bitmap + _GAP_ENTRY_BYTES * entries
+
+    # -- persistence ------------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """Serialise the whole state (including scan state and undrained reports' effect).
+
+        Layout v1: ``KDGD`` + version byte + fixed header + topic (UTF-8) + partition + the seen
+        bitmap in pyroaring's portable format + three zlib-compressed int64 tables (expired,
+        reported, pending). Undrained reports are not part of the state: drain before saving.
+        """
+        seen = self._seen.copy()
+        seen.run_optimize()
+        topic = self.topic.encode("utf-8")
+        header = _HEADER.pack(
+            self.config.window_size,
+            _opt(self._first),
+            _opt(self._next),
+            _opt(self._high),
+            self._lo_w,
+            self._hi_w,
+            int(self._evicted_any),
+            self.delivered,
+            self.duplicates,
+            self.below_window,
+            self.budget_evictions,
+            self._forgotten_max,
+            len(topic),
+        )
+        parts = [_MAGIC, bytes([_VERSION]), header, topic, struct.pack("<q", self.partition)]
+        bitmap = seen.serialize()
+        parts += [_SECTION.pack(len(bitmap), 0), bitmap]
+        expired = _flatten(zip(self._e_first, self._e_last, self._e_det, strict=True))
+        reported = _flatten((k, v[0], v[1]) for k, v in sorted(self._reported.items()))
+        pending = _flatten((a, b, d) for (a, b), d in sorted(self._pending.items()))
+        for table in (expired, reported, pending):
+            packed = zlib.compress(table.tobytes(), 1)
+            parts += [_SECTION.pack(len(table) // 3, len(packed)), packed]
+        return b"".join(parts)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, config: DetectorConfig) -> PartitionDetector:
+        """Restore a detector saved by :meth:`to_bytes`.
+
+        Raises:
+            GapStateError: the bytes are not a complete v1 state, or were written with another
+                WINDOW_SIZE (the window layout would not match).
+        """
+        try:
+            return _decode(cls, bytes(data), config)
+        except GapStateError:
+            raise
+        except (ValueError, struct.error, zlib.error, UnicodeDecodeError, IndexError) as exc:
+            raise GapStateError(f"detector state unreadable: {exc}") from exc
+
+
+def _opt(value: int | None) -> int:
+    return _NONE if value is None else value
+
+
+def _unopt(value: int) -> int | None:
+    return None if value == _NONE else value
+
+
+def _flatten(rows: Iterable[tuple[int, int, int]]) -> array.array[int]:
+    out = array.array("q")
+    for row in rows:
+        out.extend(row)
+    return out
+
+
+def _decode(cls: type[PartitionDetector], data: bytes, config: DetectorConfig) -> PartitionDetector:
+    view = memoryview(data)
+    if bytes(view[:4]) != _MAGIC or len(view) < 5:
+        raise GapStateError("not a gap detector state (bad magic)")
+    if view[4] != _VERSION:
+        raise GapStateError(f"gap detector state version {view[4]} is not supported")
+    pos = 5
+    fields = _HEADER.unpack_from(view, pos)
+    pos += _HEADER.size
+    (ws, first, nxt, high, lo_w, hi_w, evicted, delivered, dups, below, budget, forgot, tlen) = (
+        fields
+    )
+    if ws != config.window_size:
+        raise GapStateError(
+            f"state was written with WINDOW_SIZE={ws}, config has {config.window_size}: keep "
+            "WINDOW_SIZE or reset this partition's state"
+        )
+    topic = bytes(view[pos : pos + tlen]).decode("utf-8")
+    if len(topic.encode("utf-8")) != tlen:
+        raise GapStateError("truncated topic")
+    pos += tlen
+    (partition,) = struct.unpack_from("<q", view, pos)
+    pos += 8
+    size, _ = _SECTION.unpack_from(view, pos)
+    pos += _SECTION.size
+    if pos + size > len(view):
+        raise GapStateError("truncated bitmap")
+    seen = BitMap64.deserialize(bytes(view[pos : pos + size]))
+    pos += size
+    tables: list[array.array[int]] = []
+    for _ in range(3):
+        count, clen = _SECTION.unpack_from(view, pos)
+        pos += _SECTION.size
+        if pos + clen > len(view) or count > len(view) * 1024:
+            raise GapStateError("truncated or oversized gap table")
+        want = count * 24
+        inflater = zlib.decompressobj()
+        raw = inflater.decompress(bytes(view[pos : pos + clen]), want + 1)  # bounded
+        if len(raw) != want or not inflater.eof or inflater.unused_data:
+            raise GapStateError("gap table length mismatch")
+        table = array.array("q")
+        table.frombytes(raw)
+        tables.append(table)
+        pos += clen
+    if pos != len(view):
+        raise GapStateError(f"{len(view) - pos} trailing bytes after detector state")
+    det = cls(topic, partition, config)
+    det._first, det._next, det._high = _unopt(first), _unopt(nxt), _unopt(high)
+    if (det._first is None) != (det._next is None):
+        raise GapStateError("inconsistent first/next offsets")
+    det._lo_w, det._hi_w, det._evicted_any = lo_w, hi_w, bool(evicted)
+    det.delivered, det.duplicates, det.below_window, det.budget_evictions = (
+        delivered,
+        dups,
+        below,
+        budget,
+    )
+    det._forgotten_max = forgot
+    det._seen = seen
+    expired, reported, pending = tables
+    det._e_first = list(expired[0::3])
+    det._e_last = list(expired[1::3])
+    det._e_det = list(expired[2::3])
+    det._reported = {
+        k: (last, d)
+        for k, last, d in zip(reported[0::3], reported[1::3], reported[2::3], strict=True)
+    }
+    det._pending = {
+        (a, b): d for a, b, d in zip(pending[0::3], pending[1::3], pending[2::3], strict=True)
+    }
+    return det
+
+
+def _as_u64(offsets: Sequence[int] | array.array[int]) -> array.array[int]:
+    if isinstance(offsets, array.array) and offsets.typecode == "Q":
+        arr = offsets
+    else:
+        try:
+            arr = array.array("Q", offsets)
+        except (OverflowError, TypeError) as exc:
+            raise LocalProtocolError(f"offsets must be integers in 0..{MAX_OFFSET}") from exc
+    if arr and max(arr) > MAX_OFFSET:
+        raise LocalProtocolError(f"offset {max(arr)} outside 0..{MAX_OFFSET}")
+    return arr
+
+
+def _fitting_prefix_end(arr: array.array[int], start: int, low: int, high: int) -> int:
+    """End index of the longest run from ``start`` whose offsets all lie within ``low..high``."""
+    n = len(arr)
+
+    def fits(end: int) -> bool:
+        part = arr[start:end]
+        return min(part) >= low and max(part) <= high
+
+    if fits(n):
+        return n
+    good, bad = start + 1, n  # arr[start] fits; the whole remainder does not
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if fits(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+# The gap-topic codec lives in dedup/gap_record.py; these aliases let callers use one module.
+def gap_key(report: GapReport) -> bytes:
+    """Compaction key ``<topic>:<partition>:<first>`` (see :func:`dedup.gap_record.gap_key`)."""
+    from dedup.gap_record import gap_key as encode_key  # noqa: PLC0415  gap_record imports us
+
+    return encode_key(report)
+
+
+def gap_value(report: GapReport) -> bytes:
+    """JSON value of a report (see :func:`dedup.gap_record.gap_value`)."""
+    from dedup.gap_record import gap_value as encode_value  # noqa: PLC0415  as above
+
+    return encode_value(report)
+
+
+def parse_gap(key: bytes, value: bytes | None) -> GapReport | None:
+    """Parse a gap-topic record (see :func:`dedup.gap_record.parse_gap`)."""
+    from dedup.gap_record import parse_gap as decode  # noqa: PLC0415  as above
+
+    return decode(key, value)

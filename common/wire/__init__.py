@@ -6,6 +6,8 @@ here.
 """
 
 from common.wire.config import WireConfig, fragment_capacity
+from common.wire.decoder import Decoder
+from common.wire.encoder import Encoder, OutgoingDatagram, RecordTooLarge, SequenceExhaustedError
 from common.wire.events import (
     Dropped,
     DropReason,
@@ -18,15 +20,20 @@ from common.wire.events import (
 from common.wire.keyring import Key, KeyRing, derive_key, format_key_id, key_id_for
 
 __all__ = [
+    "Decoder",
     "DropReason",
     "Dropped",
+    "Encoder",
     "Event",
     "Heartbeat",
     "Key",
     "KeyRing",
+    "OutgoingDatagram",
     "Record",
     "RecordBatch",
+    "RecordTooLarge",
     "ResendMarker",
+    "SequenceExhaustedError",
     "WireConfig",
     "derive_key",
     "format_key_id",

@@ -82,7 +82,8 @@ class RecordBatch:
     sequence: int
     """Sequence number of the message's first datagram."""
     records: tuple[Record, ...]
-    """Records in the order the sender added them."""
+    """Records grouped by (topic, partition, timestamp type) in order of first appearance; within
+    a group in the order the sender added them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,293 @@
+"""The sans-IO decoder: datagrams in, events out; hostile input only ever becomes a counted drop.
+
+Theory of operation (docs/protocol.md §8), per datagram, cheapest checks first:
+
+1. structure: length >= 45, magic ``KDIO``, version 1, the payload length prefix ends exactly at
+   the end of the datagram (else TRAILING_BYTES / MALFORMED);
+2. codes and limits from the header: cipher, compression, kind known; fragment index < count <=
+   ``max_fragments``; declared message length <= ``max_message_size``;
+3. anti-replay pre-check (read only): a sequence already seen or below the window is dropped
+   before any cryptography, so redundant copies cost almost nothing;
+4. authentication: the key id must be in the key ring (consulted on every datagram, so rotation
+   needs no restart), AES-256-GCM with the header as associated data; cipher ``none`` only when
+   ``allow_cleartext``;
+5. anti-replay update, only now that the datagram is authentic;
+6. reassembly when fragmented (bounded, see ``fragment.py``), bounded gunzip, payload decoding;
+   trailing bytes anywhere are refused.
+
+``receive_datagram`` raises nothing for bad input: every failure is a ``Dropped`` event and a
+count in ``drops``. Anything else escaping is a bug (the fuzz tests say so). The caller drains
+``next_event`` after each ``receive_datagram``/``handle_timer`` call; each call queues at most one
+message event plus the drops it caused.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, OrderedDict, deque
+from collections.abc import Mapping
+
+from common.errors import RemoteProtocolError
+from common.wire import compression as gzip_codec
+from common.wire.batch import (
+    HEARTBEAT_SCHEMA,
+    RESEND_MARKER_SCHEMA,
+    decode_control,
+    decode_record_batch,
+)
+from common.wire.config import WireConfig
+from common.wire.crypto import SessionCipher
+from common.wire.envelope import (
+    CIPHER_AES_256_GCM,
+    CIPHER_NONE,
+    COMPRESSION_GZIP,
+    COMPRESSION_NONE,
+    HEADER,
+    HEADER_SIZE,
+    KIND_HEARTBEAT,
+    KIND_RECORD_BATCH,
+    KIND_RESEND_MARKER,
+    MAGIC,
+    TAG_SIZE,
+    VERSION,
+    decode_long,
+)
+from common.wire.events import (
+    Dropped,
+    DropReason,
+    Event,
+    Heartbeat,
+    RecordBatch,
+    ResendMarker,
+)
+from common.wire.fragment import Reassembler
+from common.wire.keyring import KeyRing
+from common.wire.replay import ReplayGuard
+
+_KNOWN_KINDS = frozenset((KIND_RECORD_BATCH, KIND_HEARTBEAT, KIND_RESEND_MARKER))
+
+
+class Decoder:
+    """Turns the datagrams of any number of sender sessions into events."""
+
+    def __init__(self, config: WireConfig, keyring: KeyRing | None) -> None:
+        self._config = config
+        #: The ring consulted on every datagram; assign a new one, or ``KeyRing.replace`` it.
+        self.keyring = keyring
+        self._events: deque[Event] = deque()
+        self._drops: Counter[DropReason] = Counter()
+        #: Datagrams received (valid or not).
+        self.datagrams = 0
+        self._replay = ReplayGuard(window=config.replay_window, max_sessions=config.max_sessions)
+        self._reassembler = Reassembler(
+            max_reassemblies=config.max_reassemblies,
+            max_bytes=config.max_reassembly_bytes,
+            timeout=config.reassembly_timeout,
+        )
+        self._ciphers: OrderedDict[tuple[int, bytes], SessionCipher] = OrderedDict()
+        self._max_ciphers = 2 * config.max_sessions
+
+    @property
+    def drops(self) -> Mapping[DropReason, int]:
+        """Drops so far by reason (reasons never seen are absent)."""
+        return self._drops
+
+    @property
+    def reassemblies_in_flight(self) -> int:
+        """Fragmented messages waiting for more fragments."""
+        return len(self._reassembler)
+
+    @property
+    def last_sequence(self) -> Mapping[bytes, int]:
+        """Highest authenticated sequence per tracked session."""
+        return self._replay.last_sequence
+
+    def next_event(self) -> Event | None:
+        """The next event, or None when none is queued."""
+        return self._events.popleft() if self._events else None
+
+    def next_deadline(self) -> float | None:
+        """When ``handle_timer`` has work (a reassembly timing out), or None."""
+        return self._reassembler.next_deadline()
+
+    def handle_timer(self, now: float) -> None:
+        """Drop partial messages older than ``reassembly_timeout``."""
+        for session_id, first in self._reassembler.expire(now):
+            self._drop(
+                DropReason.REASSEMBLY_TIMEOUT, f"message at sequence {first} incomplete", session_id
+            )
+
+    def _drop(self, reason: DropReason, detail: str, session_id: bytes | None) -> None:
+        self._drops[reason] += 1
+        self._events.append(Dropped(reason, detail, session_id))
+
+    def receive_datagram(self, data: bytes, now: float) -> None:
+        """Process one datagram; never raises for bad input."""
+        self.datagrams += 1
+        session_id: bytes | None = None
+        try:
+            if len(data) <= HEADER_SIZE:
+                reason = DropReason.BAD_MAGIC if data[:4] != MAGIC[: len(data[:4])] else None
+                raise RemoteProtocolError(
+                    reason or DropReason.MALFORMED, f"datagram of {len(data)} bytes"
+                )
+            (
+                magic,
+                version,
+                kind,
+                compression,
+                cipher_code,
+                session_id,
+                sequence,
+                key_id,
+                index,
+                count,
+                total,
+            ) = HEADER.unpack_from(data)
+            self._receive(
+                data,
+                magic,
+                version,
+                kind,
+                compression,
+                cipher_code,
+                session_id,
+                sequence,
+                key_id,
+                index,
+                count,
+                total,
+                now,
+            )
+        except RemoteProtocolError as exc:
+            reason = exc.reason if isinstance(exc.reason, DropReason) else DropReason.MALFORMED
+            self._drop(reason, exc.detail, session_id)
+        evicted = self._reassembler.evicted
+        if evicted:
+            for sid, first in evicted:
+                self._drop(DropReason.REASSEMBLY_OVERFLOW, f"message at sequence {first}", sid)
+            evicted.clear()
+
+    def _receive(  # noqa: PLR0917  private, called once per datagram with the unpacked header
+        self,
+        data: bytes,
+        magic: bytes,
+        version: int,
+        kind: int,
+        compression: int,
+        cipher_code: int,
+        session_id: bytes,
+        sequence: int,
+        key_id: int,
+        index: int,
+        count: int,
+        total: int,
+        now: float,
+    ) -> None:
+        config = self._config
+        if magic != MAGIC:
+            raise RemoteProtocolError(DropReason.BAD_MAGIC, magic.hex())
+        if version != VERSION:
+            raise RemoteProtocolError(DropReason.UNSUPPORTED_VERSION, f"version {version}")
+        try:
+            length, pos = decode_long(data, HEADER_SIZE, len(data))
+        except ValueError:
+            raise RemoteProtocolError(DropReason.MALFORMED, "bad payload length") from None
+        if length < 0 or pos + length > len(data):
+            raise RemoteProtocolError(DropReason.MALFORMED, "payload length past the end")
+        if pos + length < len(data):
+            raise RemoteProtocolError(DropReason.TRAILING_BYTES, "bytes after the envelope")
+        if cipher_code not in (CIPHER_NONE, CIPHER_AES_256_GCM):
+            raise RemoteProtocolError(DropReason.UNKNOWN_CIPHER, f"cipher {cipher_code}")
+        if compression not in (COMPRESSION_NONE, COMPRESSION_GZIP):
+            raise RemoteProtocolError(DropReason.UNKNOWN_COMPRESSION, f"compression {compression}")
+        if kind not in _KNOWN_KINDS:
+            raise RemoteProtocolError(DropReason.UNKNOWN_KIND, f"kind {kind}")
+        if count == 0 or index >= count or index > sequence:
+            raise RemoteProtocolError(DropReason.MALFORMED, f"fragment {index} of {count}")
+        if count > config.max_fragments:
+            raise RemoteProtocolError(DropReason.TOO_MANY_FRAGMENTS, f"{count} fragments")
+        if total > config.max_message_size:
+            raise RemoteProtocolError(DropReason.TOO_LARGE, f"message of {total} bytes")
+        chunk_length = length - (TAG_SIZE if cipher_code == CIPHER_AES_256_GCM else 0)
+        if chunk_length < 0:
+            raise RemoteProtocolError(DropReason.MALFORMED, "payload shorter than the tag")
+        if chunk_length > total or (count == 1 and chunk_length != total):
+            raise RemoteProtocolError(DropReason.FRAGMENT_MISMATCH, "length disagrees with header")
+        replay = self._replay
+        reason = replay.precheck(session_id, sequence)
+        if reason is not None:
+            raise RemoteProtocolError(reason, f"sequence {sequence}")
+        if cipher_code == CIPHER_NONE:
+            if not config.allow_cleartext:
+                raise RemoteProtocolError(DropReason.CLEARTEXT_REFUSED, "cipher none")
+            if key_id != 0:
+                raise RemoteProtocolError(DropReason.MALFORMED, "key id with cipher none")
+            chunk = data[pos:]
+        else:
+            chunk = self._open(data, pos, session_id, sequence, key_id)
+        reason = replay.accept(session_id, sequence)
+        if reason is not None:
+            raise RemoteProtocolError(reason, f"sequence {sequence}")
+        first = sequence - index
+        if count > 1:
+            message = self._reassembler.add(
+                session_id, sequence, index, count, total, kind, compression, chunk, now
+            )
+            if message is None:
+                return
+            chunk = message
+        self._deliver(kind, compression, session_id, first, chunk)
+
+    def _open(self, data: bytes, pos: int, session_id: bytes, sequence: int, key_id: int) -> bytes:
+        keyring = self.keyring
+        key = keyring.get(key_id) if keyring is not None else None
+        if key is None:
+            raise RemoteProtocolError(DropReason.UNKNOWN_KEY, f"key id {key_id:08x}")
+        ciphers = self._ciphers
+        cache_key = (key_id, session_id)
+        cipher = ciphers.get(cache_key)
+        if cipher is not None and cipher.key is key:
+            ciphers.move_to_end(cache_key)
+            return cipher.open(sequence, data[pos:], data[:HEADER_SIZE])
+        # New session or replaced key: derive, and cache only once a datagram authenticates,
+        # so forged session ids cannot flush the cache.
+        cipher = SessionCipher(key, session_id)
+        plaintext = cipher.open(sequence, data[pos:], data[:HEADER_SIZE])
+        ciphers[cache_key] = cipher
+        if len(ciphers) > self._max_ciphers:
+            ciphers.popitem(last=False)
+        return plaintext
+
+    def _deliver(
+        self, kind: int, compression: int, session_id: bytes, sequence: int, payload: bytes
+    ) -> None:
+        if compression == COMPRESSION_GZIP:
+            payload = gzip_codec.decompress(payload, self._config.max_decompressed_size)
+        if kind == KIND_RECORD_BATCH:
+            self._events.append(RecordBatch(session_id, sequence, decode_record_batch(payload)))
+        elif kind == KIND_HEARTBEAT:
+            d = decode_control(HEARTBEAT_SCHEMA, payload)
+            self._events.append(
+                Heartbeat(
+                    session_id,
+                    sequence,
+                    d["sender_id"],
+                    d["started_at_ms"],
+                    d["sent_at_ms"],
+                    tuple((h["topic"], h["partition"], h["offset"]) for h in d["high_offsets"]),
+                    tuple((c["name"], c["value"]) for c in d["counters"]),
+                )
+            )
+        else:
+            d = decode_control(RESEND_MARKER_SCHEMA, payload)
+            self._events.append(
+                ResendMarker(
+                    session_id,
+                    sequence,
+                    d["bundle_id"],
+                    d["phase"],
+                    tuple((r["topic"], r["partition"], r["first"], r["last"]) for r in d["ranges"]),
+                    d["records_sent"],
+                    d["sent_at_ms"],
+                )
+            )

@@ -1,0 +1,360 @@
+"""The sans-IO encoder: records and control messages in, datagrams out (docs/protocol.md §2-6).
+
+Theory of operation. Records accumulate in one record batch (columns per partition group) until
+the next record would not fit one datagram's capacity, or ``linger`` seconds passed since the
+first pending record (``poll``), or the caller flushes. Each batch becomes one message; a message
+longer than one datagram (a large record alone) is cut into fragments. Pipeline per message:
+Avro batch -> gzip if configured and smaller -> per fragment AES-256-GCM with the 44-byte header as
+associated data -> envelope. Every datagram gets the next sequence number of the session; copies
+sent for redundancy are the same bytes (the caller sends ``data`` N times).
+
+Guarantees: no datagram exceeds ``max_datagram_size``; sequence numbers never repeat within the
+session (exhaustion at 2**64 raises); ``completes`` on a datagram lists, per partition, the
+highest offset whose last byte it carries, so a sender may commit offsets up to that once the
+datagram and all before it were handed to the socket. The encoder never reads a clock: ``now``
+is passed in, in seconds on any monotonic scale.
+
+With gzip the batch fills to ``capacity x`` a running estimate of the compression ratio (kept a
+little pessimistic); a batch that still compresses to more than one datagram is fragmented and
+the estimate lowered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.errors import ConfigError, LocalProtocolError
+from common.wire import compression as gzip_codec
+from common.wire.batch import (
+    HEARTBEAT_SCHEMA,
+    RESEND_MARKER_SCHEMA,
+    BatchBuilder,
+    encode_control,
+    encode_headers,
+)
+from common.wire.config import WireConfig, fragment_capacity
+from common.wire.crypto import SessionCipher
+from common.wire.envelope import (
+    CIPHER_AES_256_GCM,
+    CIPHER_NONE,
+    COMPRESSION_GZIP,
+    COMPRESSION_NONE,
+    HEADER,
+    KIND_HEARTBEAT,
+    KIND_RECORD_BATCH,
+    KIND_RESEND_MARKER,
+    MAGIC,
+    MAX_SEQUENCE,
+    SESSION_ID_SIZE,
+    SMALL_LONGS,
+    VERSION,
+    encode_long,
+)
+from common.wire.events import RESEND_PHASES
+from common.wire.keyring import KeyRing
+
+
+class RecordTooLarge(LocalProtocolError):  # noqa: N818  name fixed by the API contract
+    """A record's key, value and headers exceed ``max_record_size``; the caller skips it."""
+
+    def __init__(self, topic: str, partition: int, offset: int, size: int, limit: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{topic}:{partition}:{offset} has {size} bytes, over {limit}")
+
+
+class SequenceExhaustedError(LocalProtocolError):
+    """The session used all 2**64 sequence numbers; start a new session (new session id)."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutgoingDatagram:
+    """One datagram to hand to the socket (as many times as the redundancy asks)."""
+
+    data: bytes
+    """The datagram bytes."""
+    sequence: int
+    """Its sequence number in the session."""
+    completes: tuple[tuple[str, int, int], ...]
+    """``(topic, partition, offset)``: per partition the highest offset whose last byte is here."""
+
+
+_MIN_RATIO = 1.0
+_MAX_RATIO = 8.0
+_RATIO_SAFETY = 0.85
+
+
+class Encoder:
+    """Builds the datagrams of one sender session."""
+
+    def __init__(
+        self,
+        config: WireConfig,
+        keyring: KeyRing | None,
+        *,
+        session_id: bytes,
+        first_sequence: int = 0,
+    ) -> None:
+        """Start a session.
+
+        Raises:
+            ConfigError: no key ring while ``allow_cleartext`` is false.
+            LocalProtocolError: session id not 16 bytes or first sequence out of range.
+        """
+        if keyring is None and not config.allow_cleartext:
+            raise ConfigError(
+                "allow_cleartext",
+                "an encoder without a key ring would send cleartext",
+                "give a key file, or allow cleartext for tests and demos only",
+            )
+        if not isinstance(session_id, bytes) or len(session_id) != SESSION_ID_SIZE:
+            raise LocalProtocolError("session_id must be 16 bytes (os.urandom(16))")
+        if not 0 <= first_sequence <= MAX_SEQUENCE:
+            raise LocalProtocolError("first_sequence must be a uint64")
+        self._config = config
+        self._keyring = keyring
+        self._session_id = session_id
+        self._next_sequence = first_sequence
+        self._capacity = fragment_capacity(config.max_datagram_size)
+        self._gzip = config.compression == "gzip"
+        self._ratio = 2.0 if self._gzip else 1.0
+        self._target = self._capacity
+        self._retarget()
+        self._builder = BatchBuilder()
+        self._deadline: float | None = None
+        self._cipher: SessionCipher | None = None
+
+    @property
+    def session_id(self) -> bytes:
+        """This session's id."""
+        return self._session_id
+
+    @property
+    def next_sequence(self) -> int:
+        """The sequence number the next datagram will get."""
+        return self._next_sequence
+
+    @property
+    def capacity(self) -> int:
+        """Plaintext bytes one datagram carries."""
+        return self._capacity
+
+    @property
+    def pending_records(self) -> int:
+        """Records added but not yet in a datagram."""
+        return self._builder.records
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Encoded (uncompressed) size of the pending batch."""
+        return self._builder.size if self._builder.records else 0
+
+    def _retarget(self) -> None:
+        self._target = int(self._capacity * self._ratio) if self._gzip else self._capacity
+
+    # -- records ----------------------------------------------------------------------------
+
+    def add(  # noqa: PLR0917  the sender calls this per record; the API is positional
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp: int,
+        timestamp_type: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Sequence[tuple[str, bytes | None]],
+        now: float,
+    ) -> list[OutgoingDatagram]:
+        """Add one record; returns the datagrams that became full (often none).
+
+        Raises:
+            RecordTooLarge: key + value + headers over ``max_record_size`` (nothing was added).
+            LocalProtocolError: a field out of range (negative offset, bad timestamp type, ...).
+        """
+        size = (0 if key is None else len(key)) + (0 if value is None else len(value))
+        if headers:
+            for name, hval in headers:
+                size += len(name) + (0 if hval is None else len(hval))
+        if size > self._config.max_record_size:
+            raise RecordTooLarge(topic, partition, offset, size, self._config.max_record_size)
+        if not (
+            0 <= partition <= 0x7FFFFFFF and 0 <= offset < (1 << 63) and 0 <= timestamp_type <= 2
+        ):
+            raise LocalProtocolError(
+                f"record {topic}:{partition}:{offset} has a field out of range"
+            )
+        headers_blob = encode_headers(headers) if headers else b"\x00"
+        builder = self._builder
+        cost = builder.cost(
+            topic, partition, timestamp_type, offset, timestamp, key, value, headers_blob
+        )
+        out: list[OutgoingDatagram] = []
+        if builder.records and builder.size + cost > self._target:
+            out = self._seal()
+            builder = self._builder
+            cost = builder.cost(
+                topic, partition, timestamp_type, offset, timestamp, key, value, headers_blob
+            )
+        builder.add(
+            topic, partition, timestamp_type, offset, timestamp, key, value, headers_blob, cost
+        )
+        if builder.records == 1:
+            self._deadline = now + self._config.linger
+        if builder.size >= self._target:
+            out += self._seal()
+        return out
+
+    def poll(self, now: float) -> list[OutgoingDatagram]:
+        """The pending batch as datagrams if its linger expired at ``now``."""
+        if self._deadline is not None and now >= self._deadline:
+            return self._seal()
+        return []
+
+    def next_deadline(self) -> float | None:
+        """When ``poll`` will have something to emit, or None when nothing is pending."""
+        return self._deadline
+
+    def flush(self) -> list[OutgoingDatagram]:
+        """Everything pending, now."""
+        return self._seal()
+
+    def _seal(self) -> list[OutgoingDatagram]:
+        builder = self._builder
+        if not builder.records:
+            return []
+        self._builder = BatchBuilder()
+        self._deadline = None
+        completes = tuple((t, p, o) for (t, p), o in builder.completes.items())
+        return self._message(KIND_RECORD_BATCH, builder.encode(), completes)
+
+    # -- control messages -------------------------------------------------------------------
+
+    def heartbeat(
+        self,
+        *,
+        sender_id: str,
+        started_at_ms: int,
+        sent_at_ms: int,
+        high_offsets: Sequence[tuple[str, int, int]],
+        counters: Sequence[tuple[str, int]],
+    ) -> list[OutgoingDatagram]:
+        """Pending records first (so every offset it reports precedes it), then a heartbeat."""
+        payload = encode_control(
+            HEARTBEAT_SCHEMA,
+            {
+                "sender_id": sender_id,
+                "started_at_ms": started_at_ms,
+                "sent_at_ms": sent_at_ms,
+                "high_offsets": [
+                    {"topic": t, "partition": p, "offset": o} for t, p, o in high_offsets
+                ],
+                "counters": [{"name": n, "value": v} for n, v in counters],
+            },
+        )
+        return self._seal() + self._message(KIND_HEARTBEAT, payload, ())
+
+    def resend_marker(
+        self,
+        *,
+        bundle_id: str,
+        phase: str,
+        ranges: Sequence[tuple[str, int, int, int]],
+        records_sent: int,
+        sent_at_ms: int,
+    ) -> list[OutgoingDatagram]:
+        """Pending records first, then a resend start/end marker.
+
+        Raises:
+            LocalProtocolError: ``phase`` is not "start" or "end".
+        """
+        if phase not in RESEND_PHASES:
+            raise LocalProtocolError(f"resend phase must be start or end, not {phase!r}")
+        payload = encode_control(
+            RESEND_MARKER_SCHEMA,
+            {
+                "bundle_id": bundle_id,
+                "phase": phase,
+                "ranges": [
+                    {"topic": t, "partition": p, "first": f, "last": last}
+                    for t, p, f, last in ranges
+                ],
+                "records_sent": records_sent,
+                "sent_at_ms": sent_at_ms,
+            },
+        )
+        return self._seal() + self._message(KIND_RESEND_MARKER, payload, ())
+
+    # -- framing ----------------------------------------------------------------------------
+
+    def _message(
+        self, kind: int, payload: bytes, completes: tuple[tuple[str, int, int], ...]
+    ) -> list[OutgoingDatagram]:
+        compression = COMPRESSION_NONE
+        capacity = self._capacity
+        if self._gzip:
+            packed = gzip_codec.compress(payload, self._config.compression_level)
+            if len(packed) < len(payload):
+                observed = len(payload) / len(packed)
+                compression = COMPRESSION_GZIP
+                if kind == KIND_RECORD_BATCH:
+                    if len(packed) > capacity:  # overshot: be more careful next time
+                        self._ratio = max(_MIN_RATIO, self._ratio * capacity / len(packed) * 0.9)
+                    else:
+                        self._ratio += (observed * _RATIO_SAFETY - self._ratio) * 0.25
+                        self._ratio = min(_MAX_RATIO, max(_MIN_RATIO, self._ratio))
+                    self._retarget()
+                payload = packed
+            elif kind == KIND_RECORD_BATCH:
+                self._ratio = _MIN_RATIO
+                self._retarget()
+        total = len(payload)
+        if total > self._config.max_message_size:
+            raise LocalProtocolError(
+                f"message of {total} bytes over max_message_size {self._config.max_message_size}"
+            )
+        count = max(1, -(-total // capacity))
+        if self._keyring is None:
+            cipher_code, key_id, cipher = CIPHER_NONE, 0, None
+        else:
+            key = self._keyring.active
+            cipher = self._cipher
+            if cipher is None or cipher.key is not key:
+                cipher = self._cipher = SessionCipher(key, self._session_id)
+            cipher_code, key_id = CIPHER_AES_256_GCM, key.key_id
+        first = self._next_sequence
+        if first + count - 1 > MAX_SEQUENCE:
+            raise SequenceExhaustedError("sequence numbers exhausted; start a new session")
+        self._next_sequence = first + count
+        out: list[OutgoingDatagram] = []
+        pack = HEADER.pack
+        session_id = self._session_id
+        for index in range(count):
+            sequence = first + index
+            header = pack(
+                MAGIC,
+                VERSION,
+                kind,
+                compression,
+                cipher_code,
+                session_id,
+                sequence,
+                key_id,
+                index,
+                count,
+                total,
+            )
+            chunk = payload[index * capacity : (index + 1) * capacity] if count > 1 else payload
+            body = chunk if cipher is None else cipher.seal(sequence, chunk, header)
+            n = len(body)
+            prefix = SMALL_LONGS[n] if n < len(SMALL_LONGS) else encode_long(n)
+            out.append(
+                OutgoingDatagram(
+                    header + prefix + body, sequence, completes if index == count - 1 else ()
+                )
+            )
+        return out

@@ -1,0 +1,393 @@
+"""``kafka-diode receive``: UDP datagrams in, raw topic records out (thin asyncio glue).
+
+Theory of operation (one process, one event loop, one decoder)::
+
+    socket(s) --readable--> SocketDrainer: recv until EAGAIN (bounded per wakeup)
+        --bytes--> Decoder.receive_datagram(data, now) --events-->
+            RecordBatch -> RawTopicSink.write_batch   (produce, or backlog, or overflow)
+            Heartbeat   -> RawTopicSink.write_heartbeat
+            Dropped     -> drops[reason] += 1, rate-limited log
+        after each burst: producer.poll(0), backlog drain, re-arm the reassembly timer
+    every 50 ms: producer.poll(0) (delivery reports while idle)
+    every 1 s:   metadata lookups, loss reports, kernel drop counters, key file mtime
+
+Nothing on this path blocks: the decoder is pure, ``produce()`` raises ``BufferError`` instead of
+waiting, metadata lookups run on a thread. Untrusted input never raises out of the decoder; an
+unexpected exception while handling one datagram is logged (rate-limited), counted as
+``internal_error`` and the loop goes on, so hostile traffic cannot stop the process.
+
+Shutdown (SIGTERM, SIGINT): stop reading and close the sockets, flush the producer for at most
+``shutdown_timeout`` seconds, report anything left as lost ranges, print a JSON summary, exit 0. A
+second SIGINT exits at once. SIGHUP reloads the key ring (as does a change of the key file's
+modification time).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from common.wire.decoder import Decoder
+
+from common import metrics as common_metrics
+from common.errors import KeyRingError
+from common.logging import RateLimitedLog
+from common.wire import Dropped, DropReason, Heartbeat, KeyRing, RecordBatch, ResendMarker
+from receiver.config import ReceiverConfig
+from receiver.kafka_sink import RawTopicSink
+from receiver.metrics import (
+    MAX_SESSION_LABELS,
+    SOCKET_ERROR,
+    Gauges,
+    ReceiverStats,
+    make_registry,
+)
+from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
+
+log = logging.getLogger(__name__)
+
+INTERNAL_ERROR = "internal_error"
+_SERVICE_INTERVAL = 0.05
+_TICK_INTERVAL = 1.0
+
+
+class Receiver:
+    """One receiver process: sockets, decoder, producer, metrics. Use :meth:`run`."""
+
+    def __init__(
+        self, config: ReceiverConfig, *, reuse_port: bool | None = None, worker: int | None = None
+    ) -> None:
+        self.config = config
+        self.stats = ReceiverStats()
+        self._reuse_port = config.sockets > 1 if reuse_port is None else reuse_port
+        self._worker = worker
+        self._rlog = RateLimitedLog(log)
+        self._keyring: KeyRing | None = None
+        self._key_mtime: int | None = None
+        if config.key_file is not None:
+            self._keyring = KeyRing.from_file(config.key_file)
+            self._key_mtime = _mtime(config.key_file)
+        self._decoder = Decoder(config.wire_config(), self._keyring)
+        self._sink: RawTopicSink | None = None
+        self._drainers: list[SocketDrainer] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._service_handle: asyncio.TimerHandle | None = None
+        self._last_tick = 0.0
+        self._next_key_check = 0.0
+        self._rcvbuf = 0
+        self.addresses: list[tuple[str, int]] = []
+        """Bound (host, port) of every socket, known once :meth:`run` has started reading."""
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def run(
+        self, stop: asyncio.Event, *, on_ready: Callable[[Receiver], None] | None = None
+    ) -> dict[str, object]:
+        """Receive until ``stop`` is set; flush; return the exit summary."""
+        loop = self._loop = asyncio.get_running_loop()
+        sink = self._sink = RawTopicSink(self.config, self.stats)
+        gauges = Gauges(
+            reassemblies_in_flight=lambda: self._decoder.reassemblies_in_flight,
+            producer_queue=lambda: sink.queued,
+            backlog_records=lambda: sink.backlog_records,
+            rcvbuf_bytes=lambda: self._rcvbuf,
+        )
+        common_metrics.serve(
+            make_registry(self.stats, gauges), self.config.metrics_port, self.config.metrics_addr
+        )
+        if "{topic}" not in self.config.raw_topic:
+            raw = self.config.raw_topic
+            if not await sink.wait_metadata(raw, self.config.metadata_timeout):
+                log.warning(
+                    "raw topic %s not reachable at %s yet; records wait in the backlog (up to "
+                    "%d) until it is",
+                    raw,
+                    self.config.bootstrap_servers,
+                    self.config.backlog_max_records,
+                )
+        try:
+            self._open_sockets()
+            for drainer in self._drainers:
+                drainer.start(loop)
+            self._service_handle = loop.call_later(_SERVICE_INTERVAL, self._service)
+            log.info(
+                "receiving on %s -> %s (raw topic %s)",
+                ", ".join(f"{h}:{p}" for h, p in self.addresses),
+                self.config.bootstrap_servers,
+                self.config.raw_topic,
+            )
+            if on_ready is not None:
+                on_ready(self)
+            await stop.wait()
+        finally:
+            for drainer in self._drainers:
+                drainer.close()
+            if self._timer is not None:
+                self._timer.cancel()
+            if self._service_handle is not None:
+                self._service_handle.cancel()
+        lost = await sink.close(self.config.shutdown_timeout)
+        summary = {**self.stats.snapshot(), "lost_at_shutdown": lost}
+        log.info("receiver stopped: %s", json.dumps(summary))
+        return summary
+
+    def _open_sockets(self) -> None:
+        cfg = self.config
+        for _ in range(cfg.sockets):
+            sock, granted = open_udp_socket(
+                cfg.listen_host,
+                cfg.listen_port if not self.addresses else self.addresses[0][1],
+                reuse_port=self._reuse_port,
+                rcvbuf=cfg.rcvbuf_bytes,
+            )
+            if not self.addresses:
+                self._rcvbuf = granted
+                log_rcvbuf(cfg.rcvbuf_bytes, granted)
+            host, port = sock.getsockname()[:2]
+            self.addresses.append((host, port))
+            self._drainers.append(
+                SocketDrainer(
+                    sock,
+                    self._on_datagram,
+                    self._after_burst,
+                    max_per_wakeup=cfg.max_datagrams_per_wakeup,
+                    on_error=self._on_socket_error,
+                )
+            )
+
+    # -- hot path -----------------------------------------------------------------------------
+
+    def _on_datagram(self, data: bytes) -> None:
+        stats = self.stats
+        stats.datagrams += 1
+        stats.bytes += len(data)
+        decoder = self._decoder
+        assert self._loop is not None
+        try:
+            decoder.receive_datagram(data, self._loop.time())
+            self._drain_events()
+        except Exception:  # hostile input must never stop the receiver (module docstring)
+            stats.drop(INTERNAL_ERROR)
+            self._rlog.warning("internal", "internal error while handling a datagram")
+            log.debug("internal error", exc_info=True)
+
+    def _drain_events(self) -> None:
+        decoder, sink, stats = self._decoder, self._sink, self.stats
+        assert sink is not None
+        while (event := decoder.next_event()) is not None:
+            kind = type(event)
+            if kind is RecordBatch:
+                assert isinstance(event, RecordBatch)
+                stats.records += len(event.records)
+                sink.write_batch(event)
+            elif kind is Dropped:
+                assert isinstance(event, Dropped)
+                self._on_dropped(event)
+            elif kind is Heartbeat:
+                assert isinstance(event, Heartbeat)
+                stats.heartbeats += 1
+                sink.write_heartbeat(event)
+            elif kind is ResendMarker:
+                assert isinstance(event, ResendMarker)
+                stats.resend_markers += 1
+                log.info(
+                    "resend %s %s from session %s (%d ranges, %d records sent)",
+                    event.bundle_id,
+                    event.phase,
+                    event.session_id.hex(),
+                    len(event.ranges),
+                    event.records_sent,
+                )
+
+    def _on_dropped(self, event: Dropped) -> None:
+        reason = event.reason
+        self.stats.drop(str(reason))
+        if reason is DropReason.DUPLICATE:
+            return  # redundant copies are expected, not worth a line
+        self._rlog.warning(
+            f"drop:{reason}",
+            "dropped %s: %s (session %s)",
+            reason,
+            event.detail,
+            event.session_id.hex() if event.session_id else "-",
+        )
+
+    def _after_burst(self) -> None:
+        try:
+            assert self._sink is not None
+            self._sink.service()
+            self._arm_timer()
+        except Exception:  # never let a bug in the glue unregister the reader
+            self.stats.drop(INTERNAL_ERROR)
+            log.exception("internal error after a burst")
+
+    def _on_socket_error(self, exc: OSError) -> None:
+        self.stats.drop(SOCKET_ERROR)
+        self._rlog.warning("socket", "socket read failed: %s", exc)
+
+    # -- timers -------------------------------------------------------------------------------
+
+    def _arm_timer(self) -> None:
+        deadline = self._decoder.next_deadline()
+        if deadline is None:
+            return
+        if self._timer is not None:
+            if self._timer_at <= deadline:
+                return
+            self._timer.cancel()
+        assert self._loop is not None
+        self._timer_at = deadline
+        self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        assert self._loop is not None
+        try:
+            self._decoder.handle_timer(self._loop.time())
+            self._drain_events()
+            self._arm_timer()
+        except Exception:
+            self.stats.drop(INTERNAL_ERROR)
+            log.exception("internal error in the reassembly timer")
+
+    def _service(self) -> None:
+        assert self._loop is not None
+        assert self._sink is not None
+        now = self._loop.time()
+        try:
+            self._sink.service()
+            if now - self._last_tick >= _TICK_INTERVAL:
+                self._last_tick = now
+                self._tick(now)
+        except Exception:
+            self.stats.drop(INTERNAL_ERROR)
+            log.exception("internal error in the service timer")
+        self._service_handle = self._loop.call_later(_SERVICE_INTERVAL, self._service)
+
+    def _tick(self, now: float) -> None:
+        assert self._sink is not None
+        self._sink.tick(now)
+        self.stats.kernel_drops = sum(d.refresh_kernel_drops() for d in self._drainers)
+        sequences = self._decoder.last_sequence
+        if sequences:
+            items = list(sequences.items())[-MAX_SESSION_LABELS:]
+            self.stats.last_sequence = {sid.hex(): seq for sid, seq in items}
+        interval = self.config.key_check_interval
+        if self.config.key_file is not None and interval > 0 and now >= self._next_key_check:
+            self._next_key_check = now + interval
+            mtime = _mtime(self.config.key_file)
+            if mtime is not None and mtime != self._key_mtime:
+                self.reload_keys("key file changed")
+
+    def reload_keys(self, why: str) -> None:
+        """Re-read the key file and swap the ring in place; keep the old ring on failure."""
+        path = self.config.key_file
+        if path is None or self._keyring is None:
+            log.info("%s: no key file configured, nothing to reload", why)
+            return
+        self._key_mtime = _mtime(path)
+        try:
+            ring = KeyRing.from_file(path)
+        except KeyRingError as exc:
+            self.stats.keyring_reload_errors += 1
+            log.error(  # noqa: TRY400  the reason is in the message; a traceback adds nothing
+                "%s: key ring NOT reloaded, the previous one stays in use: %s", why, exc
+            )
+            return
+        self._keyring.replace(ring)
+        self.stats.keyring_reloads += 1
+        log.info("%s: key ring reloaded, %d keys", why, len(ring))
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+def run(
+    config: ReceiverConfig, *, reuse_port: bool | None = None, worker: int | None = None
+) -> int:
+    """Run one receiver in this process until SIGTERM/SIGINT; the process exit code."""
+    receiver = Receiver(config, reuse_port=reuse_port, worker=worker)
+
+    async def main() -> dict[str, object]:
+        loop = asyncio.get_running_loop()
+        stop = asyncio.Event()
+        interrupts = 0
+
+        def on_stop(signame: str) -> None:
+            nonlocal interrupts
+            interrupts += 1
+            if interrupts > 1 and signame == "SIGINT":
+                log.warning("second SIGINT: exiting without flushing")
+                os._exit(130)
+            log.info("%s: stopping (flushing for at most %.0f s)", signame, config.shutdown_timeout)
+            stop.set()
+
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, on_stop, sig.name)
+        loop.add_signal_handler(signal.SIGHUP, receiver.reload_keys, "SIGHUP")
+        try:
+            return await receiver.run(stop)
+        finally:
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                loop.remove_signal_handler(sig)
+
+    loop_factory = None
+    if config.event_loop == "uvloop":
+        import uvloop  # noqa: PLC0415  optional fast path, loaded only when chosen
+
+        loop_factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        summary = runner.run(main())
+    print(json.dumps({"receiver_summary": summary, "worker": worker}), flush=True)
+    return 0
+
+
+def run_workers(config: ReceiverConfig) -> int:
+    """One process per socket (``worker_processes``); SIGTERM/SIGINT/SIGHUP are forwarded."""
+    import multiprocessing  # noqa: PLC0415  only this mode needs it
+
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(
+            target=_worker_main,
+            args=(config.for_worker(i), i),
+            name=f"receiver-worker-{i}",
+        )
+        for i in range(config.sockets)
+    ]
+    for proc in procs:
+        proc.start()
+
+    def forward(signum: int, _frame: object) -> None:
+        for proc in procs:
+            if proc.pid is not None and proc.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    codes = []
+    for proc in procs:
+        proc.join()
+        codes.append(proc.exitcode or 0)
+    return max(codes, default=0)
+
+
+def _worker_main(config: ReceiverConfig, index: int) -> None:
+    from common import logging as common_logging  # noqa: PLC0415  fresh interpreter (spawn)
+
+    common_logging.configure(config.log_level, json_format=config.log_json)
+    sys.exit(run(config, reuse_port=True, worker=index))

@@ -1,0 +1,217 @@
+"""Settings of ``kafka-diode receive``: one frozen dataclass, documented field by field.
+
+Layers (``common.settings``): defaults < TOML file (``--config``) < ``DIODE_RECEIVER_*``
+environment < flags. ``__post_init__`` refuses anything invalid with a ``ConfigError`` naming the
+key and the fix, so a bad configuration stops the process at start-up (exit code 2), never later.
+The wire limits are the decoder's (``common.wire.WireConfig``) and default to its values, except
+``max_datagram_size`` which defaults to the largest UDP payload so that any sender size is read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from common.errors import ConfigError
+from common.wire.config import MAX_DATAGRAM_SIZE, WireConfig
+
+ENV_PREFIX = "DIODE_RECEIVER_"
+
+_WIRE_DEFAULTS = WireConfig()
+#: Receiver fields handed to the decoder's WireConfig unchanged (same names, same meaning).
+WIRE_FIELDS = (
+    "max_datagram_size",
+    "max_record_size",
+    "max_message_size",
+    "max_decompressed_size",
+    "max_fragments",
+    "max_reassemblies",
+    "max_reassembly_bytes",
+    "reassembly_timeout",
+    "replay_window",
+    "max_sessions",
+    "allow_cleartext",
+)
+_TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
+#: Producer properties the receiver relies on; ``kafka`` may not weaken them.
+PINNED_KAFKA = {"enable.idempotence": "true", "acks": "all"}
+#: Throughput-oriented producer defaults; ``kafka`` overrides any of them.
+DEFAULT_KAFKA = {
+    "linger.ms": "20",
+    "batch.size": "1000000",
+    "batch.num.messages": "10000",
+    "compression.type": "lz4",
+    "message.timeout.ms": "0",
+    "retry.backoff.ms": "200",
+    "reconnect.backoff.max.ms": "2000",
+    "socket.keepalive.enable": "true",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReceiverConfig:
+    """Everything ``kafka-diode receive`` can be told; see docs/receiver.md."""
+
+    bootstrap_servers: str = "localhost:9092"
+    """Downstream Kafka bootstrap servers (host:port[,host:port...]) the raw topic lives on."""
+    raw_topic: str = "diode.raw"
+    """Raw topic name, or a template where {topic} is replaced by the source topic name."""
+    listen_host: str = "0.0.0.0"  # noqa: S104  a receiver listens on the diode-facing interface
+    """Address the UDP sockets bind to (0.0.0.0 for all IPv4 interfaces, :: for IPv6)."""
+    listen_port: int = 9470
+    """UDP port the sender sends to."""
+    sockets: int = 1
+    """UDP sockets sharing the address via SO_REUSEPORT (the kernel spreads senders by address)."""
+    worker_processes: bool = False
+    """Run one worker process per socket (each with its own decoder, producer and metrics port)."""
+    rcvbuf_bytes: int = 64 * 1024 * 1024
+    """Requested SO_RCVBUF per socket; as root SO_RCVBUFFORCE bypasses net.core.rmem_max."""
+    max_datagrams_per_wakeup: int = 512
+    """Datagrams read from one socket per readiness event before yielding to the event loop."""
+    event_loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """Event loop implementation: uvloop (fast) or the standard asyncio loop."""
+    key_file: Path | None = None
+    """Key ring file from 'kafka-diode keygen'; reloaded on SIGHUP or when its mtime changes."""
+    key_check_interval: float = 2.0
+    """Seconds between checks of the key file's modification time (0: only reload on SIGHUP)."""
+    max_datagram_size: int = MAX_DATAGRAM_SIZE
+    """Largest datagram accepted; the default accepts any size a sender may be configured with."""
+    max_record_size: int = _WIRE_DEFAULTS.max_record_size
+    """Largest record accepted (key + value + headers), in bytes."""
+    max_message_size: int = _WIRE_DEFAULTS.max_message_size
+    """Largest message (batch after compression, before fragmentation) reassembled, in bytes."""
+    max_decompressed_size: int = _WIRE_DEFAULTS.max_decompressed_size
+    """Largest size a compressed message may inflate to (gzip bomb guard), in bytes."""
+    max_fragments: int = _WIRE_DEFAULTS.max_fragments
+    """Most fragments one message may claim."""
+    max_reassemblies: int = _WIRE_DEFAULTS.max_reassemblies
+    """Most fragmented messages in reassembly at once (oldest evicted beyond that)."""
+    max_reassembly_bytes: int = _WIRE_DEFAULTS.max_reassembly_bytes
+    """Total declared bytes of all messages in reassembly (oldest evicted beyond that)."""
+    reassembly_timeout: float = _WIRE_DEFAULTS.reassembly_timeout
+    """Seconds a fragmented message may take to complete before it is dropped."""
+    replay_window: int = _WIRE_DEFAULTS.replay_window
+    """Anti-replay window per sender session, in datagrams."""
+    max_sessions: int = _WIRE_DEFAULTS.max_sessions
+    """Sender sessions tracked at once (least recently used evicted)."""
+    allow_cleartext: bool = False
+    """Accept unencrypted datagrams (cipher none): tests and demos only."""
+    buffer_max_records: int = 1_000_000
+    """Records the producer may hold while downstream Kafka is slow or away (then: backlog)."""
+    buffer_max_bytes: int = 512 * 1024 * 1024
+    """Bytes the producer may hold while downstream Kafka is slow or away (then: backlog)."""
+    backlog_max_records: int = 100_000
+    """Records held while the producer queue is full or a partition count unknown; then overflow."""
+    metadata_timeout: float = 5.0
+    """Seconds one raw topic metadata lookup (partition count) may take before it is retried."""
+    metadata_refresh: float = 300.0
+    """Seconds between re-reads of a raw topic's partition count."""
+    shutdown_timeout: float = 30.0
+    """Seconds SIGTERM waits for the producer to deliver what it holds before giving up."""
+    kafka: dict[str, str] = field(default_factory=dict)
+    """librdkafka producer properties passed through (e.g. security.protocol, linger.ms)."""
+    metrics_port: int = 0
+    """Prometheus /metrics port (0: off); worker process i uses port + i."""
+    metrics_addr: str = "127.0.0.1"
+    """Address the metrics endpoint listens on."""
+    overflow_report_interval: float = 10.0
+    """Seconds between log lines summarising overflowed or undeliverable offset ranges."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    """Log level."""
+    log_json: bool = False
+    """Log one JSON object per line."""
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, key: str, problem: str, fix: str) -> None:
+            if not ok:
+                raise ConfigError(key, problem, fix)
+
+        need(bool(self.bootstrap_servers.strip()), "bootstrap_servers", "is empty", "host:port")
+        template = self.raw_topic.replace("{topic}", "x")
+        need(
+            bool(_TOPIC_CHARS.fullmatch(template)) and len(template) <= 249,
+            "raw_topic",
+            f"{self.raw_topic!r} is not a valid Kafka topic name or template",
+            "use letters, digits, '.', '_', '-' and optionally {topic}",
+        )
+        need(0 <= self.listen_port <= 65535, "listen_port", "is outside 0..65535", "e.g. 9470")
+        need(1 <= self.sockets <= 64, "sockets", f"{self.sockets} is outside 1..64", "e.g. 2")
+        need(
+            4096 <= self.rcvbuf_bytes <= 1 << 31,
+            "rcvbuf_bytes",
+            f"{self.rcvbuf_bytes} is outside 4096..2147483648",
+            "e.g. 67108864",
+        )
+        need(
+            1 <= self.max_datagrams_per_wakeup <= 65536,
+            "max_datagrams_per_wakeup",
+            "is outside 1..65536",
+            "e.g. 512",
+        )
+        need(
+            self.key_file is not None or self.allow_cleartext,
+            "key_file",
+            "is required unless allow_cleartext is true",
+            "create one with 'kafka-diode keygen --out FILE' and set key_file",
+        )
+        need(self.key_check_interval >= 0, "key_check_interval", "is negative", "e.g. 2")
+        for name in ("buffer_max_records", "buffer_max_bytes", "backlog_max_records"):
+            need(getattr(self, name) >= 1, name, "must be positive", "e.g. the default")
+        need(
+            self.buffer_max_records <= 2_147_483_647,
+            "buffer_max_records",
+            "is above librdkafka's limit 2147483647",
+            "lower it",
+        )
+        need(
+            1024 <= self.buffer_max_bytes <= 2_147_483_647 * 1024,
+            "buffer_max_bytes",
+            "is outside librdkafka's range 1 KiB..2 TiB",
+            "e.g. 536870912",
+        )
+        for name in ("metadata_timeout", "metadata_refresh", "overflow_report_interval"):
+            need(getattr(self, name) > 0, name, "must be positive", "e.g. the default")
+        need(self.shutdown_timeout >= 0, "shutdown_timeout", "is negative", "e.g. 30")
+        need(0 <= self.metrics_port <= 65535, "metrics_port", "is outside 0..65535", "e.g. 9471")
+        for prop, pinned in PINNED_KAFKA.items():
+            if prop in self.kafka and self.kafka[prop].lower() != pinned:
+                raise ConfigError(
+                    f"kafka.{prop}",
+                    f"{self.kafka[prop]!r} would weaken delivery",
+                    f"the receiver always uses {prop}={pinned}; remove it",
+                )
+        for prop in ("queue.buffering.max.messages", "queue.buffering.max.kbytes"):
+            if prop in self.kafka:
+                raise ConfigError(
+                    f"kafka.{prop}",
+                    "is set by buffer_max_records / buffer_max_bytes",
+                    "set those keys instead",
+                )
+        self.wire_config()  # validates the wire limits, naming the key
+
+    def wire_config(self) -> WireConfig:
+        """The decoder's limits, taken from this configuration."""
+        values: dict[str, Any] = {name: getattr(self, name) for name in WIRE_FIELDS}
+        return WireConfig(**values)
+
+    def producer_config(self) -> dict[str, str]:
+        """librdkafka properties: defaults < ``kafka`` pass-through < pinned and bounded ones."""
+        props = dict(DEFAULT_KAFKA)
+        props.update(self.kafka)
+        props.update(PINNED_KAFKA)
+        props["bootstrap.servers"] = self.bootstrap_servers
+        props["queue.buffering.max.messages"] = str(self.buffer_max_records)
+        props["queue.buffering.max.kbytes"] = str(max(1, self.buffer_max_bytes // 1024))
+        return props
+
+    def raw_topic_for(self, source_topic: str) -> str:
+        """The raw topic a record of ``source_topic`` is written to."""
+        return self.raw_topic.replace("{topic}", source_topic)
+
+    def for_worker(self, index: int) -> ReceiverConfig:
+        """This configuration for worker process ``index``: one socket, its own metrics port."""
+        port = self.metrics_port + index if self.metrics_port else 0
+        return dataclasses.replace(self, sockets=1, worker_processes=False, metrics_port=port)

@@ -1,0 +1,355 @@
+"""Write decoded records to the downstream raw topic without ever blocking the socket reader.
+
+Guarantee: every record handed to :meth:`RawTopicSink.write_batch` ends in exactly one of three
+states, each counted: delivered to the raw topic (``delivered``), reported lost with its
+``(topic, partition, offset)`` in a logged range (``downstream_overflow`` drop or
+``delivery_errors``), or still held when the process is killed without SIGTERM. Nothing is dropped
+silently.
+
+Delivery order and buffering:
+
+1. ``producer.produce()`` never blocks: when librdkafka's queue (bounded by ``buffer_max_records``
+   / ``buffer_max_bytes``) is full it raises ``BufferError``.
+2. Records that cannot be produced yet (queue full, or the raw topic's partition count still being
+   looked up) wait in a per-topic **backlog** of at most ``backlog_max_records`` records, in
+   arrival order; :meth:`service` (called after every socket wakeup and on a short timer) moves
+   them into the producer as soon as it takes them.
+3. A record that finds the backlog full is **overflow**: counted as the drop reason
+   ``downstream_overflow`` and its offset added to the loss report, logged as ranges every
+   ``overflow_report_interval`` seconds so an operator knows what to resend.
+4. librdkafka retries delivery itself (idempotent, ``acks=all``); with ``message.timeout.ms=0``
+   (the default) a record waits for a broker that is away as long as it takes, so a restart of the
+   downstream broker loses nothing that fit the buffers.
+5. On shutdown :meth:`close` flushes for at most ``shutdown_timeout`` seconds, then purges what is
+   left and reports it as lost ranges.
+
+Partition counts come from metadata lookups on a worker thread (they block), cached per raw topic
+and refreshed every ``metadata_refresh`` seconds; the raw partition is the source partition modulo
+that count (docs/topics.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from collections import deque
+from typing import Any
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from common.logging import RateLimitedLog
+from common.wire.events import Heartbeat, RecordBatch
+from receiver.config import ReceiverConfig
+from receiver.loss_report import LossReport, format_ranges
+from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
+from receiver.raw_format import HEARTBEAT_HEADERS, Headers, heartbeat_records, raw_headers
+
+log = logging.getLogger(__name__)
+
+#: (raw topic, source topic, source partition, source offset, value, key, timestamp, headers, bytes)
+_Item = tuple[str, str, int, int, bytes | None, str, int, Headers, int]
+_RETRY_LOOKUP = 2.0  # seconds between metadata attempts for a topic that is not there yet
+
+
+class RawTopicSink:
+    """Idempotent producer for the raw topic, with a bounded backlog and a loss report."""
+
+    def __init__(self, config: ReceiverConfig, stats: ReceiverStats) -> None:
+        self._config = config
+        self._stats = stats
+        self._rlog = RateLimitedLog(log)
+        self._producer = self._new_producer()
+        self._raw_topics: dict[str, str] = {}  # source topic -> raw topic
+        self._partitions: dict[str, int] = {}  # raw topic -> partition count
+        self._refreshed: dict[str, float] = {}  # raw topic -> monotonic time of last lookup
+        self._lookups: dict[str, concurrent.futures.Future[int | None]] = {}
+        self._retry_at: dict[str, float] = {}
+        self._executor = concurrent.futures.ThreadPoolExecutor(1, "receiver-metadata")
+        self._backlog: dict[str, deque[_Item]] = {}  # raw topic -> waiting items, in order
+        self._backlog_records = 0
+        self._overflow = LossReport()
+        self._failed = LossReport()
+        self._fatal: KafkaError | None = None
+        self._session_cache: tuple[bytes, bytes] = (b"", b"")
+        self._closed = False
+
+    # -- producer -----------------------------------------------------------------------------
+
+    def _new_producer(self) -> Producer:
+        props: dict[str, Any] = dict(self._config.producer_config())
+        props["on_delivery"] = self._on_delivery
+        props["error_cb"] = self._on_error
+        props["logger"] = logging.getLogger("receiver.librdkafka")
+        return Producer(props)
+
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        # Called from poll()/flush() on the thread that polls: the event loop thread.
+        if err is None:
+            self._stats.delivered += 1
+            return
+        self._stats.delivery_errors += 1
+        key = msg.key()
+        try:
+            topic, partition, offset = key.decode("ascii").rsplit(":", 2)
+            self._failed.add(topic, int(partition), int(offset))
+        except (AttributeError, UnicodeDecodeError, ValueError):
+            pass
+        self._rlog.warning("delivery", "delivery to %s failed: %s", msg.topic(), err)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = err
+            log.error("downstream producer fatal error: %s; a new producer will be created", err)
+            return
+        self._rlog.warning("kafka-error", "downstream Kafka: %s", err)
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def _raw_topic(self, source_topic: str) -> str:
+        raw = self._raw_topics.get(source_topic)
+        if raw is None:
+            if len(self._raw_topics) > 100_000:
+                self._raw_topics.clear()  # bounded: topic names come from the wire
+            raw = self._raw_topics[source_topic] = self._config.raw_topic_for(source_topic)
+        return raw
+
+    def write_batch(self, batch: RecordBatch) -> None:
+        """Hand every record of ``batch`` to the producer, the backlog, or the loss report."""
+        session_id, session_hex = self._session_cache
+        if session_id != batch.session_id:
+            session_hex = batch.session_id.hex().encode("ascii")
+            self._session_cache = (batch.session_id, session_hex)
+        produce = self._producer.produce
+        partitions = self._partitions
+        backlog = self._backlog
+        raw_topic = self._raw_topic
+        produced = 0
+        for r in batch.records:
+            raw = raw_topic(r.topic)
+            key = f"{r.topic}:{r.partition}:{r.offset}"
+            headers = raw_headers(r, session_hex)
+            ts = r.timestamp if r.timestamp > 0 else 0
+            count = partitions.get(raw)
+            if count is not None and raw not in backlog:
+                try:
+                    produce(raw, r.value, key, r.partition % count, timestamp=ts, headers=headers)
+                    produced += 1
+                    continue
+                except BufferError:
+                    pass
+                except KafkaException as exc:
+                    self._refused(r.topic, r.partition, r.offset, exc)
+                    continue
+            size = len(key) + (len(r.value) if r.value is not None else 0) + 64
+            self._hold((raw, r.topic, r.partition, r.offset, r.value, key, ts, headers, size))
+        self._stats.produced += produced
+
+    def write_heartbeat(self, beat: Heartbeat) -> None:
+        """One control record per partition of ``beat`` (docs/topics.md, heartbeats)."""
+        ts = beat.sent_at_ms if beat.sent_at_ms > 0 else 0
+        for topic, partition, key, value in heartbeat_records(beat):
+            raw = self._raw_topic(topic)
+            item: _Item = (raw, topic, partition, -1, value, key, ts, HEARTBEAT_HEADERS, 256)
+            if not self._produce_item(item):
+                self._hold(item)
+
+    def _produce_item(self, item: _Item) -> bool:
+        raw, topic, partition, offset, value, key, ts, headers, _ = item
+        count = self._partitions.get(raw)
+        if count is None:
+            return False
+        try:
+            self._producer.produce(
+                raw, value, key, partition % count, timestamp=ts, headers=headers
+            )
+        except BufferError:
+            return False
+        except KafkaException as exc:
+            self._refused(topic, partition, offset, exc)
+            return True
+        self._stats.produced += 1
+        return True
+
+    def _refused(self, topic: str, partition: int, offset: int, exc: KafkaException) -> None:
+        self._stats.delivery_errors += 1
+        if offset >= 0:
+            self._failed.add(topic, partition, offset)
+        self._rlog.warning(
+            "refused", "producer refused %s:%d:%d: %s", topic, partition, offset, exc
+        )
+
+    def _hold(self, item: _Item) -> None:
+        raw = item[0]
+        if self._backlog_records >= self._config.backlog_max_records:
+            self._stats.drop(DOWNSTREAM_OVERFLOW)
+            if item[3] >= 0:  # heartbeats (offset -1) are repeated by the sender anyway
+                self._overflow.add(item[1], item[2], item[3])
+            return
+        queue = self._backlog.get(raw)
+        if queue is None:
+            queue = self._backlog[raw] = deque()
+            if raw not in self._partitions:
+                self._lookup(raw)
+        queue.append(item)
+        self._backlog_records += 1
+
+    # -- servicing ----------------------------------------------------------------------------
+
+    def service(self) -> None:
+        """Serve delivery reports and move backlog into the producer; never blocks."""
+        self._producer.poll(0)
+        if self._backlog_records:
+            self._drain_backlog()
+
+    def _drain_backlog(self) -> None:
+        for raw in list(self._backlog):
+            if raw not in self._partitions:
+                continue
+            queue = self._backlog[raw]
+            while queue:
+                if not self._produce_item(queue[0]):
+                    return  # producer queue full: try again on the next service()
+                queue.popleft()
+                self._backlog_records -= 1
+            del self._backlog[raw]
+
+    @property
+    def backlog_records(self) -> int:
+        """Records waiting in the receiver before the producer."""
+        return self._backlog_records
+
+    @property
+    def queued(self) -> int:
+        """Records in librdkafka's queue (not yet acknowledged)."""
+        return len(self._producer)
+
+    def tick(self, now: float) -> None:
+        """Once a second or so: metadata lookups and refreshes, loss reports, fatal recovery."""
+        if self._fatal is not None:
+            self._replace_producer()
+        for raw, future in list(self._lookups.items()):
+            if future.done():
+                del self._lookups[raw]
+                self._lookup_done(raw, future, now)
+        for raw in list(self._backlog):
+            waiting = raw not in self._partitions and raw not in self._lookups
+            if waiting and now >= self._retry_at.get(raw, 0.0):
+                self._lookup(raw)
+        for raw, at in list(self._refreshed.items()):
+            if now - at >= self._config.metadata_refresh and raw not in self._lookups:
+                self._refreshed[raw] = now
+                self._lookup(raw)
+        self.report_losses(now)
+
+    _last_report = 0.0
+
+    def report_losses(self, now: float, *, force: bool = False) -> None:
+        """Log overflowed and undeliverable ranges (at most every overflow_report_interval)."""
+        if not force and now - self._last_report < self._config.overflow_report_interval:
+            return
+        self._last_report = now
+        for report, what in (
+            (self._overflow, "dropped: downstream buffers full (downstream_overflow)"),
+            (self._failed, "could not be delivered to the raw topic"),
+        ):
+            if report:
+                records, unlisted, ranges = report.take()
+                log.error(
+                    "%d records %s; resend these source ranges: %s%s",
+                    records,
+                    what,
+                    format_ranges(ranges),
+                    f" (+{unlisted} records of further partitions)" if unlisted else "",
+                )
+
+    def _lookup(self, raw: str) -> None:
+        if raw in self._lookups or self._closed:
+            return
+        producer, timeout = self._producer, self._config.metadata_timeout
+        self._lookups[raw] = self._executor.submit(_partition_count, producer, raw, timeout)
+
+    def _lookup_done(
+        self, raw: str, future: concurrent.futures.Future[int | None], now: float
+    ) -> None:
+        try:
+            count = future.result()
+        except KafkaException as exc:
+            count = None
+            self._rlog.warning("metadata", "metadata for raw topic %s failed: %s", raw, exc)
+        if count is None:
+            self._retry_at[raw] = now + _RETRY_LOOKUP
+            self._rlog.warning(
+                "metadata-missing",
+                "raw topic %s is not available downstream yet; records wait in the backlog",
+                raw,
+            )
+            return
+        old = self._partitions.get(raw)
+        if old is not None and old != count:
+            log.warning("raw topic %s now has %d partitions (was %d)", raw, count, old)
+        elif old is None:
+            log.info("raw topic %s has %d partitions", raw, count)
+        self._partitions[raw] = count
+        self._refreshed[raw] = now
+
+    async def wait_metadata(self, raw: str, limit: float) -> bool:
+        """Look up ``raw``'s partition count now (start-up); ``False`` if not known in time."""
+        self._lookup(raw)
+        deadline = time.monotonic() + limit
+        while raw not in self._partitions and time.monotonic() < deadline:
+            future = self._lookups.get(raw)
+            if future is None:
+                self._lookup(raw)
+                future = self._lookups[raw]
+            await asyncio.wait([asyncio.wrap_future(future)], timeout=deadline - time.monotonic())
+            if future.done():
+                self._lookups.pop(raw, None)
+                self._lookup_done(raw, future, time.monotonic())
+                if raw not in self._partitions:
+                    await asyncio.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        return raw in self._partitions
+
+    def _replace_producer(self) -> None:
+        old, self._fatal = self._producer, None
+        old.purge(in_queue=True, in_flight=True)
+        old.poll(0)  # purged records come back as delivery errors -> loss report
+        self._producer = self._new_producer()
+
+    # -- shutdown -----------------------------------------------------------------------------
+
+    async def close(self, limit: float) -> int:
+        """Flush for at most ``limit`` seconds; report and return what could not be written."""
+        self._closed = True
+        deadline = time.monotonic() + limit
+        while time.monotonic() < deadline:
+            self.tick(time.monotonic())
+            self.service()
+            if not self._backlog_records and len(self._producer) == 0:
+                break
+            self._producer.flush(min(0.1, max(0.0, deadline - time.monotonic())))
+            await asyncio.sleep(0)
+        lost = len(self._producer) + self._backlog_records
+        if lost:
+            log.error("shutdown timeout: %d records were not written to the raw topic", lost)
+            self._producer.purge(in_queue=True, in_flight=True)
+            self._producer.flush(0)
+            for queue in self._backlog.values():
+                for item in queue:
+                    if item[3] >= 0:
+                        self._failed.add(item[1], item[2], item[3])
+            self._backlog.clear()
+            self._backlog_records = 0
+        self.report_losses(time.monotonic(), force=True)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        return lost
+
+
+def _partition_count(producer: Producer, raw: str, timeout: float) -> int | None:
+    """Partition count of ``raw`` (blocking; runs on the metadata thread), None if not there."""
+    metadata = producer.list_topics(topic=raw, timeout=timeout)
+    topic = metadata.topics.get(raw)
+    if topic is None or topic.error is not None or not topic.partitions:
+        return None
+    return len(topic.partitions)

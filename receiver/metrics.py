@@ -1,0 +1,161 @@
+"""The receiver's counters and their Prometheus view.
+
+The hot path only increments plain integer attributes of :class:`ReceiverStats` (a Prometheus
+``Counter.inc`` takes a lock and costs more than the rest of a record's handling); a custom
+collector reads them when ``/metrics`` is scraped. Names follow ``common.metrics``:
+``kafka_diode_receiver_<what>[_unit][_total]``. Drop reasons are the ``DropReason`` values plus the
+receiver's own ``downstream_overflow`` (records) and ``socket_error`` (failed reads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from common.metrics import NAMESPACE, CollectorRegistry
+
+PREFIX = f"{NAMESPACE}_receiver"
+DOWNSTREAM_OVERFLOW = "downstream_overflow"
+SOCKET_ERROR = "socket_error"
+#: Sender sessions whose last sequence is exported; older ones are forgotten (bounded labels).
+MAX_SESSION_LABELS = 64
+
+
+@dataclass
+class ReceiverStats:
+    """Plain counters, incremented on the event loop thread, read by the metrics thread."""
+
+    datagrams: int = 0
+    """Datagrams read from the sockets."""
+    bytes: int = 0
+    """Datagram payload bytes read from the sockets."""
+    records: int = 0
+    """Source records decoded (duplicates from the sender included)."""
+    heartbeats: int = 0
+    """Sender heartbeats decoded."""
+    resend_markers: int = 0
+    """Resend start/end markers decoded."""
+    produced: int = 0
+    """Raw records handed to the producer (records plus heartbeat records)."""
+    delivered: int = 0
+    """Raw records acknowledged by the downstream Kafka."""
+    delivery_errors: int = 0
+    """Raw records whose delivery failed for good (reported as lost ranges)."""
+    drops: dict[str, int] = field(default_factory=dict)
+    """Dropped datagrams/messages by DropReason value; downstream_overflow counts records."""
+    kernel_drops: int = 0
+    """Datagrams the kernel dropped because a socket's receive buffer was full (all sockets)."""
+    keyring_reloads: int = 0
+    """Successful key ring reloads."""
+    keyring_reload_errors: int = 0
+    """Failed key ring reloads (the previous ring stays in use)."""
+    last_sequence: dict[str, int] = field(default_factory=dict)
+    """Last sequence number seen per sender session (hex id)."""
+
+    def drop(self, reason: str, count: int = 1) -> None:
+        """Count ``count`` drops for ``reason``."""
+        self.drops[reason] = self.drops.get(reason, 0) + count
+
+    def snapshot(self) -> dict[str, object]:
+        """A JSON-friendly copy (the exit summary)."""
+        return {
+            "datagrams": self.datagrams,
+            "bytes": self.bytes,
+            "records": self.records,
+            "heartbeats": self.heartbeats,
+            "produced": self.produced,
+            "delivered": self.delivered,
+            "delivery_errors": self.delivery_errors,
+            "kernel_drops": self.kernel_drops,
+            "drops": dict(sorted(self.drops.items())),
+        }
+
+
+@dataclass
+class Gauges:
+    """Values read from live objects at scrape time (callables, so they are always current)."""
+
+    reassemblies_in_flight: Callable[[], int] = lambda: 0
+    producer_queue: Callable[[], int] = lambda: 0
+    backlog_records: Callable[[], int] = lambda: 0
+    rcvbuf_bytes: Callable[[], int] = lambda: 0
+
+
+class ReceiverCollector(Collector):
+    """Expose :class:`ReceiverStats` and :class:`Gauges` to Prometheus."""
+
+    def __init__(self, stats: ReceiverStats, gauges: Gauges) -> None:
+        self._stats = stats
+        self._gauges = gauges
+
+    def collect(self) -> Iterator[Metric]:
+        """Build the metric families from the current values."""
+        s = self._stats
+        for name, doc, value in (
+            ("datagrams", "Datagrams read from the UDP sockets.", s.datagrams),
+            ("bytes", "Datagram bytes read from the UDP sockets.", s.bytes),
+            ("records", "Source records decoded.", s.records),
+            ("heartbeats", "Sender heartbeats decoded.", s.heartbeats),
+            ("resend_markers", "Resend markers decoded.", s.resend_markers),
+            ("produced_records", "Raw records handed to the producer.", s.produced),
+            ("delivered_records", "Raw records acknowledged by Kafka.", s.delivered),
+            ("delivery_errors", "Raw records whose delivery failed for good.", s.delivery_errors),
+            (
+                "kernel_drops",
+                "Datagrams dropped by the kernel (receive buffer full).",
+                s.kernel_drops,
+            ),
+            ("keyring_reloads", "Key ring reloads.", s.keyring_reloads),
+            ("keyring_reload_errors", "Failed key ring reloads.", s.keyring_reload_errors),
+        ):
+            yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+        drops = CounterMetricFamily(
+            f"{PREFIX}_drops",
+            "Dropped datagrams/messages (records for overflow).",
+            labels=["reason"],
+        )
+        for reason, value in list(s.drops.items()):
+            drops.add_metric([reason], value)
+        yield drops
+        expired = s.drops.get("reassembly_timeout", 0)
+        yield CounterMetricFamily(
+            f"{PREFIX}_reassemblies_expired", "Fragmented messages that timed out.", value=expired
+        )
+        g = self._gauges
+        for name, doc, fn in (
+            (
+                "reassemblies_in_flight",
+                "Fragmented messages being reassembled.",
+                g.reassemblies_in_flight,
+            ),
+            ("producer_queue_records", "Records in the producer's queue.", g.producer_queue),
+            (
+                "backlog_records",
+                "Records held by the receiver before the producer.",
+                g.backlog_records,
+            ),
+            (
+                "socket_rcvbuf_bytes",
+                "SO_RCVBUF granted by the kernel (first socket).",
+                g.rcvbuf_bytes,
+            ),
+        ):
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=fn())
+        seq = GaugeMetricFamily(
+            f"{PREFIX}_last_sequence",
+            "Last datagram sequence seen per sender session.",
+            labels=["session"],
+        )
+        for session, value in list(s.last_sequence.items()):
+            seq.add_metric([session], value)
+        yield seq
+
+
+def make_registry(stats: ReceiverStats, gauges: Gauges) -> CollectorRegistry:
+    """A fresh registry exposing the receiver's metrics."""
+    registry = CollectorRegistry()
+    registry.register(ReceiverCollector(stats, gauges))
+    return registry

@@ -1,0 +1,173 @@
+"""UDP sockets of the receiver and the loop that drains them (thin glue, no parsing).
+
+Why not an asyncio ``DatagramProtocol``: one callback per datagram, each reading into a fresh
+256 KiB buffer, loses most datagrams above a few tens of thousands per second on our machines
+(docs/FACTS "UDP receive"). Instead every socket is registered with ``loop.add_reader`` and, on
+each readiness event, read with ``recv_into`` into one reused 64 KiB buffer until the kernel
+says ``EAGAIN`` or ``max_per_wakeup`` datagrams were read (then the loop gets its turn; the socket
+is level-triggered, so the reader is called again at once).
+
+Kernel drops: with ``SO_RXQ_OVFL`` set, a ``recvmsg`` returns the socket's cumulative drop counter
+as ancillary data. The first read of each wakeup uses ``recvmsg_into`` to sample it; the rest use
+the cheaper ``recv_into``. ``/proc/net/udp*`` (the ``drops`` column of the socket's inode) is the
+fallback read once a second, so a counter is exported even when nothing arrives after a drop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)  # Linux asm-generic/socket.h
+SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
+RECV_BUFFER = 65536  # larger than any UDP payload (65507), so nothing is ever truncated
+_CMSG_SPACE = socket.CMSG_SPACE(4)
+_U32 = struct.Struct("=I")
+
+
+def open_udp_socket(
+    host: str, port: int, *, reuse_port: bool, rcvbuf: int
+) -> tuple[socket.socket, int]:
+    """Bind a non-blocking UDP socket; return it and the SO_RCVBUF the kernel granted.
+
+    The kernel reports twice the usable size (it counts bookkeeping); we log what it reports.
+    """
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_DGRAM)
+    try:
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_RCVBUFFORCE, rcvbuf)  # root: beyond rmem_max
+        except OSError:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
+        except OSError:
+            log.debug("SO_RXQ_OVFL not supported; kernel drops read from /proc only")
+        sock.bind(addr)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    return sock, granted
+
+
+def log_rcvbuf(requested: int, granted: int) -> None:
+    """Say what the kernel granted and, when short, how to raise the limit."""
+    if granted < requested:
+        log.warning(
+            "SO_RCVBUF: requested %d bytes, kernel granted %d; bursts may be lost. Raise the "
+            "limit with 'sysctl -w net.core.rmem_max=%d' (and persist it in /etc/sysctl.d/) or "
+            "run with CAP_NET_ADMIN so SO_RCVBUFFORCE applies",
+            requested,
+            granted,
+            requested,
+        )
+    else:
+        log.info("SO_RCVBUF: requested %d bytes, kernel granted %d", requested, granted)
+
+
+def proc_udp_drops(sock: socket.socket) -> int | None:
+    """The ``drops`` column of ``sock``'s line in /proc/net/udp or udp6; None if unavailable."""
+    try:
+        inode = str(os.fstat(sock.fileno()).st_ino)
+    except OSError:
+        return None
+    for name in ("/proc/net/udp", "/proc/net/udp6"):
+        try:
+            lines = Path(name).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            cols = line.split()
+            if len(cols) >= 13 and cols[9] == inode:
+                try:
+                    return int(cols[-1])
+                except ValueError:
+                    return None
+    return None
+
+
+class SocketDrainer:
+    """Read every datagram a socket has on each readiness event and hand it to ``on_datagram``.
+
+    ``on_datagram(data)`` receives an independent ``bytes`` copy; ``on_wakeup_done()`` runs after
+    each burst (the caller decodes, produces, polls). Read errors are counted, never raised.
+    """
+
+    def __init__(
+        self,
+        sock: socket.socket,
+        on_datagram: Callable[[bytes], None],
+        on_wakeup_done: Callable[[], None],
+        *,
+        max_per_wakeup: int,
+        on_error: Callable[[OSError], None],
+    ) -> None:
+        self._sock = sock
+        self._on_datagram = on_datagram
+        self._on_wakeup_done = on_wakeup_done
+        self._on_error = on_error
+        self._max = max_per_wakeup
+        self._buf = bytearray(RECV_BUFFER)
+        self._view = memoryview(self._buf)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.kernel_drops = 0
+        """Cumulative kernel drop counter of this socket (SO_RXQ_OVFL or /proc)."""
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Register with ``loop``; reading starts at the next loop iteration."""
+        self._loop = loop
+        loop.add_reader(self._sock.fileno(), self._drain)
+
+    def stop(self) -> None:
+        """Stop reading (idempotent). The socket stays open; datagrams queue in the kernel."""
+        if self._loop is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._loop = None
+
+    def close(self) -> None:
+        """Stop and close the socket (idempotent)."""
+        self.stop()
+        self._sock.close()
+
+    def refresh_kernel_drops(self) -> int:
+        """Re-read the kernel drop counter from /proc (cheap; call about once a second)."""
+        value = proc_udp_drops(self._sock)
+        if value is not None and value > self.kernel_drops:
+            self.kernel_drops = value
+        return self.kernel_drops
+
+    def _drain(self) -> None:
+        sock, view, deliver = self._sock, self._view, self._on_datagram
+        try:
+            # First read of the burst samples the kernel drop counter (SO_RXQ_OVFL).
+            nbytes, ancdata, _, _ = sock.recvmsg_into([self._buf], _CMSG_SPACE)
+            for level, kind, data in ancdata:
+                if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
+                    drops = _U32.unpack_from(data)[0]
+                    self.kernel_drops = max(self.kernel_drops, drops)
+            deliver(bytes(view[:nbytes]))
+            recv_into = sock.recv_into
+            for _ in range(self._max - 1):
+                nbytes = recv_into(view)
+                deliver(bytes(view[:nbytes]))
+        except BlockingIOError:
+            pass
+        except InterruptedError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                self._on_error(exc)
+        self._on_wakeup_done()

@@ -1,0 +1,107 @@
+"""ReceiverConfig: layering, validation naming the key, and the CLI's --check-config / exit 2."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from common import settings
+from common.errors import ConfigError
+from common.wire import Key, KeyRing
+from receiver import cli
+from receiver.config import ENV_PREFIX, ReceiverConfig
+
+
+def _build(file_values=None, env=None, flags=None) -> ReceiverConfig:
+    return settings.build(
+        ReceiverConfig, file_values=file_values, env=env, env_prefix=ENV_PREFIX, flags=flags
+    )
+
+
+def test_layers_file_then_env_then_flags() -> None:
+    cfg = _build(
+        file_values={"allow_cleartext": True, "listen_port": 1000, "raw_topic": "a"},
+        env={"DIODE_RECEIVER_LISTEN_PORT": "2000", "DIODE_RECEIVER_KAFKA__LINGER_MS": "7"},
+        flags={"listen_port": "3000"},
+    )
+    assert cfg.listen_port == 3000
+    assert cfg.raw_topic == "a"
+    assert cfg.producer_config()["linger.ms"] == "7"
+
+
+def test_producer_config_pins_idempotence_and_bounds_the_queue() -> None:
+    cfg = _build(
+        file_values={
+            "allow_cleartext": True,
+            "buffer_max_records": 5000,
+            "buffer_max_bytes": 4 * 1024 * 1024,
+        }
+    )
+    props = cfg.producer_config()
+    assert props["enable.idempotence"] == "true"
+    assert props["acks"] == "all"
+    assert props["queue.buffering.max.messages"] == "5000"
+    assert props["queue.buffering.max.kbytes"] == "4096"
+
+
+@pytest.mark.parametrize(
+    ("values", "key"),
+    [
+        ({"allow_cleartext": True, "raw_topic": "bad topic"}, "raw_topic"),
+        ({"allow_cleartext": True, "sockets": 0}, "sockets"),
+        ({}, "key_file"),
+        ({"allow_cleartext": True, "kafka": {"acks": "1"}}, "kafka.acks"),
+        (
+            {"allow_cleartext": True, "kafka": {"queue.buffering.max.messages": "9"}},
+            "kafka.queue.buffering.max.messages",
+        ),
+        ({"allow_cleartext": True, "replay_window": 3}, "replay_window"),
+        ({"allow_cleartext": True, "rcvbuf_bytes": 10}, "rcvbuf_bytes"),
+        ({"allow_cleartext": True, "listen_portt": 1}, "listen_portt"),
+    ],
+)
+def test_bad_values_name_the_key(values, key) -> None:
+    with pytest.raises(ConfigError) as info:
+        _build(file_values=values)
+    assert info.value.key == key
+
+
+def test_raw_topic_template() -> None:
+    cfg = _build(file_values={"allow_cleartext": True, "raw_topic": "raw.{topic}"})
+    assert cfg.raw_topic_for("orders") == "raw.orders"
+
+
+def test_every_field_is_documented() -> None:
+    docs = settings.field_docs(ReceiverConfig)
+
+    missing = [f.name for f in dataclasses.fields(ReceiverConfig) if not docs.get(f.name)]
+    assert missing == []
+
+
+def test_check_config_prints_json(tmp_path: Path, capsys, monkeypatch) -> None:
+    key_file = tmp_path / "keys.json"
+    KeyRing([Key.generate()]).write(key_file)
+    toml = tmp_path / "r.toml"
+    toml.write_text(f'key_file = "{key_file}"\nraw_topic = "raw"\n[kafka]\n"sasl.password" = "x"\n')
+    monkeypatch.delenv("DIODE_RECEIVER_LISTEN_PORT", raising=False)
+    code = cli.main(["--config", str(toml), "--check-config", "--listen-port", "5555"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["listen_port"] == 5555
+    assert out["kafka"]["sasl.password"] == "***"
+
+
+def test_bad_config_exits_2_naming_the_key(tmp_path: Path, capsys) -> None:
+    code = cli.main(["--allow-cleartext", "true", "--sockets", "0", "--check-config"])
+    assert code == 2
+    assert "sockets" in capsys.readouterr().err
+
+
+def test_unreadable_key_file_exits_2(tmp_path: Path, capsys) -> None:
+    bad = tmp_path / "k.json"
+    bad.write_text("not json")
+    assert cli.main(["--key-file", str(bad), "--check-config"]) == 2
+    assert "k.json" in capsys.readouterr().err

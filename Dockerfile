@@ -31,6 +31,7 @@ RUN "$VIRTUAL_ENV/bin/pip" install . \
  && rm -rf "$KAFKA_DIODE_CACHE/maven"
 
 # --- runtime: Python + a headless Java 17 for Spark; no compilers, no Maven ---------------------
+# procps: Spark's launcher scripts use ps, as in the official Spark images.
 FROM ${PYTHON_IMAGE}
 RUN apt-get update \
  && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \

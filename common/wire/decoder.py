@@ -198,6 +198,8 @@ class Decoder:
             raise RemoteProtocolError(DropReason.TRAILING_BYTES, "bytes after the envelope")
         if cipher_code not in (CIPHER_NONE, CIPHER_AES_256_GCM):
             raise RemoteProtocolError(DropReason.UNKNOWN_CIPHER, f"cipher {cipher_code}")
+        if cipher_code == CIPHER_NONE and not config.allow_cleartext:
+            raise RemoteProtocolError(DropReason.CLEARTEXT_REFUSED, "cipher none")
         if compression not in (COMPRESSION_NONE, COMPRESSION_GZIP):
             raise RemoteProtocolError(DropReason.UNKNOWN_COMPRESSION, f"compression {compression}")
         if kind not in _KNOWN_KINDS:
@@ -218,8 +220,6 @@ class Decoder:
         if reason is not None:
             raise RemoteProtocolError(reason, f"sequence {sequence}")
         if cipher_code == CIPHER_NONE:
-            if not config.allow_cleartext:
-                raise RemoteProtocolError(DropReason.CLEARTEXT_REFUSED, "cipher none")
             if key_id != 0:
                 raise RemoteProtocolError(DropReason.MALFORMED, "key id with cipher none")
             chunk = data[pos:]

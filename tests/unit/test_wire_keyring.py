@@ -1,0 +1,157 @@
+"""Key ring, key file, password derivation, keygen CLI and WireConfig validation."""
+
+from __future__ import annotations
+
+import io
+import json
+import stat
+
+import pytest
+
+from common.errors import ConfigError, KeyRingError
+from common.wire import Key, KeyRing, WireConfig, derive_key, format_key_id, fragment_capacity
+from kafka_diode import keygen
+
+
+def test_key_id_is_derived_and_material_never_printed() -> None:
+    key = Key.from_material(b"\x01" * 32)
+    assert key.key_id == Key.from_material(b"\x01" * 32).key_id != 0
+    assert "01" * 4 not in repr(key)
+    ring = KeyRing([key])
+    assert (b"\x01" * 32).hex() not in repr(ring)
+    assert ring.active is key
+    with pytest.raises(KeyRingError):
+        Key.from_material(b"short")
+
+
+def test_ring_add_activate_remove_replace() -> None:
+    a, b = Key.generate(), Key.generate()
+    ring = KeyRing([a])
+    ring.add(b)
+    assert ring.active is a
+    ring.activate(b.key_id)
+    assert ring.active is b
+    ring.remove(b.key_id)
+    with pytest.raises(KeyRingError, match="no active key"):
+        _ = ring.active
+    assert ring.get(b.key_id) is None
+    with pytest.raises(KeyRingError):
+        ring.activate(b.key_id)
+    other = KeyRing([b])
+    ring.replace(other)
+    assert ring.ids == (b.key_id,)
+    assert ring.active is b
+
+
+def test_key_file_round_trip_mode_and_no_overwrite(tmp_path) -> None:
+    path = tmp_path / "keys.json"
+    ring = KeyRing([Key.generate(), Key.generate()])
+    ring.write(path)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    loaded = KeyRing.from_file(path)
+    assert loaded.ids == ring.ids
+    assert loaded.active.material == ring.active.material
+    with pytest.raises(KeyRingError, match="refusing"):
+        ring.write(path)
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        [],
+        {"kafka_diode_keyring": 2, "keys": []},
+        {"kafka_diode_keyring": 1, "keys": []},
+        {"kafka_diode_keyring": 1, "keys": [{"key": "zz"}]},
+        {"kafka_diode_keyring": 1, "keys": [{"key": "00" * 31}]},
+        {"kafka_diode_keyring": 1, "keys": [{"key": "01" * 32, "id": "00000001"}]},
+        {"kafka_diode_keyring": 1, "keys": [{"key": "01" * 32}], "active": "00000001"},
+    ],
+)
+def test_bad_key_files(tmp_path, doc) -> None:
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(KeyRingError):
+        KeyRing.from_file(path)
+    path.write_text("{not json")
+    with pytest.raises(KeyRingError):
+        KeyRing.from_file(path)
+    with pytest.raises(KeyRingError):
+        KeyRing.from_file(tmp_path / "missing.json")
+
+
+def test_password_derivation_is_deterministic() -> None:
+    salt = b"s" * 16
+    k1 = derive_key("correct horse", salt, n=1 << 10)
+    assert k1 == derive_key(b"correct horse", salt, n=1 << 10)
+    assert k1 != derive_key("correct horse", b"t" * 16, n=1 << 10)
+    assert len(k1) == 32
+    with pytest.raises(KeyRingError):
+        derive_key("", salt)
+    with pytest.raises(KeyRingError):
+        derive_key("pw", b"short")
+    with pytest.raises(KeyRingError):
+        derive_key("pw", salt, n=1000)  # not a power of two
+
+
+def test_keygen_writes_0600_refuses_overwrite_and_adds(tmp_path, capsys) -> None:
+    path = tmp_path / "ring.json"
+    assert keygen.main(["--out", str(path)]) == 0
+    first = capsys.readouterr().out.strip()
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert KeyRing.from_file(path).ids == (int(first, 16),)
+    assert keygen.main(["--out", str(path)]) == 1
+    assert "exists" in capsys.readouterr().err
+    assert keygen.main(["--out", str(path), "--add"]) == 0
+    second = capsys.readouterr().out.strip()
+    ring = KeyRing.from_file(path)
+    assert [format_key_id(i) for i in ring.ids] == [first, second]
+    assert format_key_id(ring.active.key_id) == second
+    assert keygen.main(["--out", str(path), "--force"]) == 0
+    assert len(KeyRing.from_file(path)) == 1
+
+
+def test_keygen_password_same_salt_same_key(tmp_path, capsys, monkeypatch) -> None:
+    ids = []
+    for name in ("a.json", "b.json"):
+        monkeypatch.setattr("sys.stdin", io.StringIO("secret words\n"))
+        args = ["--out", str(tmp_path / name), "--password", "--salt", "ab" * 16]
+        assert keygen.main([*args, "--scrypt-n", "1024"]) == 0
+        ids.append(capsys.readouterr().out.strip())
+    assert ids[0] == ids[1]
+    doc = json.loads((tmp_path / "a.json").read_text())
+    assert doc["keys"][0]["kdf"] == {"name": "scrypt", "salt": "ab" * 16, "n": 1024, "r": 8, "p": 1}
+    assert "secret" not in (tmp_path / "a.json").read_text()
+
+
+def test_default_config_fits_ipv4_and_ipv6_mtu() -> None:
+    config = WireConfig()
+    assert config.max_datagram_size == 1500 - 40 - 8
+    assert fragment_capacity(config.max_datagram_size) == 1452 - 44 - 2 - 16
+    assert config.max_record_size >= 16 * 1024 * 1024
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"max_datagram_size": 65508}, "max_datagram_size"),
+        ({"max_datagram_size": 100}, "max_datagram_size"),
+        ({"compression": "lz4"}, "compression"),
+        ({"compression_level": 0}, "compression_level"),
+        ({"max_message_size": 16 * 1024 * 1024}, "max_message_size"),
+        ({"max_decompressed_size": 1}, "max_decompressed_size"),
+        ({"max_fragments": 100}, "max_fragments"),
+        ({"max_fragments": 70000}, "max_fragments"),
+        ({"max_reassemblies": 0}, "max_reassemblies"),
+        ({"max_reassembly_bytes": 10}, "max_reassembly_bytes"),
+        ({"reassembly_timeout": 0}, "reassembly_timeout"),
+        ({"linger": -1}, "linger"),
+        ({"replay_window": 10}, "replay_window"),
+        ({"max_sessions": 0}, "max_sessions"),
+        ({"max_record_size": "big"}, "max_record_size"),
+    ],
+)
+def test_config_validation_names_the_key(kwargs, key) -> None:
+    with pytest.raises(ConfigError) as info:
+        WireConfig(**kwargs)
+    assert info.value.key == key
+    assert info.value.fix

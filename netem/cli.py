@@ -126,11 +126,12 @@ def main(argv: Sequence[str], prog: str = "kafka-diode netem") -> int:
         tc = TcNetem(args.dev, netns=args.netns)
         if args.command == "apply":
             profile = resolve(args.profile, seed=args.seed)
+            with_seed = args.seed is not None
             if args.dry_run:
-                print(" ".join(tc.command_for(profile)))
+                print(" ".join(tc.command_for(profile, include_seed=with_seed)))
                 return EXIT_OK
-            tc.apply(profile)
-            print(f"netem on {args.dev}: {' '.join(profile.to_tc_args())}")
+            tc.apply(profile, include_seed=with_seed)
+            print(f"netem on {args.dev}: {' '.join(profile.to_tc_args(include_seed=with_seed))}")
             return EXIT_OK
         if args.command == "clear":
             removed = tc.clear()

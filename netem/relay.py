@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from types import TracebackType
@@ -60,9 +61,15 @@ def _family(host: str) -> socket.AddressFamily:
     return socket.AF_INET6 if ":" in host else socket.AF_INET
 
 
+# Python's socket module lacks the *BUFFORCE options; these are Linux's values (asm/socket.h).
+_LINUX = sys.platform.startswith("linux")
+SO_RCVBUFFORCE: int | None = getattr(socket, "SO_RCVBUFFORCE", 33 if _LINUX else None)
+SO_SNDBUFFORCE: int | None = getattr(socket, "SO_SNDBUFFORCE", 32 if _LINUX else None)
+
+
 def _set_buffer(sock: socket.socket, size: int, *, receive: bool) -> int:
     """Ask for ``size`` bytes of buffer, forcing past ``rmem_max`` when privileged."""
-    force = getattr(socket, "SO_RCVBUFFORCE" if receive else "SO_SNDBUFFORCE", None)
+    force = SO_RCVBUFFORCE if receive else SO_SNDBUFFORCE
     plain = socket.SO_RCVBUF if receive else socket.SO_SNDBUF
     if force is not None:
         try:

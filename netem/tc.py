@@ -86,20 +86,19 @@ class TcNetem:
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise ServiceError(f"cannot run tc: {exc}") from exc
 
-    def command_for(self, profile: Profile) -> list[str]:
+    def command_for(self, profile: Profile, *, include_seed: bool = False) -> list[str]:
         """The exact command ``apply`` runs (for ``--dry-run`` and docs)."""
-        return self._command(
-            "qdisc", "replace", "dev", self.dev, "root", "netem", *profile.to_tc_args()
-        )
+        args = profile.to_tc_args(include_seed=include_seed)
+        return self._command("qdisc", "replace", "dev", self.dev, "root", "netem", *args)
 
-    def apply(self, profile: Profile) -> None:
-        """Install ``profile`` as the device's root qdisc.
+    def apply(self, profile: Profile, *, include_seed: bool = False) -> None:
+        """Install ``profile`` as the device's root qdisc (``seed`` only when asked: tc 6.3+).
 
         Raises:
             NetemUnavailableError: the kernel lacks sch_netem.
             ServiceError: any other tc failure, with tc's reason.
         """
-        args = profile.to_tc_args()
+        args = profile.to_tc_args(include_seed=include_seed)
         done = self._run("qdisc", "replace", "dev", self.dev, "root", "netem", *args)
         if done.returncode != 0:
             message = classify_error(done.stderr)

@@ -79,7 +79,6 @@ _MAX_WINDOWS = 2**20
 _MAX_SPAN = 2**36  # WINDOW_SIZE x MAX_WINDOWS: bounds the transient range bitmaps of a scan
 _GAP_ENTRY_BYTES = 64  # estimated memory per remembered gap (Python objects), for the budget
 _MAX_WARNINGS = 16
-_U64_END = 2**64
 
 
 class GapStateError(DiodeError):

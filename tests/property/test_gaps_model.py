@@ -1,0 +1,252 @@
+"""Model-based tests: PartitionDetector against a plain reference (a set of seen offsets + rules).
+
+The reference implements DESIGN.md §7 and the documented below-window policy (docs/gaps.md) with
+Python sets and lists, one offset at a time, and no bitmaps.
+"""
+
+from __future__ import annotations
+
+import array
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from dedup.gaps import DetectorConfig, GapState, PartitionDetector
+
+
+def runs(offsets: list[int]) -> list[tuple[int, int]]:
+    out: list[list[int]] = []
+    for x in sorted(offsets):
+        if out and out[-1][1] == x - 1:
+            out[-1][1] = x
+        else:
+            out.append([x, x])
+    return [(a, b) for a, b in out]
+
+
+class Model:
+    def __init__(self, ws: int, mw: int, mxe: int) -> None:
+        self.ws, self.mw, self.mxe = ws, mw, mxe
+        self.seen: set[int] = set()
+        self.first: int | None = None
+        self.next: int | None = None
+        self.high: int | None = None
+        self.lo = self.hi = 0
+        self.evicted = False
+        self.expired: list[list[int]] = []  # [first, last], sorted
+        self.forgotten_max = -1
+        self.below_window = 0
+
+    def tail(self) -> int:
+        assert self.next is not None
+        return max(self.next - 1, -1 if self.high is None else self.high)
+
+    def observe(self, o: int) -> bool:
+        if self.first is None:
+            self.first, self.next = o, o + 1
+            self.lo = self.hi = o // self.ws
+            self.seen.add(o)
+            return True
+        w = o // self.ws
+        if w > self.hi:
+            new_lo = max(self.lo, w - self.mw + 1)
+            if new_lo > self.lo:
+                top = max(self.tail(), o - 1)
+                start = max(self.first, self.lo * self.ws)
+                end = min(new_lo * self.ws - 1, top)
+                missing = [x for x in range(start, end + 1) if x not in self.seen]
+                self.expired += [[a, b] for a, b in runs(missing)]
+                while len(self.expired) > self.mxe:
+                    self.forgotten_max = max(self.forgotten_max, self.expired.pop(0)[1])
+                self.lo, self.evicted = new_lo, True
+            self.hi = w
+        if o >= self.lo * self.ws or (
+            not self.evicted and o < self.first and self.hi - w < self.mw
+        ):
+            self.lo = min(self.lo, w)
+            if o in self.seen:
+                return False
+            self.seen.add(o)
+            self.next = max(self.next, o + 1)
+            return True
+        for i, (a, b) in enumerate(self.expired):
+            if a <= o <= b:
+                pieces = [[x, y] for x, y in ((a, o - 1), (o + 1, b)) if x <= y]
+                self.expired[i : i + 1] = pieces
+                self.seen.add(o)
+                return True
+        if o < self.first or o <= self.forgotten_max:
+            self.below_window += 1
+        return False
+
+    def heartbeat(self, high: int) -> None:
+        self.high = high if self.high is None else max(self.high, high)
+
+    def gaps(self) -> list[tuple[int, int]]:
+        if self.first is None:
+            return []
+        start = max(self.first, self.lo * self.ws)
+        missing = [x for x in range(start, self.tail() + 1) if x not in self.seen]
+        return [(a, b) for a, b in self.expired] + runs(missing)
+
+
+def compacted_open(reports, topic="t", partition=0) -> list[tuple[int, int]]:
+    latest = {}
+    for r in reports:
+        assert (r.topic, r.partition) == (topic, partition)
+        assert r.first <= r.last
+        latest[r.first] = r
+    return sorted((r.first, r.last) for r in latest.values() if r.state is GapState.OPEN)
+
+
+@st.composite
+def scenarios(draw):
+    ws = draw(st.integers(1, 64))
+    mw = draw(st.integers(1, 6))
+    mxe = draw(st.integers(0, 8))
+    start = draw(st.integers(0, 300))
+    length = draw(st.integers(1, 300))
+    sent = list(range(start, start + length))
+    loss = draw(st.floats(0.0, 0.5))
+    rnd = draw(st.randoms(use_true_random=False))
+    arrived = [o for o in sent if rnd.random() >= loss]
+    arrived += [rnd.choice(arrived) for _ in range(len(arrived) // 5)] if arrived else []
+    # local reordering plus a few far-late records
+    arrived.sort(key=lambda o: o + rnd.uniform(0, draw(st.sampled_from([0, 3, 30, 400]))))
+    ops = []
+    for o in arrived:
+        ops.append(("obs", o))
+        r = rnd.random()
+        if r < 0.05:
+            ops.append(("scan", None))
+        elif r < 0.08:
+            ops.append(("hb", rnd.randint(start, start + length - 1)))
+        elif r < 0.09:
+            ops.append(("roundtrip", None))
+    return ws, mw, mxe, start + length - 1, ops
+
+
+def run_both(ws, mw, mxe, last_sent, ops, *, batched: bool):
+    config = DetectorConfig(window_size=ws, max_windows=mw, max_expired_gaps=mxe)
+    det = PartitionDetector("t", 0, config)
+    model = Model(ws, mw, mxe)
+    reports = []
+    now = 0
+    batch: list[int] = []
+
+    def flush():
+        nonlocal det
+        if batch:
+            expected = [model.observe(o) for o in batch]
+            got = det.observe_many(array.array("Q", batch), now)
+            assert got == expected, (batch, got, expected)
+            batch.clear()
+
+    for op, arg in ops:
+        now += 1
+        if op == "obs":
+            if batched:
+                batch.append(arg)
+            else:
+                assert det.observe(arg, now) == model.observe(arg), arg
+            continue
+        flush()
+        if op == "scan":
+            reports += det.scan(now)
+        elif op == "hb":
+            det.heartbeat(arg, now)
+            model.heartbeat(arg)
+        else:
+            reports += det.drain_reports()
+            det = PartitionDetector.from_bytes(det.to_bytes(), config)
+    flush()
+    det.heartbeat(last_sent, now + 1)
+    model.heartbeat(last_sent)
+    reports += det.scan(now + 2)
+    reports += det.scan(now + 3)
+    assert sorted(det.open_gaps()) == model.gaps()
+    assert compacted_open(reports) == model.gaps()
+    assert det.reported_open() == model.gaps()
+    assert det.delivered == len(model.seen)
+    assert det.below_window == model.below_window
+    assert det.next_expected == model.next
+    # The promise: every sent offset is delivered exactly once, or open, or reported EXPIRED,
+    # or older than the first offset seen.
+    delivered = model.seen
+    open_offsets = {x for a, b in model.gaps() for x in range(a, b + 1)}
+    expired = {
+        x for r in reports if r.state is GapState.EXPIRED for x in range(r.first, r.last + 1)
+    }
+    assert not delivered & open_offsets
+    if model.first is not None:
+        for o in range(model.first, last_sent + 1):
+            assert o in delivered or o in open_offsets or o in expired, o
+    return reports
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_observe_matches_the_reference_model(scenario) -> None:
+    run_both(*scenario, batched=False)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_observe_many_matches_the_reference_model(scenario) -> None:
+    run_both(*scenario, batched=True)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.data())
+def test_observe_many_equals_sequence_of_observe(scenario, data) -> None:
+    ws, mw, mxe, _last, ops = scenario
+    offsets = [arg for op, arg in ops if op == "obs"]
+    config = DetectorConfig(window_size=ws, max_windows=mw, max_expired_gaps=mxe)
+    one = PartitionDetector("t", 0, config)
+    many = PartitionDetector("t", 0, config)
+    expected = [one.observe(o, 1) for o in offsets]
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(offsets)), max_size=4)))
+    got: list[bool] = []
+    for a, b in zip([0, *cuts], [*cuts, len(offsets)], strict=True):
+        got += many.observe_many(offsets[a:b], 1)
+    assert got == expected
+    assert many.to_bytes() == one.to_bytes()
+    assert many.drain_reports() == one.drain_reports()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.integers(0, 10_000))
+def test_round_trip_mid_stream_gives_identical_behaviour(scenario, cut_seed) -> None:
+    ws, mw, mxe, last_sent, ops = scenario
+    config = DetectorConfig(window_size=ws, max_windows=mw, max_expired_gaps=mxe)
+    cut = cut_seed % (len(ops) + 1)
+
+    def play(det, part, t0):
+        out = []
+        for i, (op, arg) in enumerate(part):
+            now = t0 + i
+            if op == "obs":
+                out.append(det.observe(arg, now))
+            elif op == "scan":
+                out.append(det.scan(now))
+            elif op == "hb":
+                det.heartbeat(arg, now)
+        det.heartbeat(last_sent, 10**6)
+        out += [det.scan(10**6 + 1), det.scan(10**6 + 2)]
+        return out
+
+    a = PartitionDetector("t", 0, config)
+    b = PartitionDetector("t", 0, config)
+    play_prefix = ops[:cut]
+    for i, (op, arg) in enumerate(play_prefix):
+        for det in (a, b):
+            if op == "obs":
+                det.observe(arg, i)
+            elif op == "scan":
+                det.scan(i)
+            elif op == "hb":
+                det.heartbeat(arg, i)
+    assert a.drain_reports() == b.drain_reports()
+    restored = PartitionDetector.from_bytes(b.to_bytes(), config)
+    assert restored.to_bytes() == a.to_bytes()
+    assert play(a, ops[cut:], cut) == play(restored, ops[cut:], cut)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from common.errors import ServiceError
 from common.metrics import CollectorRegistry
 from netem.impair import apply
 from netem.profile import NAMED_PROFILES, Profile
@@ -216,7 +217,8 @@ def test_cli_relay_runs_reports_and_exits_cleanly_on_sigterm(
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kafka_diode", "netem", "relay", "--listen", "127.0.0.1:0",
-         "--forward", f"{host}:{port}", "--profile", "lossy-5", "--seed", "1"],
+         "--forward", f"{host}:{port}", "--profile", "lossy-5", "--seed", "1",
+         "--stats-interval", "0.1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
     )  # fmt: skip
     try:
@@ -224,6 +226,9 @@ def test_cli_relay_runs_reports_and_exits_cleanly_on_sigterm(
         listening = json.loads(proc.stdout.readline())
         assert listening["event"] == "listening"
         assert listening["seed"] == 1
+        stats_line = json.loads(proc.stdout.readline())
+        assert stats_line["event"] == "stats"
+        assert stats_line["received"] == 0
         relay_host, relay_port = listening["listen"].rsplit(":", 1)
         data = numbered(500)
         for d in data:
@@ -242,3 +247,11 @@ def test_cli_relay_runs_reports_and_exits_cleanly_on_sigterm(
     assert summary["received"] == 500
     assert summary["forwarded"] == len(expected)
     assert summary["seed"] == 1
+
+
+def test_relay_thread_reports_a_busy_port(sink: socket.socket) -> None:
+    busy = sink.getsockname()
+    relay = RelayThread(busy, busy, Profile())
+    with pytest.raises(ServiceError, match="cannot bind"):
+        relay.start()
+    relay.stop()

@@ -47,6 +47,30 @@ from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
 from receiver.raw_format import HEARTBEAT_HEADERS, Headers, heartbeat_records, raw_headers
 
 log = logging.getLogger(__name__)
+librdkafka_log = logging.getLogger("receiver.librdkafka")
+
+
+class _PerFacilityLimit(logging.Filter):
+    """librdkafka logs every failed reconnect; let ``burst`` lines per facility per ``period``."""
+
+    def __init__(self, period: float = 30.0, burst: int = 3) -> None:
+        super().__init__()
+        self._period = period
+        self._burst = burst
+        self._windows: dict[str, tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args if isinstance(record.args, tuple) else ()
+        key = str(args[0]) if args else str(record.msg)[:40]
+        start, passed = self._windows.get(key, (record.created, 0))
+        if record.created - start >= self._period:
+            start, passed = record.created, 0
+        if len(self._windows) < 256 or key in self._windows:
+            self._windows[key] = (start, passed + 1)
+        return passed < self._burst
+
+
+librdkafka_log.addFilter(_PerFacilityLimit())
 
 #: (raw topic, source topic, source partition, source offset, value, key, timestamp, headers, bytes)
 _Item = tuple[str, str, int, int, bytes | None, str, int, Headers, int]
@@ -81,7 +105,7 @@ class RawTopicSink:
         props: dict[str, Any] = dict(self._config.producer_config())
         props["on_delivery"] = self._on_delivery
         props["error_cb"] = self._on_error
-        props["logger"] = logging.getLogger("receiver.librdkafka")
+        props["logger"] = librdkafka_log
         return Producer(props)
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:

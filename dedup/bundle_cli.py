@@ -1,0 +1,500 @@
+"""``kafka-diode bundle create|show``: write and inspect resend bundles (low side).
+
+``create`` reads the gap topic with ``isolation.level=read_committed`` (the dedup writes it in
+transactions), keeps the latest state of each gap key (a tombstone removes it), keeps the OPEN
+gaps, merges them per source (topic, partition) and writes a signed bundle (``common.bundle``,
+format in docs/resend.md). Guarantees: the file at ``--out`` is either the previous one or the
+complete new one (written to a temporary file in the same directory, fsynced, then renamed); a
+bundle lists only offsets some open gap reports missing; ``--max-records`` keeps the lowest offsets.
+EXPIRED gaps are never listed: the dedup forgot them, so a resend could not be delivered once.
+
+``show`` verifies a bundle with the link key and prints it per topic and partition; a tampered,
+truncated, wrong-key or wrong-version file is refused with the reason.
+
+Settings: ``--config FILE`` (TOML, top level or a ``[bundle]`` table), then the environment, then
+flags. The environment is the dedup's (``BOOTSTRAP_SERVERS``, ``GAP_TOPIC``, ``KAFKA_CONF_*``, so
+the bundle unit reads the dedup's env file) overridden by ``DIODE_BUNDLE_*``.
+
+Exit codes: 0 done; 1 failure (Kafka unreachable, file not writable); 2 configuration or usage
+error; 4 bundle refused (``show``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import time
+import tomllib
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from common import bundle as bundle_format
+from common import logging as diode_logging
+from common import settings
+from common.errors import BundleError, ConfigError, DiodeError, KeyRingError, ServiceError
+
+if TYPE_CHECKING:
+    from common.wire import KeyRing
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_BAD_BUNDLE = 4
+
+ENV_PREFIX = "DIODE_BUNDLE_"
+#: The dedup's own variable names, read first so the bundle unit can share the dedup's env file.
+DEDUP_ENV = {"BOOTSTRAP_SERVERS": "bootstrap_servers", "GAP_TOPIC": "gap_topic"}
+DEDUP_KAFKA_PREFIX = "KAFKA_CONF_"
+MAX_GAP_KEYS = 5_000_000
+"""Distinct gap keys held while reading the gap topic (a compacted topic stays far below)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleKeyConfig:
+    """The link key that signs (create) or verifies (show) a bundle."""
+
+    key_file: Path | None = None
+    """Key ring file ('kafka-diode keygen'); the active key signs, any key in it verifies."""
+    password: str | None = field(default=None, repr=False)
+    """Derive the link key from this password (with salt) instead of a key file. Secret."""
+    salt: str = ""
+    """Salt (hex) of the password derivation; the same as the sender's and receiver's."""
+
+    def __post_init__(self) -> None:
+        if self.key_file is not None and self.password is not None:
+            raise ConfigError("key_file", "and password are both set", "choose one")
+        if self.key_file is None and self.password is None:
+            raise ConfigError(
+                "key_file", "no link key configured", "set key_file (the link's key ring file)"
+            )
+        if self.password is not None and not self.salt:
+            raise ConfigError("salt", "is required with password", "use the link's salt")
+
+    def keyring(self) -> KeyRing:
+        """Load the key ring.
+
+        Raises:
+            ConfigError: unreadable or malformed key file, or a failed derivation.
+        """
+        from common.wire import Key, KeyRing, derive_key  # noqa: PLC0415  keeps --help light
+
+        if self.key_file is not None:
+            try:
+                return KeyRing.from_file(self.key_file)
+            except (KeyRingError, OSError, ValueError) as exc:
+                raise ConfigError("key_file", str(exc), "run 'kafka-diode keygen'") from exc
+        assert self.password is not None
+        try:
+            material = derive_key(self.password, bytes.fromhex(self.salt))
+        except ValueError:
+            raise ConfigError("salt", "is not hexadecimal") from None
+        except KeyRingError as exc:
+            raise ConfigError("password", str(exc)) from exc
+        key = Key.from_material(material, kdf={"name": "scrypt", "salt": self.salt})
+        return KeyRing([key], active=key.key_id)
+
+
+@dataclass(frozen=True, kw_only=True)
+class BundleConfig(BundleKeyConfig):
+    """Settings of ``kafka-diode bundle create``."""
+
+    bootstrap_servers: str
+    """Downstream Kafka holding the gap topic, host:port[,...]; also env BOOTSTRAP_SERVERS."""
+    gap_topic: str
+    """The dedup's gap topic; env GAP_TOPIC."""
+    topics: tuple[str, ...] = ()
+    """Only gaps of these source topics (flag --topic, repeatable); empty: every topic."""
+    max_records: int = 0
+    """Most offsets in one bundle (lowest offsets first); 0 is no limit."""
+    kafka: dict[str, str] = field(default_factory=dict)
+    """librdkafka properties for the gap-topic reader (security.protocol, sasl.*, ...); also
+    env KAFKA_CONF_*."""
+    read_timeout: float = 120.0
+    """Seconds reading the gap topic to its end may take."""
+    log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.bootstrap_servers.strip():
+            raise ConfigError("bootstrap_servers", "is empty", "e.g. kafka1:9092")
+        if not self.gap_topic:
+            raise ConfigError("gap_topic", "is empty", "use the dedup's GAP_TOPIC")
+        if self.max_records < 0:
+            raise ConfigError("max_records", f"is {self.max_records}", "use 0 (no limit) or more")
+        if not 0 < self.read_timeout <= 3600:
+            raise ConfigError("read_timeout", f"is {self.read_timeout}", "use 0 < s <= 3600")
+        for key in ("bootstrap.servers", "group.id", "isolation.level", "enable.auto.commit"):
+            if key in self.kafka:
+                raise ConfigError(f"kafka.{key}", "cannot be passed through", "the reader sets it")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError("log_level", f"is {self.log_level!r}", "use DEBUG/INFO/WARNING/ERROR")
+
+
+# -- configuration -----------------------------------------------------------------------------
+
+
+def _file_values(path: Path | None) -> dict[str, Any]:
+    if path is None:
+        return {}
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
+    section = doc.get("bundle", doc)
+    return dict(section) if isinstance(section, dict) else {}
+
+
+def bundle_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The dedup's variables translated to ``DIODE_BUNDLE_*``, then the real ``DIODE_BUNDLE_*``."""
+    out: dict[str, str] = {}
+    for var, name in DEDUP_ENV.items():
+        if var in env:
+            out[settings.env_name(ENV_PREFIX, name)] = env[var]
+    for var, raw in env.items():
+        if var.startswith(DEDUP_KAFKA_PREFIX) and len(var) > len(DEDUP_KAFKA_PREFIX):
+            out[f"{ENV_PREFIX}KAFKA__{var[len(DEDUP_KAFKA_PREFIX) :]}"] = raw
+    out.update({k: v for k, v in env.items() if k.startswith(ENV_PREFIX)})
+    return out
+
+
+def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> BundleConfig:
+    """defaults < file < environment < flags.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    flags = {k: v for k, v in vars(args).items() if k not in ("config", "command")}
+    return settings.build(
+        BundleConfig,
+        file_values=_file_values(args.config),
+        env=bundle_env(env),
+        env_prefix=ENV_PREFIX,
+        flags=flags,
+    )
+
+
+def load_key_config(args: argparse.Namespace, env: Mapping[str, str]) -> BundleKeyConfig:
+    """The key settings only (``show``): other keys in the file or environment are ignored."""
+    names = {f.name for f in dataclasses.fields(BundleKeyConfig)}
+    file_values = {k: v for k, v in _file_values(args.config).items() if k in names}
+    key_env = {
+        k: v
+        for k, v in env.items()
+        if k.startswith(ENV_PREFIX) and k[len(ENV_PREFIX) :].lower() in names
+    }
+    flags = {k: v for k, v in vars(args).items() if k in names}
+    return settings.build(
+        BundleKeyConfig, file_values=file_values, env=key_env, env_prefix=ENV_PREFIX, flags=flags
+    )
+
+
+# -- reading the gap topic -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class GapScan:
+    """What the gap topic holds now."""
+
+    open_gaps: list[tuple[str, int, int, int]] = field(default_factory=list)
+    """``(topic, partition, first, last)`` of every OPEN gap (after the topic filter)."""
+    records_read: int = 0
+    """Gap-topic records read."""
+    malformed: int = 0
+    """Records that do not match the gap schema (skipped, logged)."""
+    states: dict[str, int] = field(default_factory=dict)
+    """Latest state counts (open, filled, expired) over every key."""
+
+
+def latest_open_gaps(
+    records: Iterable[tuple[bytes | None, bytes | None]], topics: Sequence[str] = ()
+) -> GapScan:
+    """Latest state per gap key from ``(key, value)`` in topic order; keep the OPEN ones (pure)."""
+    from dedup.gap_record import GapRecordError, parse_gap  # noqa: PLC0415  pyroaring import
+    from dedup.gaps import GapState  # noqa: PLC0415
+
+    scan = GapScan()
+    latest: dict[bytes, Any] = {}
+    for key, value in records:
+        scan.records_read += 1
+        if key is None:
+            scan.malformed += 1
+            continue
+        try:
+            report = parse_gap(key, value)
+        except GapRecordError as exc:
+            scan.malformed += 1
+            if scan.malformed <= 10:
+                log.warning("skipping malformed gap record %r: %s", key[:80], exc)
+            continue
+        if report is None:
+            latest.pop(key, None)
+            continue
+        latest[key] = report
+        if len(latest) > MAX_GAP_KEYS:
+            raise ServiceError(f"the gap topic holds more than {MAX_GAP_KEYS} gap keys")
+    wanted = set(topics)
+    for report in latest.values():
+        scan.states[report.state.value] = scan.states.get(report.state.value, 0) + 1
+        if report.state is GapState.OPEN and (not wanted or report.topic in wanted):
+            scan.open_gaps.append((report.topic, report.partition, report.first, report.last))
+    return scan
+
+
+def read_gap_topic(config: BundleConfig) -> list[tuple[bytes | None, bytes | None]]:
+    """Every committed record of the gap topic, in order, from the beginning to the current end.
+
+    Raises:
+        ServiceError: the broker does not answer, the topic is missing, or the end is not reached
+            within ``read_timeout``.
+    """
+    from confluent_kafka import (  # noqa: PLC0415  loaded only when reading
+        OFFSET_BEGINNING,
+        Consumer,
+        KafkaError,
+        KafkaException,
+        TopicPartition,
+    )
+
+    props: dict[str, Any] = {
+        "bootstrap.servers": config.bootstrap_servers,
+        "group.id": f"kafka-diode-bundle-{uuid.uuid4().hex}",  # never committed
+        "enable.auto.commit": False,
+        "enable.partition.eof": True,
+        "isolation.level": "read_committed",
+        "auto.offset.reset": "earliest",
+        **config.kafka,
+    }
+    try:
+        consumer = Consumer(props)
+    except (KafkaException, ValueError, TypeError) as exc:
+        raise ConfigError("kafka", f"the Kafka client refused the configuration: {exc}") from exc
+    out: list[tuple[bytes | None, bytes | None]] = []
+    try:
+        try:
+            meta = consumer.list_topics(config.gap_topic, timeout=15.0).topics.get(config.gap_topic)
+        except KafkaException as exc:
+            raise ServiceError(f"downstream Kafka did not answer: {exc}") from exc
+        if meta is None or meta.error is not None or not meta.partitions:
+            raise ServiceError(f"gap topic {config.gap_topic!r} does not exist")
+        pending: set[int] = set()
+        parts = []
+        for p in sorted(meta.partitions):
+            tp = TopicPartition(config.gap_topic, p, OFFSET_BEGINNING)
+            low, high = consumer.get_watermark_offsets(tp, timeout=15.0)
+            if high > low:
+                pending.add(p)
+                parts.append(tp)
+        if parts:
+            consumer.assign(parts)
+        deadline = time.monotonic() + config.read_timeout
+        while pending:
+            if time.monotonic() > deadline:
+                raise ServiceError(
+                    f"reading {config.gap_topic}: partitions {sorted(pending)} did not reach their"
+                    f" end within {config.read_timeout:.0f} s"
+                )
+            for msg in consumer.consume(10_000, 0.5):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(msg.partition() or 0)
+                        continue
+                    raise ServiceError(f"reading {config.gap_topic}: {err.str()}")
+                out.append((_as_bytes(msg.key()), _as_bytes(msg.value())))
+    finally:
+        consumer.close()
+    return out
+
+
+def _as_bytes(data: str | bytes | None) -> bytes | None:
+    return data.encode() if isinstance(data, str) else data
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def summary_table(bundle: bundle_format.Bundle) -> str:
+    """Per topic and partition: ranges, records and the first ranges."""
+    rows = [("topic", "partition", "ranges", "records", "offsets")]
+    rows += [(t, str(p), str(n), str(r), s) for t, p, n, r, s in bundle_format.summary_rows(bundle)]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = [
+        "  ".join(
+            [row[0].ljust(widths[0]), *(row[i].rjust(widths[i]) for i in (1, 2, 3)), row[4]]
+        ).rstrip()
+        for row in rows
+    ]
+    lines.insert(1, "-" * max(len(line) for line in lines))
+    created = datetime.fromtimestamp(bundle.created_at_ms / 1000, UTC).isoformat(timespec="seconds")
+    head = (
+        f"bundle {bundle.bundle_id} made {created}: {bundle.record_count} records in"
+        f" {len(bundle.partitions)} partitions from {bundle.gap_count} open gaps"
+    )
+    if not bundle.partitions:
+        return head + "\nnothing to resend"
+    return "\n".join([head, *lines])
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so readers see the old file or the whole new one.
+
+    Raises:
+        OSError: the directory is not writable or the disk is full.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with tmp.open("wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        tmp.replace(path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+def create(
+    config: BundleConfig,
+    *,
+    out: Path | None,
+    dry_run: bool,
+    echo: Callable[[str], None] = print,
+    now_ms: Callable[[], int] = lambda: int(time.time() * 1000),
+) -> bundle_format.Bundle:
+    """Read the gap topic and write (or, with ``dry_run``, only show) a signed bundle.
+
+    Raises:
+        ConfigError: key unusable. ServiceError: Kafka. OSError: writing the file.
+    """
+    keyring = config.keyring()
+    key = keyring.active
+    scan = latest_open_gaps(read_gap_topic(config), config.topics)
+    if scan.malformed:
+        log.warning("%d malformed gap records were skipped", scan.malformed)
+    bundle = bundle_format.build(
+        scan.open_gaps,
+        bundle_id=uuid.uuid4().hex[:16],
+        created_at_ms=now_ms(),
+        max_records=config.max_records or None,
+    )
+    echo(summary_table(bundle))
+    listed = sum(last - first + 1 for _, _, first, last in scan.open_gaps)
+    if bundle.record_count < listed:
+        echo(
+            f"--max-records {config.max_records}: {listed - bundle.record_count} more offsets are"
+            " open; make another bundle after this one is resent"
+        )
+    if dry_run or out is None:
+        echo("dry run: no file written")
+        return bundle
+    data = bundle_format.sign(bundle, key_id=key.key_id, link_key=key.material)
+    write_atomically(out, data)
+    echo(f"wrote {out} ({len(data)} bytes, signed with key {key.key_id:08x})")
+    return bundle
+
+
+def show(path: Path, keyring: KeyRing, echo: Callable[[str], None] = print) -> bundle_format.Bundle:
+    """Verify and print a bundle.
+
+    Raises:
+        BundleError: unreadable or refused.
+    """
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(bundle_format.MAX_BUNDLE_BYTES + 1)
+    except OSError as exc:
+        raise BundleError(f"cannot read {path}: {exc.strerror}") from exc
+    bundle = bundle_format.verify(data, {k.key_id: k.material for k in keyring})
+    echo(summary_table(bundle))
+    echo("authentication: OK (HMAC-SHA256 with the link key)")
+    return bundle
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """``create``, ``show`` (and ``qr`` when available)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        allow_abbrev=False,
+        description="Resend bundles: the signed list of missing offsets carried to the high side.",
+        epilog="Exit codes: 0 done, 1 failure, 2 configuration error, 4 bundle refused.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{create,show}")
+    c = sub.add_parser(
+        "create",
+        allow_abbrev=False,
+        help="read the gap topic and write a signed bundle",
+        description=(
+            "Read the open gaps from the gap topic and write a signed bundle. Settings: --config "
+            "(TOML), then BOOTSTRAP_SERVERS / GAP_TOPIC / KAFKA_CONF_* (the dedup's env), then "
+            f"{ENV_PREFIX}*, then flags."
+        ),
+    )
+    c.add_argument("--config", type=Path, help="TOML file (top level or [bundle] table)")
+    c.add_argument("--out", type=Path, help="bundle file to write (atomically)")
+    c.add_argument("--dry-run", action="store_true", help="print the summary only; write nothing")
+    c.add_argument(
+        "--topic",
+        action="append",
+        dest="topics",
+        help="only gaps of this source topic (repeatable)",
+    )
+    settings.add_flags(c, BundleConfig, skip=("topics",))
+    s = sub.add_parser("show", allow_abbrev=False, help="verify a bundle and print what it lists")
+    s.add_argument("file", type=Path, help="bundle file")
+    s.add_argument("--config", type=Path, help="TOML file with key_file (or password + salt)")
+    settings.add_flags(s, BundleKeyConfig)
+    return parser
+
+
+def main(argv: Sequence[str], prog: str = "kafka-diode bundle") -> int:
+    """Run ``bundle create`` or ``bundle show``; returns the exit code."""
+    args = build_parser(prog).parse_args(list(argv))
+    try:
+        if args.command == "create":
+            config = load_config(args, os.environ)
+            if args.out is None and not args.dry_run:
+                raise ConfigError("--out", "is required", "give --out FILE, or --dry-run")
+            config.keyring()
+        else:
+            key_config = load_key_config(args, os.environ)
+            keyring = key_config.keyring()
+    except ConfigError as exc:
+        print(f"{prog} {args.command}: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.command == "show":
+        try:
+            show(args.file, keyring)
+        except BundleError as exc:
+            print(f"{prog} show: bundle refused: {exc}", file=sys.stderr)
+            return EXIT_BAD_BUNDLE
+        return EXIT_OK
+    diode_logging.configure(config.log_level)
+    try:
+        create(config, out=args.out, dry_run=args.dry_run)
+    except ConfigError as exc:
+        print(f"{prog} create: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except (DiodeError, OSError) as exc:
+        print(f"{prog} create: failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    return EXIT_OK

@@ -213,9 +213,10 @@ class Pipeline:
         port = self.ep.relay_port if self.spec.profile is not None else self.ep.receiver_port
         return f"127.0.0.1:{port}"
 
-    def _sender_wire_args(self) -> list[str]:
+    def _sender_wire_args(self, copies: int | None = None) -> list[str]:
         args = ["--key-file", str(self.ep.key_file), "--compression", self.spec.compression]
-        args += ["--copies", str(self.spec.copies), "--rate-bytes", str(self.spec.rate_bytes)]
+        args += ["--copies", str(copies or self.spec.copies)]
+        args += ["--rate-bytes", str(self.spec.rate_bytes)]
         if self.spec.max_datagram_size:
             args += ["--max-datagram-size", str(self.spec.max_datagram_size)]
         return args
@@ -228,7 +229,7 @@ class Pipeline:
             "--target", self._target(),
             "--topics", ",".join(self.ep.source_topics),
             "--group-id", f"{self.ep.prefix}sender",
-            "--start-position", "earliest",
+            "--start-position", "committed",
             "--heartbeat-interval", str(self.spec.heartbeat_interval),
             "--metrics-port", self._metrics_port("sender"),
             *self._sender_wire_args(),
@@ -243,6 +244,9 @@ class Pipeline:
                 "BOOTSTRAP_SERVERS": self.ep.downstream,
                 "CLEAN_TOPIC": self.ep.clean_template,
                 "GAP_TOPIC": self.ep.gap_topic,
+                # Per run, so pipelines sharing brokers never share the dedup's fence or commands.
+                "PROGRESS_TOPIC": f"{self.ep.prefix}dedup.progress",
+                "CONTROL_TOPIC": f"{self.ep.prefix}dedup.control",
                 "STATE_DIR_CONFIG": str(self.work_dir / "dedup-checkpoint"),
                 "WINDOW_SIZE": str(self.spec.window_size),
                 "MAX_WINDOWS": str(self.spec.max_windows),
@@ -335,8 +339,12 @@ class Pipeline:
             log.warning("pipeline did not settle: %s", last[0].line() if last else "no verdict")
         return last[0] if last else self.verdict()
 
-    def resend_pass(self) -> None:
-        """Low side writes a bundle from the gap topic; high side resends it (real commands)."""
+    def resend_pass(self, *, copies: int | None = None) -> None:
+        """Low side writes a bundle from the gap topic; high side resends it (real commands).
+
+        ``copies`` overrides the spec's redundancy for the resend (over a very lossy link an
+        operator resends with copies, so that the resend itself is not lost again).
+        """
         bundle = self.work_dir / f"bundle-{uuid.uuid4().hex[:6]}.json"
         create_argv = diode_command(
             "bundle", "create",
@@ -353,7 +361,7 @@ class Pipeline:
             "--bootstrap-servers", self.ep.upstream,
             "--target", self._target(),
             "--no-progress",
-            *self._sender_wire_args(),
+            *self._sender_wire_args(copies),
         )  # fmt: skip
         resend = ManagedProcess("resend", resend_argv, log_dir=self.group.log_dir, env=self._env())
         _run_to_end(resend, timeout=600)

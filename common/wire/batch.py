@@ -98,7 +98,7 @@ class BatchBuilder:
         #: Exact size of ``encode()`` right now (an empty batch encodes as one zero byte).
         self.size = 1
 
-    def cost(  # noqa: PLR0917  hot path, called per record: positional is cheapest
+    def try_add(  # noqa: PLR0917  hot path, called per record: positional is cheapest
         self,
         topic: str,
         partition: int,
@@ -108,77 +108,67 @@ class BatchBuilder:
         key: bytes | None,
         value: bytes | None,
         headers_blob: bytes,
-    ) -> int:
-        """Exact growth of ``size`` if this record were added now."""
-        group = self._groups.get((topic, partition, ts_type))
-        n = 0
-        if key is not None:
-            n += 1 + varint_size(len(key) << 1) + len(key)
+        limit: int,
+    ) -> bool:
+        """Append a record unless the batch would grow past ``limit`` bytes (an empty batch
+        always takes it); returns whether it was added. ``size`` stays exact."""
+        if key is None:
+            kprefix = _NULL
+            klen = 0
         else:
-            n += 1
-        if value is not None:
-            n += 1 + varint_size(len(value) << 1) + len(value)
+            klen = len(key)
+            kprefix = _PRESENT + (SMALL_LONGS[klen] if klen < _SMALL else encode_long(klen))
+        if value is None:
+            vprefix = _NULL
+            vlen = 0
         else:
-            n += 1
-        n += len(headers_blob)
-        if group is None:
-            groups = len(self._groups)
-            head = len(_string(topic)) + len(_long(partition)) + len(_long(ts_type))
-            head += len(_long(offset)) + len(_long(timestamp))
-            # two 1-byte zero deltas, five 1-byte counts and five end markers, the groups count
-            n += head + 2 + 10
-            if groups:
-                n += varint_size((groups + 1) << 1) - varint_size(groups << 1)
-            else:
-                n += 1  # the groups count (the end marker was already counted in the empty size)
-            return n
-        d = offset - group.base_offset
-        n += varint_size((d << 1) ^ (d >> 63))
-        d = timestamp - group.base_ts
-        n += varint_size((d << 1) ^ (d >> 63))
-        c = group.count
-        n += 5 * (varint_size((c + 1) << 1) - varint_size(c << 1))
-        return n
-
-    def add(  # noqa: PLR0917  hot path, called per record: positional is cheapest
-        self,
-        topic: str,
-        partition: int,
-        ts_type: int,
-        offset: int,
-        timestamp: int,
-        key: bytes | None,
-        value: bytes | None,
-        headers_blob: bytes,
-        cost: int,
-    ) -> None:
-        """Append a record whose ``cost`` was just computed."""
+            vlen = len(value)
+            vprefix = _PRESENT + (SMALL_LONGS[vlen] if vlen < _SMALL else encode_long(vlen))
+        n = len(kprefix) + klen + len(vprefix) + vlen + len(headers_blob)
         gk = (topic, partition, ts_type)
         group = self._groups.get(gk)
         if group is None:
-            group = self._groups[gk] = _Group(topic, partition, ts_type, offset, timestamp)
-        group.od += _long(offset - group.base_offset)
-        group.td += _long(timestamp - group.base_ts)
-        if key is None:
-            group.keys += _NULL
+            new = _Group(topic, partition, ts_type, offset, timestamp)
+            od = td = b"\x00"
+            groups = len(self._groups)
+            # the head, two 1-byte zero deltas, five 1-byte counts and five end markers
+            n += len(new.head) + 12
+            if groups:
+                n += varint_size((groups + 1) << 1) - varint_size(groups << 1)
+            else:
+                n += 1  # the groups count (the end marker is in the empty size already)
         else:
-            group.keys += _PRESENT
-            group.keys += _long(len(key))
+            new = None
+            d = offset - group.base_offset
+            od = SMALL_LONGS[d] if 0 <= d < _SMALL else encode_long(d)
+            d = timestamp - group.base_ts
+            td = SMALL_LONGS[d] if 0 <= d < _SMALL else encode_long(d)
+            c = group.count
+            n += len(od) + len(td)
+            if c in {63, 8191} or c > 8191:  # count varints grow at 64 and 8192 items
+                n += 5 * (varint_size((c + 1) << 1) - varint_size(c << 1))
+        if self.records and self.size + n > limit:
+            return False
+        if new is not None:
+            group = self._groups[gk] = new
+        assert group is not None
+        group.od += od
+        group.td += td
+        group.keys += kprefix
+        if key:
             group.keys += key
-        if value is None:
-            group.values += _NULL
-        else:
-            group.values += _PRESENT
-            group.values += _long(len(value))
+        group.values += vprefix
+        if value:
             group.values += value
         group.headers += headers_blob
         group.count += 1
         self.records += 1
-        self.size += cost
+        self.size += n
         tp = (topic, partition)
         high = self.completes.get(tp)
         if high is None or offset > high:
             self.completes[tp] = offset
+        return True
 
     def encode(self) -> bytes:
         """The Avro bytes of the batch."""

@@ -190,19 +190,23 @@ class Encoder:
             )
         headers_blob = encode_headers(headers) if headers else b"\x00"
         builder = self._builder
-        cost = builder.cost(
-            topic, partition, timestamp_type, offset, timestamp, key, value, headers_blob
-        )
         out: list[OutgoingDatagram] = []
-        if builder.records and builder.size + cost > self._target:
+        if not builder.try_add(
+            topic,
+            partition,
+            timestamp_type,
+            offset,
+            timestamp,
+            key,
+            value,
+            headers_blob,
+            self._target,
+        ):
             out = self._seal()
             builder = self._builder
-            cost = builder.cost(
-                topic, partition, timestamp_type, offset, timestamp, key, value, headers_blob
+            builder.try_add(
+                topic, partition, timestamp_type, offset, timestamp, key, value, headers_blob, 0
             )
-        builder.add(
-            topic, partition, timestamp_type, offset, timestamp, key, value, headers_blob, cost
-        )
         if builder.records == 1:
             self._deadline = now + self._config.linger
         if builder.size >= self._target:

@@ -20,7 +20,11 @@ from common.wire import (
 from common.wire.envelope import HEADER
 from tests.wire_support import SESSION, add, drain, feed, records_of, ring
 
-SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 
 topics = st.sampled_from(["t", "a_b", "a.b", "a-b", "ü"])
 blobs = st.one_of(

@@ -122,7 +122,8 @@ def _value_for_exact_size(target: int) -> int:
         b = BatchBuilder()
         r = rec(1, value=b"x" * n)
         blob = encode_headers(r.headers)
-        if b.cost(r.topic, 0, 1, 1, r.timestamp, r.key, r.value, blob) + 1 == target:
+        b.try_add(r.topic, 0, 1, 1, r.timestamp, r.key, r.value, blob, 0)
+        if b.size == target:
             return n
     raise AssertionError("no exact size")
 

@@ -1,0 +1,237 @@
+"""Codec benchmark: wire v1 encode and decode on one core, beside same-run baselines.
+
+Records of 200-byte values and 50-byte keys, 1472-byte datagrams, gzip off and on. Baselines over
+the same data: AES-256-GCM alone (one call per datagram-sized chunk) and fastavro alone writing
+and reading a plain array of records (the row layout) in batches of the same size as ours.
+Prints a table, then one JSON object as the last line. ``--profile`` adds a cProfile excerpt.
+
+    .venv/bin/python bench/codec.py [--records 50000] [--repeat 3] [--round-robin] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import platform
+import pstats
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from fastavro import parse_schema, schemaless_reader, schemaless_writer
+
+from common.wire import Decoder, Encoder, Key, KeyRing, RecordBatch, WireConfig
+from common.wire.config import fragment_capacity
+
+ROW_SCHEMA = parse_schema(
+    {
+        "type": "array",
+        "items": {
+            "type": "record",
+            "name": "Row",
+            "fields": [
+                {"name": "topic", "type": "string"},
+                {"name": "partition", "type": "int"},
+                {"name": "offset", "type": "long"},
+                {"name": "timestamp", "type": "long"},
+                {"name": "timestamp_type", "type": "int"},
+                {"name": "key", "type": ["null", "bytes"]},
+                {"name": "value", "type": ["null", "bytes"]},
+                {
+                    "name": "headers",
+                    "type": {
+                        "type": "array",
+                        "items": {
+                            "type": "record",
+                            "name": "H",
+                            "fields": [
+                                {"name": "key", "type": "string"},
+                                {"name": "value", "type": ["null", "bytes"]},
+                            ],
+                        },
+                    },
+                },
+            ],
+        },
+    }
+)
+
+
+def make_records(n: int, *, round_robin: bool = False) -> list[tuple]:
+    rnd = random.Random(42)
+    words = [b"click", b"view", b"purchase", b"login", b"logout", b"search"]
+    out = []
+    for i in range(n):
+        value = b'{"id":%d,"user":"u%05d","event":"%s","amount":%d,"note":"' % (
+            i,
+            rnd.randrange(100000),
+            rnd.choice(words),
+            rnd.randrange(10**6),
+        )
+        value += rnd.randbytes(40).hex().encode()
+        value = (value + b" " * 200)[:199] + b"}"
+        key = (b"customer-%041d" % rnd.randrange(10**12))[:50]
+        # a consumer hands out runs of one partition; --round-robin interleaves 4 partitions
+        p = i % 4 if round_robin else (i // 1000) % 4
+        out.append(("events", p, i, 1_700_000_000_000 + i, 1, key, value, ()))
+    return out
+
+
+def bench_encode(config: WireConfig, ring: KeyRing, records: list[tuple]) -> tuple[float, list]:
+    enc = Encoder(config, ring, session_id=os.urandom(16))
+    add = enc.add
+    out: list = []
+    t0 = time.perf_counter()
+    for topic, p, o, ts, tt, k, v, h in records:
+        r = add(topic, p, o, ts, tt, k, v, h, 0.0)
+        if r:
+            out += r
+    out += enc.flush()
+    return time.perf_counter() - t0, out
+
+
+def bench_decode(config: WireConfig, ring: KeyRing, datagrams: list[bytes]) -> tuple[float, int]:
+    dec = Decoder(config, ring)
+    receive = dec.receive_datagram
+    next_event = dec.next_event
+    n = 0
+    t0 = time.perf_counter()
+    for d in datagrams:
+        receive(d, 0.0)
+        while (ev := next_event()) is not None:
+            if type(ev) is RecordBatch:
+                n += len(ev.records)
+    return time.perf_counter() - t0, n
+
+
+def best(fn, repeat: int):
+    results = [fn() for _ in range(repeat)]
+    return min(results, key=lambda r: r[0])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--records", type=int, default=50_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--round-robin", action="store_true", help="interleave 4 partitions record by record"
+    )
+    ap.add_argument("--profile", action="store_true")
+    args = ap.parse_args()
+    records = make_records(args.records, round_robin=args.round_robin)
+    payload_mb = sum(len(r[5]) + len(r[6]) for r in records) / 1e6
+    ring = KeyRing([Key.generate()])
+    result: dict = {
+        "bench": "codec",
+        "records": args.records,
+        "value_bytes": 200,
+        "key_bytes": 50,
+        "datagram_bytes": 1472,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "round_robin": args.round_robin,
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+    }
+    rows = []
+    for comp in ("none", "gzip"):
+        config = WireConfig(max_datagram_size=1472, compression=comp)
+        secs, out = best(lambda c=config: bench_encode(c, ring, records), args.repeat)
+        datagrams = [d.data for d in out]
+        dsecs, n = best(lambda c=config, d=datagrams: bench_decode(c, ring, d), args.repeat)
+        assert n == args.records, (n, args.records)
+        result[f"encode_{comp}_records_per_s"] = round(args.records / secs)
+        result[f"encode_{comp}_mb_per_s"] = round(payload_mb / secs, 1)
+        result[f"decode_{comp}_records_per_s"] = round(args.records / dsecs)
+        result[f"decode_{comp}_mb_per_s"] = round(payload_mb / dsecs, 1)
+        result[f"{comp}_datagrams"] = len(datagrams)
+        result[f"{comp}_records_per_datagram"] = round(args.records / len(datagrams), 2)
+        result[f"{comp}_wire_mb"] = round(sum(map(len, datagrams)) / 1e6, 2)
+        rows.append((comp, args.records / secs, args.records / dsecs, len(datagrams)))
+        if comp == "none":
+            per_datagram = args.records / len(datagrams)
+
+    # baseline 1: AES-256-GCM alone over the same bytes, one call per datagram-sized chunk
+    cap = fragment_capacity(1472)
+    blob = b"".join(r[5] + r[6] for r in records)
+    chunks = [blob[i : i + cap] for i in range(0, len(blob), cap)]
+    aead = AESGCM(os.urandom(32))
+    aad = b"\x00" * 44
+
+    def aes() -> tuple[float, None]:
+        t0 = time.perf_counter()
+        for i, c in enumerate(chunks):
+            aead.encrypt(i.to_bytes(12, "big"), c, aad)
+        return time.perf_counter() - t0, None
+
+    secs, _ = best(aes, args.repeat)
+    result["baseline_aes_gcm_mb_per_s"] = round(len(blob) / 1e6 / secs, 1)
+    result["baseline_aes_gcm_records_per_s"] = round(args.records / secs)
+
+    # baseline 2: fastavro alone, plain array of records, batches of our records per datagram
+    size = max(1, round(per_datagram))
+    rows_in = [
+        {
+            "topic": t,
+            "partition": p,
+            "offset": o,
+            "timestamp": ts,
+            "timestamp_type": tt,
+            "key": k,
+            "value": v,
+            "headers": [],
+        }
+        for t, p, o, ts, tt, k, v, _ in records
+    ]
+    batches = [rows_in[i : i + size] for i in range(0, len(rows_in), size)]
+
+    def avro_write() -> tuple[float, list[bytes]]:
+        out = []
+        t0 = time.perf_counter()
+        for b in batches:
+            buf = io.BytesIO()
+            schemaless_writer(buf, ROW_SCHEMA, b)
+            out.append(buf.getvalue())
+        return time.perf_counter() - t0, out
+
+    def avro_read(encoded: list[bytes]) -> tuple[float, None]:
+        t0 = time.perf_counter()
+        for e in encoded:
+            schemaless_reader(io.BytesIO(e), ROW_SCHEMA, None)
+        return time.perf_counter() - t0, None
+
+    wsecs, encoded = best(avro_write, args.repeat)
+    rsecs, _ = best(lambda: avro_read(encoded), args.repeat)
+    result["baseline_fastavro_rows_batch_size"] = size
+    result["baseline_fastavro_write_records_per_s"] = round(args.records / wsecs)
+    result["baseline_fastavro_read_records_per_s"] = round(args.records / rsecs)
+
+    print(f"{'compression':<12}{'encode rec/s':>14}{'decode rec/s':>14}{'datagrams':>11}")
+    for comp, e, d, n in rows:
+        print(f"{comp:<12}{e:>14,.0f}{d:>14,.0f}{n:>11,}")
+    print(f"baseline AES-GCM alone: {result['baseline_aes_gcm_mb_per_s']} MB/s")
+    print(
+        f"baseline fastavro rows ({size}/batch): write "
+        f"{result['baseline_fastavro_write_records_per_s']:,} rec/s, read "
+        f"{result['baseline_fastavro_read_records_per_s']:,} rec/s"
+    )
+    if args.profile:
+        config = WireConfig(max_datagram_size=1472)
+        prof = cProfile.Profile()
+        prof.enable()
+        _, out = bench_encode(config, ring, records)
+        bench_decode(config, ring, [d.data for d in out])
+        prof.disable()
+        pstats.Stats(prof).sort_stats("tottime").print_stats(12)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,414 @@
+"""The sender application: Kafka source -> SendPipeline -> UDP, with heartbeats and commits.
+
+Delivery order (the guarantee, docs/sender.md):
+
+1. a batch is consumed on the consumer thread and its records are added to the encoder on the loop;
+2. datagrams are handed to the socket by the pipeline's pump, paced, every copy;
+3. only then does ``SendPipeline.sent_high`` advance, and only ``sent_high + 1`` is ever committed
+   (every ``commit_interval``, on revocation, and at shutdown).
+
+So a crash at any point re-reads from the last commit: every record is sent at least once, and
+duplicates are the dedup's job. ``stop()`` (SIGTERM) stops consuming, processes the batch in hand,
+flushes the encoder, sends everything (bounded by ``shutdown_timeout``), sends a last heartbeat,
+commits, closes the consumer and the sockets. ``stop()`` is idempotent; ``async with`` calls
+``start()`` and ``stop()``. A background task that dies sets ``failure`` and wakes ``wait()``
+instead of hanging the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+from confluent_kafka import KafkaError, Message
+
+from common.errors import LocalProtocolError
+from common.logging import RateLimitedLog
+from common.wire import Encoder, KeyRing, RecordTooLarge
+from sender.config import SenderConfig, load_keyring
+from sender.kafka_source import KafkaSource
+from sender.metrics import SenderMetrics
+from sender.pacing import Pacer
+from sender.pipeline import SendPipeline
+from sender.transport import UdpSender
+
+log = logging.getLogger(__name__)
+
+_METRICS_INTERVAL = 1.0
+
+
+class SenderApp:
+    """One running sender. Use ``async with SenderApp(config): await app.wait()``."""
+
+    def __init__(
+        self,
+        config: SenderConfig,
+        *,
+        keyring: KeyRing | None = None,
+        metrics: SenderMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``keyring`` overrides the one the configuration names (tests)."""
+        self.config = config
+        self._keyring = keyring
+        self.metrics = metrics if metrics is not None else SenderMetrics()
+        self._clock = clock
+        self.session_id = os.urandom(16)
+        self.started_at_ms = int(time.time() * 1000)
+        self.source: KafkaSource | None = None
+        self.pipeline: SendPipeline | None = None
+        self._udp: UdpSender | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._consume_task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._stopped = asyncio.Event()
+        self._done = asyncio.Event()
+        self.failure: BaseException | None = None
+        """The exception that killed a background task, if any."""
+        self._pressure: asyncio.Event | None = None
+        self._pause_wanted = False
+        self._paused = False
+        self._ratelog = RateLimitedLog(log)
+        self.records_read = 0
+        self.bytes_read = 0
+        self.heartbeats = 0
+        self.commits = 0
+        self.errors: dict[str, int] = {}
+        """Errors by kind counted here (``record_too_large``, ``message``); see ``all_errors``."""
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> SenderApp:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+    async def start(self) -> None:
+        """Open sockets, load keys, create the consumer and start the background tasks.
+
+        Raises:
+            ConfigError: key file, target or bind address, or Kafka properties are unusable.
+        """
+        loop = asyncio.get_running_loop()
+        cfg = self.config
+        keyring = self._keyring if self._keyring is not None else load_keyring(cfg)
+        self._udp = UdpSender(cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer)
+        encoder = Encoder(cfg.wire_config(), keyring, session_id=self.session_id)
+        self._pressure = asyncio.Event()
+        self.pipeline = SendPipeline(
+            encoder=encoder,
+            pacer=Pacer(cfg.pacing_config(), self._clock()),
+            udp=self._udp,
+            loop=loop,
+            copies=cfg.copies,
+            copy_spacing=cfg.copy_spacing,
+            max_backlog_bytes=cfg.max_backlog_bytes,
+            on_pressure=self._on_pressure,
+            clock=self._clock,
+        )
+        pipeline = self.pipeline
+        self.source = KafkaSource(cfg, loop=loop, committable=lambda: dict(pipeline.sent_high))
+        try:
+            await self.source.start()
+        except BaseException:
+            await self._close_resources()
+            raise
+        log.info(
+            "sender %s session %s -> %s (copies=%d, rate=%s B/s, %s datagrams/s)",
+            cfg.sender_id,
+            self.session_id.hex(),
+            ", ".join(f"{h}:{p}" for h, p in cfg.targets()),
+            cfg.copies,
+            cfg.rate_bytes or "unlimited",
+            cfg.rate_datagrams or "unlimited",
+        )
+        self._consume_task = self._spawn(self._consume_loop(), "consume")
+        self._spawn(self._heartbeat_loop(), "heartbeat")
+        self._spawn(self._commit_loop(), "commit")
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+        return task
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self.failure is None:
+            log.error("sender task %s failed", task.get_name(), exc_info=exc)
+            self.failure = exc
+            self._done.set()
+
+    async def wait(self) -> None:
+        """Return when the sender stopped or a background task failed (see ``failure``)."""
+        await self._done.wait()
+
+    async def stop(self) -> bool:
+        """Stop gracefully: drain, send, commit, close. Idempotent.
+
+        Returns:
+            True when everything consumed was sent and committed before ``shutdown_timeout``.
+        """
+        if self._stopping:
+            await self._stopped.wait()
+            return True
+        self._stopping = True
+        clean = True
+        try:
+            if self._consume_task is not None:
+                if self._pressure is not None:
+                    self._pressure.set()  # wake a consume loop that waits for resume
+                with contextlib.suppress(Exception):
+                    await self._consume_task
+            for task in self._tasks:
+                if not task.done():
+                    task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            if self.pipeline is not None and self.failure is None:
+                clean = await self.pipeline.drain(self.config.shutdown_timeout)
+                self._send_heartbeat()
+                clean = await self.pipeline.drain(5.0) and clean
+                if not clean:
+                    log.error(
+                        "shutdown: datagrams still unsent after %.0f s; not committing them",
+                        self.config.shutdown_timeout,
+                    )
+                clean = await self._commit() and clean
+            self.sync_metrics()
+        finally:
+            await self._close_resources()
+            self._stopped.set()
+            self._done.set()
+        return clean
+
+    async def _close_resources(self) -> None:
+        if self.pipeline is not None:
+            self.pipeline.close()
+        if self.source is not None:
+            await self.source.close()
+        if self._udp is not None:
+            self._udp.close()
+
+    # -- consuming ------------------------------------------------------------------------------
+
+    def _on_pressure(self, congested: bool) -> None:
+        self._pause_wanted = congested
+        if self._pressure is not None:
+            self._pressure.set()
+
+    async def _apply_pressure(self) -> None:
+        assert self.source is not None
+        if self._pause_wanted and not self._paused:
+            await self.source.pause_all()
+            self._paused = True
+        elif not self._pause_wanted and self._paused:
+            await self.source.resume_all()
+            self._paused = False
+
+    async def _consume_loop(self) -> None:
+        source, pipeline = self.source, self.pipeline
+        assert source is not None
+        assert pipeline is not None
+        backoff = 0.5
+        while not self._stopping and not await source.refresh_topics():
+            await asyncio.sleep(backoff)  # broker down at start: retry, never crash
+            backoff = min(backoff * 2, self.config.retry_backoff_max)
+        next_refresh = self._clock() + 30.0
+        pending: asyncio.Future[list[Message]] | None = None
+        while not self._stopping:
+            if pending is None:
+                pending = asyncio.ensure_future(source.consume())
+            batch = await pending
+            pending = None
+            if self._pause_wanted != self._paused:
+                await self._apply_pressure()
+            if not self._stopping and not self._pause_wanted:
+                # Prefetch: the consumer thread fetches the next batch while this one encodes.
+                pending = asyncio.ensure_future(source.consume())
+            if batch:
+                self._process(batch, pipeline)
+            await asyncio.sleep(0)  # let the pump's timers and the other tasks run
+            if source.needs_metadata and self._clock() >= next_refresh:
+                next_refresh = self._clock() + 30.0
+                await source.refresh_topics()
+        if pending is not None:
+            # Records of a batch already taken from the consumer are sent too (then committed).
+            batch = await pending
+            if batch:
+                self._process(batch, pipeline)
+
+    def _process(self, batch: Sequence[Any], pipeline: SendPipeline) -> None:
+        add = pipeline.add
+        nbytes = 0
+        good = 0
+        for msg in batch:
+            if msg.error() is not None:
+                self._message_error(msg)
+                continue
+            value = msg.value()
+            key = msg.key()
+            ts_type, ts = msg.timestamp()
+            try:
+                add(
+                    msg.topic(),
+                    msg.partition(),
+                    msg.offset(),
+                    ts,
+                    ts_type,
+                    key,
+                    value,
+                    msg.headers(),
+                )
+            except RecordTooLarge as exc:
+                self._record_too_large(msg, exc)
+                continue
+            except LocalProtocolError as exc:
+                self._bad_record(msg, exc)
+                continue
+            good += 1
+            if value is not None:
+                nbytes += len(value)
+            if key is not None:
+                nbytes += len(key)
+        self.records_read += good
+        self.bytes_read += nbytes
+
+    def _message_error(self, msg: Any) -> None:
+        err: KafkaError = msg.error()
+        if err.code() == KafkaError._PARTITION_EOF:
+            return
+        kind = (
+            "broker"
+            if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
+            else "consume"
+        )
+        self.errors[kind] = self.errors.get(kind, 0) + 1
+        self._ratelog.warning(f"msg:{err.code()}", "Kafka consume error: %s", err.str())
+
+    def _bad_record(self, msg: Any, exc: Exception) -> None:
+        self.errors["bad_record"] = self.errors.get("bad_record", 0) + 1
+        self._ratelog.warning(
+            "bad_record",
+            "skipping record %s/%d@%d: %s",
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            exc,
+        )
+
+    def _record_too_large(self, msg: Any, exc: Exception) -> None:
+        self.errors["record_too_large"] = self.errors.get("record_too_large", 0) + 1
+        log.error(
+            "skipping record %s/%d@%d: %s (it will be reported as a gap downstream)",
+            msg.topic(),
+            msg.partition(),
+            msg.offset(),
+            exc,
+        )
+
+    # -- heartbeats, commits, metrics -----------------------------------------------------------
+
+    def counters(self) -> dict[str, int]:
+        """The counters a heartbeat carries."""
+        p = self.pipeline
+        return {
+            "records_read": self.records_read,
+            "records_sent": p.records_sent if p else 0,
+            "datagrams_sent": p.datagrams_sent if p else 0,
+            "bytes_sent": p.bytes_sent if p else 0,
+            "records_skipped": self.errors.get("record_too_large", 0),
+            "send_errors": p.datagrams_dropped if p else 0,
+        }
+
+    def _send_heartbeat(self) -> None:
+        pipeline = self.pipeline
+        if pipeline is None:
+            return
+        assigned = self.source.assignment() if self.source is not None else set()
+        high = tuple(
+            (topic, partition, offset)
+            for (topic, partition), offset in sorted(pipeline.sent_high.items())
+            if (topic, partition) in assigned or self._stopping
+        )
+        datagrams = pipeline.encoder.heartbeat(
+            sender_id=self.config.sender_id,
+            started_at_ms=self.started_at_ms,
+            sent_at_ms=int(time.time() * 1000),
+            high_offsets=high,
+            counters=tuple(sorted(self.counters().items())),
+        )
+        pipeline.enqueue(datagrams, front=True)
+        self.heartbeats += 1
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            self._send_heartbeat()
+            await asyncio.sleep(self.config.heartbeat_interval)
+
+    async def _commit(self) -> bool:
+        if self.source is None or self.pipeline is None:
+            return True
+        offsets = {tp: o + 1 for tp, o in self.pipeline.sent_high.items()}
+        ok = await self.source.commit(offsets)
+        if ok and offsets:
+            self.commits += 1
+        return ok
+
+    async def _commit_loop(self) -> None:
+        last_metrics = 0.0
+        while True:
+            await asyncio.sleep(min(self.config.commit_interval, _METRICS_INTERVAL))
+            now = self._clock()
+            await self._commit()
+            if now - last_metrics >= _METRICS_INTERVAL:
+                last_metrics = now
+                if self.source is not None:
+                    self.metrics.set_lag(await self.source.lag())
+                self.sync_metrics()
+
+    def all_errors(self) -> dict[str, int]:
+        """Every error counter by kind: ours, the source's and the socket's."""
+        out = dict(self.errors)
+        if self.source is not None:
+            for kind, n in self.source.errors.items():
+                out[kind] = out.get(kind, 0) + n
+        if self._udp is not None:
+            for name, n in self._udp.errors.items():
+                out[f"send_{name.lower()}"] = n
+        return out
+
+    def sync_metrics(self) -> None:
+        """Copy the running totals into the Prometheus registry."""
+        p = self.pipeline
+        totals: dict[str, float] = {
+            "records_read": self.records_read,
+            "bytes_read": self.bytes_read,
+            "heartbeats_sent": self.heartbeats,
+            "commits": self.commits,
+            "paused": 1.0 if self._paused else 0.0,
+        }
+        if p is not None:
+            totals.update(
+                records_sent=p.records_sent,
+                bytes_sent=p.bytes_sent,
+                datagrams_sent=p.datagrams_sent,
+                copies_sent=p.copies_sent,
+                pacing_delay=p.pacing_delay,
+                backlog_bytes=p.backlog_bytes,
+            )
+        self.metrics.sync(totals, self.all_errors())

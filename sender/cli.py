@@ -1,0 +1,155 @@
+"""``kafka-diode send``: read upstream Kafka, send paced, encrypted datagrams into the diode.
+
+Configuration: ``--config FILE`` (TOML), then ``DIODE_SENDER_*`` environment variables, then flags
+(docs/sender.md has the full table). Exit codes: 0 after a clean stop (SIGTERM/SIGINT: drain, send,
+commit), 1 when the sender failed or could not send everything before ``shutdown_timeout``,
+2 for a configuration error (the message names the key). A second SIGINT exits at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import tomllib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from common import logging as diode_logging
+from common import settings
+from common.errors import ConfigError, DiodeError
+from common.metrics import serve
+from sender.config import ENV_PREFIX, SenderConfig, load_keyring
+from sender.transport import resolve
+
+log = logging.getLogger(__name__)
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+
+
+def build_parser(prog: str) -> argparse.ArgumentParser:
+    """The argument parser (every option documented from the config's field docstrings)."""
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Read Kafka topics and send them as paced, AES-256-GCM encrypted UDP datagrams "
+            "through a one-way link. Settings come from --config (TOML), then "
+            f"{ENV_PREFIX}* environment variables, then these flags."
+        ),
+        epilog="Exit codes: 0 clean stop, 1 failure, 2 configuration error.",
+    )
+    parser.add_argument("--config", type=Path, help="TOML file with the settings below")
+    parser.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate, print the effective configuration (secrets masked) and exit",
+    )
+    settings.add_flags(parser, SenderConfig)
+    return parser
+
+
+def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> SenderConfig:
+    """Merge file, environment and flags.
+
+    Raises:
+        ConfigError: naming the offending key (``--config`` for an unreadable file).
+    """
+    file_values: dict[str, Any] = {}
+    if args.config is not None:
+        try:
+            file_values = tomllib.loads(args.config.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigError("--config", f"cannot read {args.config}: {exc.strerror}") from exc
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError("--config", f"{args.config} is not valid TOML: {exc}") from exc
+        file_values = file_values.get("sender", file_values)
+    flags = {k: v for k, v in vars(args).items() if k not in ("config", "check_config")}
+    return settings.build(
+        SenderConfig, file_values=file_values, env=env, env_prefix=ENV_PREFIX, flags=flags
+    )
+
+
+def main(argv: Sequence[str], prog: str = "kafka-diode send") -> int:
+    """Run the sender until SIGTERM/SIGINT; returns the exit code."""
+    args = build_parser(prog).parse_args(list(argv))
+    try:
+        config = load_config(args, os.environ)
+        load_keyring(config)  # missing/unreadable key file fails now, naming key_file
+        for host, port in config.targets():
+            resolve("target", host, port)
+    except ConfigError as exc:
+        print(f"{prog}: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.check_config:
+        print(json.dumps(settings.describe(config), indent=2, sort_keys=True))
+        return EXIT_OK
+    diode_logging.configure(config.log_level, json_format=config.log_json)
+    return run(config)
+
+
+def run(config: SenderConfig) -> int:
+    """Run the sender on the configured event loop until a signal stops it."""
+    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+    if config.loop == "uvloop":
+        import uvloop  # noqa: PLC0415  optional at import time (not on every platform)
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        try:
+            return runner.run(_serve(config))
+        except ConfigError as exc:
+            log.error("configuration error: %s", exc)  # noqa: TRY400  message is enough
+            return EXIT_CONFIG
+        except DiodeError as exc:
+            log.error("sender failed: %s", exc)  # noqa: TRY400  message is enough
+            return EXIT_FAILED
+
+
+async def _serve(config: SenderConfig) -> int:
+    from sender.app import SenderApp  # noqa: PLC0415  loads confluent_kafka only when running
+
+    app = SenderApp(config)
+    if config.metrics_port:
+        try:
+            serve(app.metrics.registry, config.metrics_port, config.metrics_addr)
+        except OSError as exc:
+            raise ConfigError("metrics_port", f"cannot listen: {exc.strerror}") from exc
+    loop = asyncio.get_running_loop()
+    stop_requested = asyncio.Event()
+    interrupts = 0
+
+    def on_signal(signum: int) -> None:
+        nonlocal interrupts
+        if signum == signal.SIGINT:
+            interrupts += 1
+            if interrupts > 1:
+                log.warning("second interrupt: exiting without draining")
+                os._exit(130)
+        log.info("signal %s: draining, sending, committing", signal.Signals(signum).name)
+        stop_requested.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, on_signal, signum)
+    await app.start()
+    stopper = asyncio.ensure_future(stop_requested.wait())
+    failed = asyncio.ensure_future(app.wait())
+    await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
+    stopper.cancel()
+    failed.cancel()
+    clean = await app.stop()
+    if app.failure is not None:
+        return EXIT_FAILED
+    log.info(
+        "stopped: %d records read, %d sent, %d datagrams",
+        app.records_read,
+        app.pipeline.records_sent if app.pipeline else 0,
+        app.pipeline.datagrams_sent if app.pipeline else 0,
+    )
+    return EXIT_OK if clean else EXIT_FAILED

@@ -1,0 +1,303 @@
+"""The sender's settings: one frozen dataclass, read from TOML, ``DIODE_SENDER_*`` and flags.
+
+Every field is documented by the docstring under it; ``common.settings`` turns those into
+``--help`` text, the ``--check-config`` view and the table in docs/sender.md. A ``SenderConfig``
+is valid once constructed: ``__post_init__`` raises ``ConfigError`` naming the key and the fix.
+Checks that touch the outside world (key file readable, target resolvable) run in ``load_keyring``
+and at transport start, still before anything is consumed.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import socket
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from common.errors import ConfigError, KeyRingError
+from common.wire.config import DEFAULT_DATAGRAM_SIZE, WireConfig
+from sender.pacing import PacingConfig
+from sender.transport import parse_address
+
+if TYPE_CHECKING:
+    from common.wire import KeyRing
+
+ENV_PREFIX = "DIODE_SENDER_"
+
+StartPosition = Literal["committed", "earliest", "latest", "timestamp"]
+
+# librdkafka properties the sender owns: setting them would break the delivery order.
+_RESERVED_KAFKA = {
+    "enable.auto.commit": "the sender commits only after sending (docs/sender.md)",
+    "enable.auto.offset.store": "the sender stores offsets itself",
+    "group.id": "use the group_id key",
+    "bootstrap.servers": "use the bootstrap_servers key",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SenderConfig:
+    """Settings of ``kafka-diode send``."""
+
+    bootstrap_servers: str
+    """Upstream Kafka brokers, host:port[,host:port...]."""
+    target: str
+    """Where datagrams go: host:port of the diode's input (the receiver's address)."""
+    topics: tuple[str, ...] = ()
+    """Topics to read: names, or regular expressions starting with ^ (librdkafka's rule)."""
+    exclude_topics: str = ""
+    """Regular expression; matching topics are never read (internal __ topics never are)."""
+    group_id: str = "kafka-diode-sender"
+    """Consumer group; committed offsets live here."""
+    start_position: StartPosition = "committed"
+    """Where to start on each partition when the process starts: committed (earliest when
+    nothing is committed), earliest, latest, or timestamp."""
+    start_timestamp: str = ""
+    """With start_position = timestamp: ISO 8601 time or milliseconds since the epoch."""
+    kafka: dict[str, str] = field(default_factory=dict)
+    """librdkafka consumer properties passed through (security.protocol, sasl.*, ssl.*, ...)."""
+    target_ports: tuple[int, ...] = ()
+    """Extra destination ports on the target host; datagrams go round-robin over all ports."""
+    bind: str = ""
+    """Source address host[:port] to send from (picks the interface); empty: kernel chooses."""
+    send_buffer: int = 4 * 1024 * 1024
+    """SO_SNDBUF in bytes (capped by net.core.wmem_max)."""
+    key_file: Path | None = None
+    """Key ring file written by 'kafka-diode keygen' (the active key encrypts)."""
+    password: str | None = field(default=None, repr=False)
+    """Derive the key from this password (with salt) instead of a key file. Secret."""
+    salt: str = ""
+    """Salt (hex, 32+ digits) for the scrypt password derivation; must match the receiver's."""
+    insecure_cleartext: bool = False
+    """Send without encryption (cipher none): tests and demos only; the receiver must allow it."""
+    max_datagram_size: int = DEFAULT_DATAGRAM_SIZE
+    """Largest UDP payload in bytes; 1452 fits a 1500-byte MTU (up to 65507)."""
+    compression: Literal["none", "gzip"] = "none"
+    """Payload compression before encryption."""
+    compression_level: int = 1
+    """gzip level 1..9."""
+    max_record_size: int = 16 * 1024 * 1024
+    """Records larger than this (key + value + headers) are skipped, logged and counted."""
+    linger: float = 0.005
+    """Seconds a record may wait for more records to fill its datagram."""
+    rate_bytes: float = 0.0
+    """Pacing: bytes per second on the wire, every copy counted; 0 is unlimited."""
+    rate_datagrams: float = 0.0
+    """Pacing: datagrams per second, every copy counted; 0 is unlimited."""
+    burst_seconds: float = 0.005
+    """Pacing: how far sending may run ahead of the rate after an idle spell, in seconds."""
+    copies: int = 1
+    """Send each datagram this many times (redundancy against loss)."""
+    copy_spacing: float = 0.0
+    """Seconds between the copies of one datagram (spreads them past burst losses)."""
+    heartbeat_interval: float = 2.0
+    """Seconds between heartbeats (highest offset sent per partition, counters)."""
+    sender_id: str = field(default_factory=socket.gethostname)
+    """Name of this sender in heartbeats and logs (default: the host name)."""
+    batch_size: int = 2000
+    """Most records taken from the consumer per call."""
+    poll_timeout: float = 0.1
+    """Seconds one consumer call may wait for records."""
+    max_backlog_bytes: int = 4 * 1024 * 1024
+    """Datagram bytes waiting for pacing above which partitions pause (resumed below half)."""
+    commit_interval: float = 1.0
+    """Seconds between offset commits (always after the datagrams were sent)."""
+    retry_backoff_max: float = 30.0
+    """Longest wait between retries while the broker is unreachable, in seconds."""
+    shutdown_timeout: float = 30.0
+    """Seconds SIGTERM may spend sending what is buffered before exiting anyway."""
+    loop: Literal["uvloop", "asyncio"] = "uvloop"
+    """Event loop implementation."""
+    metrics_port: int = 0
+    """Serve Prometheus metrics on this port; 0 is off."""
+    metrics_addr: str = "127.0.0.1"
+    """Address for the metrics endpoint."""
+    log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR."""
+    log_json: bool = False
+    """Log one JSON object per line."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers.strip():
+            raise ConfigError("bootstrap_servers", "is empty", "e.g. kafka1:9092,kafka2:9092")
+        host, _ = parse_address("target", self.target)
+        for port in self.target_ports:
+            if not 1 <= port <= 65535:
+                raise ConfigError("target_ports", f"port {port} is out of range", "use 1..65535")
+        if self.bind:
+            parse_address("bind", self.bind, default_port=0)
+        if not self.topics:
+            raise ConfigError("topics", "is empty", "name topics or a ^regex to read")
+        for topic in self.topics:
+            if topic.startswith("^"):
+                _compile("topics", topic)
+            elif not topic or any(c in topic for c in " ,:/"):
+                raise ConfigError("topics", f"{topic!r} is not a topic name or ^regex")
+        if self.exclude_topics:
+            _compile("exclude_topics", self.exclude_topics)
+        if not self.group_id:
+            raise ConfigError("group_id", "is empty")
+        if self.start_position == "timestamp":
+            if not self.start_timestamp:
+                raise ConfigError("start_timestamp", "is required with start_position = timestamp")
+            self.start_timestamp_ms()
+        for key, why in _RESERVED_KAFKA.items():
+            if key in self.kafka:
+                raise ConfigError(f"kafka.{key}", "cannot be passed through", why)
+        keyed = (self.key_file is not None) + (self.password is not None)
+        if keyed > 1:
+            raise ConfigError("key_file", "and password are both set", "choose one")
+        if keyed and self.insecure_cleartext:
+            raise ConfigError("insecure_cleartext", "is set together with a key", "choose one")
+        if not keyed and not self.insecure_cleartext:
+            raise ConfigError(
+                "key_file",
+                "no key configured",
+                "set key_file (kafka-diode keygen) or password + salt; "
+                "insecure_cleartext = true only for tests and demos",
+            )
+        if self.password is not None and not self.salt:
+            raise ConfigError("salt", "is required with password", "use the receiver's salt")
+        if not 1 <= self.copies <= 16:
+            raise ConfigError("copies", f"is {self.copies}", "use 1..16")
+        for key in ("copy_spacing", "linger", "rate_bytes", "rate_datagrams"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(key, f"is {value}", "use a non-negative number")
+        if self.copy_spacing > 10:
+            raise ConfigError("copy_spacing", f"is {self.copy_spacing}", "use at most 10 s")
+        for key in ("heartbeat_interval", "poll_timeout", "commit_interval", "retry_backoff_max"):
+            value = getattr(self, key)
+            if not (math.isfinite(value) and 0 < value <= 3600):
+                raise ConfigError(key, f"is {value}", "use 0 < seconds <= 3600")
+        if not 0 < self.shutdown_timeout <= 3600:
+            raise ConfigError(
+                "shutdown_timeout", f"is {self.shutdown_timeout}", "use 0 < s <= 3600"
+            )
+        if not 1 <= self.batch_size <= 100_000:
+            raise ConfigError("batch_size", f"is {self.batch_size}", "use 1..100000")
+        if self.max_backlog_bytes < 4 * self.max_datagram_size * self.copies:
+            raise ConfigError(
+                "max_backlog_bytes",
+                f"{self.max_backlog_bytes} is too small",
+                f"use at least 4 x max_datagram_size x copies = "
+                f"{4 * self.max_datagram_size * self.copies}",
+            )
+        if not 0 <= self.metrics_port <= 65535:
+            raise ConfigError("metrics_port", f"is {self.metrics_port}", "use 0 (off) or a port")
+        if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+            raise ConfigError("log_level", f"is {self.log_level!r}", "use DEBUG/INFO/WARNING/ERROR")
+        if not self.sender_id or len(self.sender_id) > 255:
+            raise ConfigError("sender_id", "must be 1..255 characters")
+        del host
+        self.wire_config()  # its own checks name the same keys
+        self.pacing_config()
+
+    def start_timestamp_ms(self) -> int:
+        """``start_timestamp`` in milliseconds since the epoch."""
+        text = self.start_timestamp.strip()
+        if text.isdigit():
+            return int(text)
+        try:
+            moment = datetime.fromisoformat(text)
+        except ValueError:
+            raise ConfigError(
+                "start_timestamp",
+                f"{text!r} is not a time",
+                "use ISO 8601 (2024-05-01T12:00:00+00:00) or milliseconds since the epoch",
+            ) from None
+        if moment.tzinfo is None:
+            raise ConfigError("start_timestamp", "has no time zone", "add +00:00 or Z")
+        return int(moment.timestamp() * 1000)
+
+    def targets(self) -> list[tuple[str, int]]:
+        """Every destination ``(host, port)``: ``target`` first, then ``target_ports``."""
+        host, port = parse_address("target", self.target)
+        return [(host, port)] + [(host, p) for p in self.target_ports if p != port]
+
+    def bind_address(self) -> tuple[str, int] | None:
+        """The source address to bind, if any."""
+        return parse_address("bind", self.bind, default_port=0) if self.bind else None
+
+    def wire_config(self) -> WireConfig:
+        """The encoder's limits."""
+        return WireConfig(
+            max_datagram_size=self.max_datagram_size,
+            compression=self.compression,
+            compression_level=self.compression_level,
+            max_record_size=self.max_record_size,
+            max_message_size=max(self.max_record_size + 4096, 17 * 1024 * 1024),
+            max_decompressed_size=max(self.max_record_size + 4096, 17 * 1024 * 1024),
+            allow_cleartext=self.insecure_cleartext,
+            linger=self.linger,
+        )
+
+    def pacing_config(self) -> PacingConfig:
+        """The pacer's limits."""
+        return PacingConfig(
+            bytes_per_s=self.rate_bytes,
+            datagrams_per_s=self.rate_datagrams,
+            burst_seconds=self.burst_seconds,
+            max_datagram_size=self.max_datagram_size,
+        )
+
+    def consumer_properties(self) -> dict[str, str | int | bool]:
+        """librdkafka properties: ours, then the ``kafka`` pass-through on top."""
+        props: dict[str, str | int | bool] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "latest" if self.start_position == "latest" else "earliest",
+            # Bounded prefetch: librdkafka's own queue is part of the sender's memory bound.
+            "queued.max.messages.kbytes": 16384,
+            "client.id": f"kafka-diode-sender-{self.sender_id}",
+            "reconnect.backoff.max.ms": int(self.retry_backoff_max * 1000),
+        }
+        props.update(self.kafka)
+        return props
+
+
+def _compile(key: str, pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ConfigError(key, f"{pattern!r} is not a valid regular expression: {exc}") from None
+
+
+def load_keyring(config: SenderConfig) -> KeyRing | None:
+    """Load the key ring the configuration names (``None`` for insecure cleartext).
+
+    Raises:
+        ConfigError: the key file is missing, unreadable or malformed (names ``key_file``), or the
+            password derivation fails (names ``password``).
+    """
+    from common.wire import Key, KeyRing, derive_key  # noqa: PLC0415  imported late: keeps config import light
+
+    if config.key_file is not None:
+        path = config.key_file
+        if not path.exists():
+            raise ConfigError("key_file", f"{path} does not exist", "run 'kafka-diode keygen'")
+        try:
+            path.read_bytes()
+        except OSError as exc:
+            raise ConfigError("key_file", f"{path} is unreadable: {exc.strerror}") from exc
+        try:
+            return KeyRing.from_file(path)
+        except (KeyRingError, OSError, ValueError) as exc:
+            raise ConfigError("key_file", f"{path}: {exc}") from exc
+    if config.password is not None:
+        try:
+            salt = bytes.fromhex(config.salt)
+        except ValueError:
+            raise ConfigError("salt", "is not hexadecimal", "use 32+ hex digits") from None
+        try:
+            material = derive_key(config.password, salt)
+            key = Key.from_material(material, kdf={"name": "scrypt", "salt": config.salt})
+        except KeyRingError as exc:
+            raise ConfigError("password", str(exc)) from exc
+        return KeyRing([key], active=key.key_id)
+    return None

@@ -1,0 +1,117 @@
+"""Pacing: a token bucket in bytes per second and datagrams per second.
+
+A diode cannot push back, so the sender must never emit faster than the link and the receiver can
+take: whatever exceeds the rate is lost on the far side, silently. The pacer is the only brake.
+
+Theory of operation
+-------------------
+Each bucket holds up to ``burst`` tokens and refills at ``rate`` tokens per second. A datagram of
+``n`` bytes needs ``n`` byte tokens *and* one datagram token. It may leave when the bucket holds at
+least ``min(n, burst)`` tokens (so a datagram larger than the burst is not blocked forever); taking
+it may leave the bucket in debt, which later refills pay back. Over any interval ``t`` the pacer
+therefore lets through at most ``burst + rate * t`` tokens plus one datagram: the long-run average
+is exactly ``rate``. Every copy of a redundant datagram is paced like any other datagram.
+
+Pure (STYLE.md §1): the caller passes ``now`` (seconds, monotonic); nothing here sleeps or reads a
+clock, so tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from common.errors import ConfigError
+
+_EPSILON = 1e-6
+
+
+class TokenBucket:
+    """One token bucket; ``rate == 0`` means unlimited."""
+
+    __slots__ = ("_last", "_tokens", "burst", "rate")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if rate < 0 or not math.isfinite(rate):
+            raise ConfigError("rate", f"is {rate}", "use 0 (unlimited) or a positive number")
+        if rate > 0 and burst <= 0:
+            raise ConfigError("burst", f"is {burst}", "use a positive number")
+        self.rate = rate
+        self.burst = burst
+        self._tokens = burst
+        self._last = now
+
+    def _refill(self, now: float) -> None:
+        if now > self._last:
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+
+    def delay(self, amount: float, now: float) -> float:
+        """Seconds from ``now`` until ``amount`` tokens may be taken (0.0: at once)."""
+        if self.rate == 0:
+            return 0.0
+        self._refill(now)
+        need = min(amount, self.burst)
+        # A millionth of a token of tolerance: float rounding must not leave a shortfall so small
+        # that adding it to ``now`` changes nothing (an endless zero-length wait).
+        if self._tokens >= need - _EPSILON:
+            return 0.0
+        return (need - self._tokens) / self.rate
+
+    def take(self, amount: float, now: float) -> None:
+        """Take ``amount`` tokens (the bucket may go into debt; see the module docstring)."""
+        if self.rate == 0:
+            return
+        self._refill(now)
+        self._tokens -= amount
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PacingConfig:
+    """Limits for one pacer."""
+
+    bytes_per_s: float = 0.0
+    """Byte rate limit, UDP payload bytes per second, every copy counted; 0 is unlimited."""
+    datagrams_per_s: float = 0.0
+    """Datagram rate limit per second, every copy counted; 0 is unlimited."""
+    burst_seconds: float = 0.005
+    """How much sending may run ahead of the rate after an idle spell, in seconds of rate."""
+    max_datagram_size: int = 1472
+    """Largest datagram; the byte burst is never smaller than this."""
+
+    def __post_init__(self) -> None:
+        for key in ("bytes_per_s", "datagrams_per_s"):
+            value = getattr(self, key)
+            if value < 0 or not math.isfinite(value):
+                raise ConfigError(key, f"is {value}", "use 0 (unlimited) or a positive number")
+        if not 0 < self.burst_seconds <= 10:
+            raise ConfigError("burst_seconds", f"is {self.burst_seconds}", "use 0 < value <= 10")
+        if self.max_datagram_size <= 0:
+            raise ConfigError("max_datagram_size", "must be positive")
+
+
+class Pacer:
+    """Both buckets together: a datagram leaves only when both allow it."""
+
+    __slots__ = ("_bytes", "_datagrams", "unlimited")
+
+    def __init__(self, config: PacingConfig, now: float) -> None:
+        byte_burst = max(float(config.max_datagram_size), config.bytes_per_s * config.burst_seconds)
+        dgram_burst = max(1.0, config.datagrams_per_s * config.burst_seconds)
+        self._bytes = TokenBucket(config.bytes_per_s, byte_burst, now)
+        self._datagrams = TokenBucket(config.datagrams_per_s, dgram_burst, now)
+        self.unlimited = config.bytes_per_s == 0 and config.datagrams_per_s == 0
+        """True when no limit is set: callers may skip the bookkeeping entirely."""
+
+    def delay(self, size: int, now: float) -> float:
+        """Seconds from ``now`` until a datagram of ``size`` bytes may be sent."""
+        if self.unlimited:
+            return 0.0
+        return max(self._bytes.delay(size, now), self._datagrams.delay(1, now))
+
+    def take(self, size: int, now: float) -> None:
+        """Account for a datagram of ``size`` bytes handed to the socket at ``now``."""
+        if self.unlimited:
+            return
+        self._bytes.take(size, now)
+        self._datagrams.take(1, now)

@@ -1,0 +1,284 @@
+"""The send path shared by live sending and resend: encoder -> backlog -> pacer -> UDP socket.
+
+Delivery order (docs/sender.md, "Delivery order"): records go into the wire ``Encoder``; the
+datagrams it emits wait in one FIFO backlog; the pump hands them to the socket as fast as the
+``Pacer`` allows, every copy paced; only when the *last* copy of a datagram was handed to the
+socket (or refused by the kernel, which the link would have lost anyway) do the offsets it
+completes (``OutgoingDatagram.completes``) advance ``sent_high``. Callers commit ``sent_high + 1``
+and put ``sent_high`` in heartbeats, so neither ever runs ahead of what left the process.
+
+Backpressure: the backlog is measured in bytes (every pending copy counted). Above
+``max_backlog_bytes`` the pipeline reports pressure (``on_pressure(True)``) and the caller stops
+feeding it (the sender pauses its Kafka partitions); below half of it, pressure is released. The
+caller feeds at most one consumer batch after pressure is reported, so memory stays bounded
+whatever the input rate.
+
+The pump is synchronous (no task per datagram): it sends until the backlog is empty, the pacer
+asks for a delay (a loop timer resumes it) or the socket buffer is full (a writer callback resumes
+it). Heartbeats jump the queue: their high offsets only name offsets already sent, so they can never
+claim more than left, and a link saturated by a long backlog still shows signs of life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from sender.pacing import Pacer
+from sender.transport import SendResult, UdpSender
+
+if TYPE_CHECKING:
+    from common.wire import Encoder, OutgoingDatagram
+
+Headers = Sequence[tuple[str, bytes | None]] | None
+
+
+class _Item:
+    """One datagram waiting in the backlog, with what sending it completes."""
+
+    __slots__ = ("completes", "copies_left", "data", "records")
+
+    def __init__(
+        self, data: bytes, completes: tuple[tuple[str, int, int], ...], records: int, copies: int
+    ) -> None:
+        self.data = data
+        self.completes = completes
+        self.records = records
+        self.copies_left = copies
+
+
+class SendPipeline:
+    """Records in, paced datagrams out; tracks what has been handed to the socket."""
+
+    def __init__(
+        self,
+        *,
+        encoder: Encoder,
+        pacer: Pacer,
+        udp: UdpSender,
+        loop: asyncio.AbstractEventLoop,
+        copies: int = 1,
+        copy_spacing: float = 0.0,
+        max_backlog_bytes: int = 4 * 1024 * 1024,
+        on_pressure: Callable[[bool], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.encoder = encoder
+        self._pacer = pacer
+        self._udp = udp
+        self._loop = loop
+        self._copies = copies
+        self._spacing = copy_spacing
+        self._max_backlog = max_backlog_bytes
+        self._on_pressure = on_pressure
+        self._clock = clock
+        self._queue: deque[_Item] = deque()
+        self._delayed: list[tuple[float, int, _Item]] = []  # (due, tie-break, item)
+        self._tie = itertools.count()
+        self._timer: asyncio.TimerHandle | None = None
+        self._linger: asyncio.TimerHandle | None = None
+        self._waiting_writable = False
+        self._emitted_records = 0  # records the encoder has put into datagrams so far
+        self._added = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closed = False
+        self.backlog_bytes = 0
+        """Bytes of every pending copy in the backlog."""
+        self.congested = False
+        """True between pressure reported and released."""
+        self.sent_high: dict[tuple[str, int], int] = {}
+        """Per (topic, partition): the highest offset whose datagrams were all handed over."""
+        self.records_sent = 0
+        """Records whose datagrams were all handed to the socket."""
+        self.datagrams_sent = 0
+        """Datagrams handed to the socket, every copy counted."""
+        self.bytes_sent = 0
+        """UDP payload bytes handed to the socket, every copy counted."""
+        self.copies_sent = 0
+        """Copies beyond the first."""
+        self.datagrams_dropped = 0
+        """Datagrams the kernel refused (counted by errno in ``UdpSender.errors``)."""
+        self.pacing_delay = 0.0
+        """Seconds the pump waited for the pacer."""
+
+    # -- input ---------------------------------------------------------------------------------
+
+    def add(  # noqa: PLR0917  per-record hot path, mirrors Encoder.add's positional API
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        timestamp: int,
+        timestamp_type: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+    ) -> None:
+        """Encode one record; raises the encoder's ``RecordTooLarge`` (nothing is queued then)."""
+        out = self.encoder.add(
+            topic,
+            partition,
+            offset,
+            timestamp,
+            timestamp_type,
+            key,
+            value,
+            headers or (),
+            self._clock(),
+        )
+        self._added += 1
+        if out:
+            self._enqueue(out)
+        elif self._linger is None:
+            self._arm_linger()
+
+    def enqueue(self, datagrams: Iterable[OutgoingDatagram], *, front: bool = False) -> None:
+        """Queue datagrams built outside ``add`` (heartbeats, resend markers)."""
+        self._enqueue(list(datagrams), front=front)
+
+    def flush(self) -> None:
+        """Emit whatever the encoder holds back for its linger time."""
+        out = self.encoder.flush()
+        if out:
+            self._enqueue(out)
+
+    async def drain(self, timeout: float) -> bool:  # noqa: ASYNC109  a bound, not a cancel
+        """Flush, then wait until every datagram and copy was handed over; False on timeout."""
+        self.flush()
+        self._pump()
+        try:
+            async with asyncio.timeout(timeout):
+                await self._idle.wait()
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def pending_datagrams(self) -> int:
+        """Datagrams (with pending copies) in the backlog."""
+        return len(self._queue) + len(self._delayed)
+
+    def close(self) -> None:
+        """Cancel timers; queued datagrams are abandoned (idempotent)."""
+        self._closed = True
+        for handle in (self._timer, self._linger):
+            if handle is not None:
+                handle.cancel()
+        self._timer = self._linger = None
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _arm_linger(self) -> None:
+        deadline = self.encoder.next_deadline()
+        if deadline is None or self._closed:
+            return
+        self._linger = self._loop.call_later(max(0.0, deadline - self._clock()), self._on_linger)
+
+    def _on_linger(self) -> None:
+        self._linger = None
+        out = self.encoder.poll(self._clock())
+        if out:
+            self._enqueue(out)
+        self._arm_linger()
+
+    def _enqueue(self, datagrams: list[OutgoingDatagram], *, front: bool = False) -> None:
+        emitted = self._added - self.encoder.pending_records
+        records = emitted - self._emitted_records
+        self._emitted_records = emitted
+        copies = self._copies
+        items = [_Item(d.data, d.completes, 0, copies) for d in datagrams]
+        if items:
+            items[-1].records = max(0, records)  # the last datagram completes them
+        size = sum(len(d.data) for d in datagrams) * copies
+        if front:
+            self._queue.extendleft(reversed(items))
+        else:
+            self._queue.extend(items)
+        self.backlog_bytes += size
+        self._idle.clear()
+        if not self.congested and self.backlog_bytes > self._max_backlog:
+            self.congested = True
+            if self._on_pressure is not None:
+                self._on_pressure(True)
+        self._pump()
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._pump()
+
+    def _on_writable(self) -> None:
+        self._waiting_writable = False
+        self._pump()
+
+    def _pump(self) -> None:
+        if self._timer is not None or self._waiting_writable or self._closed:
+            return
+        self._send_some()
+        if self.congested and self.backlog_bytes <= self._max_backlog // 2:
+            self.congested = False
+            if self._on_pressure is not None:
+                self._on_pressure(False)
+
+    def _send_some(self) -> None:
+        pacer, udp, queue, delayed = self._pacer, self._udp, self._queue, self._delayed
+        now = self._clock()
+        while True:
+            if delayed and delayed[0][0] <= now:
+                item = delayed[0][2]
+                from_heap = True
+            elif queue:
+                item = queue[0]
+                from_heap = False
+            else:
+                break
+            size = len(item.data)
+            if not pacer.unlimited:
+                wait = pacer.delay(size, now)
+                if wait > 0:
+                    self.pacing_delay += wait
+                    self._timer = self._loop.call_later(wait, self._on_timer)
+                    return
+            result = udp.send(item.data)
+            if result is SendResult.BLOCKED:
+                self._waiting_writable = True
+                udp.wait_writable(self._loop, self._on_writable)
+                return
+            if result is SendResult.SENT:
+                pacer.take(size, now)
+                self.datagrams_sent += 1
+                self.bytes_sent += size
+                if item.copies_left < self._copies:
+                    self.copies_sent += 1
+            else:
+                self.datagrams_dropped += 1
+            self.backlog_bytes -= size
+            item.copies_left -= 1
+            if from_heap:
+                heapq.heappop(delayed)
+            elif item.copies_left == 0 or self._spacing > 0:
+                queue.popleft()
+            if item.copies_left > 0:
+                if self._spacing > 0:
+                    due = now + self._spacing
+                    heapq.heappush(delayed, (due, next(self._tie), item))
+            else:
+                self._complete(item)
+            now = self._clock()
+        if delayed:
+            self._timer = self._loop.call_later(max(0.0, delayed[0][0] - now), self._on_timer)
+        elif not queue:
+            self._idle.set()
+
+    def _complete(self, item: _Item) -> None:
+        self.records_sent += item.records
+        high = self.sent_high
+        for topic, partition, offset in item.completes:
+            tp = (topic, partition)
+            if offset > high.get(tp, -1):
+                high[tp] = offset

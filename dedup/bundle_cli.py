@@ -22,13 +22,18 @@ error; 4 bundle refused (``show``).
 from __future__ import annotations
 
 import argparse
+import base64
+import binascii
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import sys
 import time
 import tomllib
 import uuid
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -370,6 +375,109 @@ def write_atomically(path: Path, data: bytes) -> None:
         os.close(dir_fd)
 
 
+# -- paper transfer: QR codes ------------------------------------------------------------------
+
+QR_MAGIC = "KDB1"
+QR_CHUNK = 1400
+"""Base64 characters per QR code (version ~30 at error correction M: scannable from paper)."""
+MAX_QR_PARTS = 32
+"""More codes than this is no longer a 'small' bundle: use --max-records."""
+
+
+def qr_parts(data: bytes) -> list[str]:
+    """Split a bundle into QR payloads: ``KDB1 <i>/<n> <id>\n<base64 chunk>``.
+
+    The bundle is re-serialised compactly (the MAC covers the canonical form, so it still
+    verifies), zlib-compressed and base64-encoded; ``<id>`` (8 hex digits of SHA-256 of the
+    compressed bytes) keeps codes of different bundles from being mixed.
+
+    Raises:
+        BundleError: the bundle needs more than ``MAX_QR_PARTS`` codes.
+    """
+    compact = json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
+    packed = zlib.compress(compact, 9)
+    digest = hashlib.sha256(packed).hexdigest()[:8]
+    text = base64.b64encode(packed).decode("ascii")
+    chunks = [text[i : i + QR_CHUNK] for i in range(0, len(text), QR_CHUNK)] or [""]
+    if len(chunks) > MAX_QR_PARTS:
+        raise BundleError(
+            f"bundle needs {len(chunks)} QR codes (limit {MAX_QR_PARTS});"
+            " make a smaller one with --max-records"
+        )
+    n = len(chunks)
+    return [f"{QR_MAGIC} {i}/{n} {digest}\n{chunk}" for i, chunk in enumerate(chunks, 1)]
+
+
+def join_parts(parts: Iterable[str]) -> bytes:
+    """Reassemble QR payloads (any order, duplicates allowed) into the bundle's bytes.
+
+    Raises:
+        BundleError: a payload is malformed, parts of different bundles are mixed, one is
+            missing, or the result is damaged.
+    """
+    chunks: dict[int, str] = {}
+    total = digest = None
+    for raw in parts:
+        head, _, chunk = raw.strip().partition("\n")
+        fields = head.split()
+        if len(fields) != 3 or fields[0] != QR_MAGIC or "/" not in fields[1]:
+            raise BundleError(f"not a kafka-diode bundle QR code: {head[:40]!r}")
+        index_text, _, total_text = fields[1].partition("/")
+        try:
+            index, count = int(index_text), int(total_text)
+        except ValueError:
+            raise BundleError(f"bad part number {fields[1]!r}") from None
+        if not 1 <= index <= count <= MAX_QR_PARTS:
+            raise BundleError(f"bad part number {fields[1]!r}")
+        if total is None:
+            total, digest = count, fields[2]
+        elif (count, fields[2]) != (total, digest):
+            raise BundleError("QR codes of different bundles are mixed")
+        chunks[index] = chunk.strip()
+    if total is None:
+        raise BundleError("no QR payloads given")
+    missing = [i for i in range(1, total + 1) if i not in chunks]
+    if missing:
+        raise BundleError(f"QR codes {missing} of {total} are missing")
+    try:
+        packed = base64.b64decode("".join(chunks[i] for i in range(1, total + 1)), validate=True)
+    except (binascii.Error, ValueError) as exc:
+        raise BundleError(f"QR payload is damaged: {exc}") from exc
+    if hashlib.sha256(packed).hexdigest()[:8] != digest:
+        raise BundleError("QR payload is damaged (checksum mismatch)")
+    inflater = zlib.decompressobj()
+    try:
+        data = inflater.decompress(packed, bundle_format.MAX_BUNDLE_BYTES)
+    except zlib.error as exc:
+        raise BundleError(f"QR payload is damaged: {exc}") from exc
+    if inflater.unconsumed_tail:
+        raise BundleError("QR payload decompresses beyond the bundle size limit")
+    return data
+
+
+def write_qr(path: Path, keyring: KeyRing, out_dir: Path, kind: str) -> list[Path]:
+    """Verify the bundle at ``path`` and write one image per QR payload into ``out_dir``.
+
+    Raises:
+        BundleError: refused or too large. OSError: writing.
+    """
+    import segno  # noqa: PLC0415  optional dependency, only for this command
+
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BundleError(f"cannot read {path}: {exc.strerror}") from exc
+    bundle = bundle_format.verify(data, {k.key_id: k.material for k in keyring})
+    parts = qr_parts(data)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i, payload in enumerate(parts, 1):
+        image = out_dir / f"{bundle.bundle_id}-{i:02d}-of-{len(parts):02d}.{kind}"
+        segno.make(payload, error="m", micro=False).save(str(image), scale=4, border=4)
+        written.append(image)
+    return written
+
+
 # -- commands ------------------------------------------------------------------------------------
 
 
@@ -424,6 +532,17 @@ def show(path: Path, keyring: KeyRing, echo: Callable[[str], None] = print) -> b
             data = fh.read(bundle_format.MAX_BUNDLE_BYTES + 1)
     except OSError as exc:
         raise BundleError(f"cannot read {path}: {exc.strerror}") from exc
+    return show_bytes(data, keyring, echo)
+
+
+def show_bytes(
+    data: bytes, keyring: KeyRing, echo: Callable[[str], None] = print
+) -> bundle_format.Bundle:
+    """Verify and print a bundle given as bytes.
+
+    Raises:
+        BundleError: refused.
+    """
     bundle = bundle_format.verify(data, {k.key_id: k.material for k in keyring})
     echo(summary_table(bundle))
     echo("authentication: OK (HMAC-SHA256 with the link key)")
@@ -438,7 +557,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         description="Resend bundles: the signed list of missing offsets carried to the high side.",
         epilog="Exit codes: 0 done, 1 failure, 2 configuration error, 4 bundle refused.",
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{create,show}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{create,show,qr,join}")
     c = sub.add_parser(
         "create",
         allow_abbrev=False,
@@ -463,6 +582,25 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     s.add_argument("file", type=Path, help="bundle file")
     s.add_argument("--config", type=Path, help="TOML file with key_file (or password + salt)")
     settings.add_flags(s, BundleKeyConfig)
+    q = sub.add_parser(
+        "qr",
+        allow_abbrev=False,
+        help="verify a small bundle and render it as QR code images (paper transfer)",
+    )
+    q.add_argument("file", type=Path, help="bundle file")
+    q.add_argument("--out-dir", type=Path, required=True, help="directory for the images")
+    q.add_argument("--format", choices=("png", "svg"), default="png", help="image format [png]")
+    q.add_argument("--config", type=Path, help="TOML file with key_file (or password + salt)")
+    settings.add_flags(q, BundleKeyConfig)
+    j = sub.add_parser(
+        "join",
+        allow_abbrev=False,
+        help="rebuild a bundle from scanned QR payloads (one text file per code), verify, write",
+    )
+    j.add_argument("parts", type=Path, nargs="+", help="text files, each one scanned QR payload")
+    j.add_argument("--out", type=Path, required=True, help="bundle file to write (atomically)")
+    j.add_argument("--config", type=Path, help="TOML file with key_file (or password + salt)")
+    settings.add_flags(j, BundleKeyConfig)
     return parser
 
 
@@ -481,12 +619,24 @@ def main(argv: Sequence[str], prog: str = "kafka-diode bundle") -> int:
     except ConfigError as exc:
         print(f"{prog} {args.command}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
-    if args.command == "show":
+    if args.command != "create":
         try:
-            show(args.file, keyring)
+            if args.command == "show":
+                show(args.file, keyring)
+            elif args.command == "qr":
+                for image in write_qr(args.file, keyring, args.out_dir, args.format):
+                    print(image)
+            else:
+                data = join_parts(p.read_text(encoding="utf-8") for p in args.parts)
+                show_bytes(data, keyring)
+                write_atomically(args.out, data)
+                print(f"wrote {args.out}")
         except BundleError as exc:
-            print(f"{prog} show: bundle refused: {exc}", file=sys.stderr)
+            print(f"{prog} {args.command}: bundle refused: {exc}", file=sys.stderr)
             return EXIT_BAD_BUNDLE
+        except OSError as exc:
+            print(f"{prog} {args.command}: failed: {exc}", file=sys.stderr)
+            return EXIT_FAILED
         return EXIT_OK
     diode_logging.configure(config.log_level)
     try:

@@ -273,3 +273,55 @@ def test_write_atomically_replaces_whole_file(tmp_path: Path) -> None:
 def test_summary_of_empty_bundle_says_nothing_to_resend() -> None:
     empty = b.build([], bundle_id="e", created_at_ms=0)
     assert "nothing to resend" in bundle_cli.summary_table(empty)
+
+
+def test_qr_codes_round_trip_through_join(
+    tmp_path: Path, ring: tuple[Path, KeyRing], capsys: pytest.CaptureFixture[str]
+) -> None:
+    key_file, keyring = ring
+    gaps = [("orders", p, o * 10, o * 10 + 3) for p in range(4) for o in range(300)]
+    bundle = b.build(gaps, bundle_id="qrqr", created_at_ms=1)
+    path = tmp_path / "big.bundle"
+    key = keyring.active
+    path.write_bytes(b.sign(bundle, key_id=key.key_id, link_key=key.material))
+    parts = bundle_cli.qr_parts(path.read_bytes())
+    assert len(parts) > 1
+    texts = []
+    for i, part in enumerate(reversed(parts)):  # scanned in any order
+        text = tmp_path / f"scan{i}.txt"
+        text.write_text(part)
+        texts.append(str(text))
+    out = tmp_path / "joined.bundle"
+    argv = ["join", *texts, texts[0], "--out", str(out), "--key-file", str(key_file)]
+    assert bundle_cli.main(argv) == 0
+    assert b.verify(out.read_bytes(), {key.key_id: key.material}) == bundle
+    # a missing code, or codes of two bundles, are refused
+    with pytest.raises(b.BundleError, match="missing"):
+        bundle_cli.join_parts(parts[1:])
+    other = bundle_cli.qr_parts(_bundle_file(tmp_path, keyring, "small.bundle").read_bytes())
+    with pytest.raises(b.BundleError, match="mixed"):
+        bundle_cli.join_parts([*parts, *other])
+    # images: one per code
+    images = tmp_path / "qr"
+    argv = [
+        "qr",
+        str(path),
+        "--out-dir",
+        str(images),
+        "--key-file",
+        str(key_file),
+        "--format",
+        "svg",
+    ]
+    assert bundle_cli.main(argv) == 0
+    assert len(list(images.glob("qrqr-*-of-*.svg"))) == len(parts)
+    capsys.readouterr()
+
+
+def test_qr_refuses_a_tampered_bundle(tmp_path: Path, ring: tuple[Path, KeyRing]) -> None:
+    key_file, keyring = ring
+    path = _bundle_file(tmp_path, keyring)
+    _tampered(path)
+    argv = ["qr", str(path), "--out-dir", str(tmp_path / "qr"), "--key-file", str(key_file)]
+    assert bundle_cli.main(argv) == bundle_cli.EXIT_BAD_BUNDLE
+    assert not (tmp_path / "qr").exists()

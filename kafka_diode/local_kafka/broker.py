@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import socket
 import subprocess
@@ -63,7 +64,8 @@ PROBE_TOPIC = "__kafka_diode_probe"
 CMDLINE_NAME_PROP = "-Dkafka_diode.broker="
 CMDLINE_DIR_PROP = "-Dkafka_diode.data_dir="
 STATE_FILE = "broker.json"
-_LOG_TAIL_LINES = 8
+#: Extra JVM options for the broker, appended after ours (so they win), split like a shell would.
+JVM_OPTS_ENV = "KAFKA_DIODE_JVM_OPTS"
 _POLL_S = 0.2
 
 _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
@@ -290,8 +292,10 @@ class LocalBroker:
         state = self.state
         if state is None:
             return False
-        if self._process is not None and self._process.poll() is not None:
-            return False
+        if self._process is not None and self._process.pid == state.pid:
+            # Our own child cannot be recycled before we reap it: no need to trust /proc, which
+            # briefly shows an empty cmdline while the JVM launcher execs.
+            return self._process.poll() is None
         return is_our_broker(state.pid, self.name, self.data_dir)
 
     def start(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> BrokerState:
@@ -386,6 +390,7 @@ class LocalBroker:
             # Few cores, several JVMs: keep the broker's own thread pools small.
             "-XX:ParallelGCThreads=2",
             "-XX:CICompilerCount=2",
+            *shlex.split((os.environ if self._env is None else self._env).get(JVM_OPTS_ENV, "")),
             f"{CMDLINE_NAME_PROP}{self.name}",
             f"{CMDLINE_DIR_PROP}{self.data_dir}",
             *base[1:],
@@ -438,19 +443,18 @@ class LocalBroker:
             )
 
     def _log_tail(self) -> str:
+        """The JVM's own last words (stdout.log) and the broker log's last errors, one line."""
+        logs = self.data_dir / "logs"
         lines: list[str] = []
-        for path in (self.data_dir / "logs" / "stdout.log", self.data_dir / "logs" / "server.log"):
-            with contextlib.suppress(OSError):
-                text = path.read_text(encoding="utf-8", errors="replace")
-                interesting = [
-                    line for line in text.splitlines() if "ERROR" in line or "Exception" in line
-                ]
-                lines += interesting[-_LOG_TAIL_LINES:]
+        with contextlib.suppress(OSError):
+            text = (logs / "stdout.log").read_text(encoding="utf-8", errors="replace")
+            lines += [line for line in text.splitlines() if line.strip()][-3:]
+        with contextlib.suppress(OSError):
+            text = (logs / "server.log").read_text(encoding="utf-8", errors="replace")
+            lines += [line for line in text.splitlines() if "] ERROR " in line][-3:]
         if not lines:
-            return f"; broker log: {self.data_dir / 'logs'}"
-        return f"; broker log {self.data_dir / 'logs'} says: " + " | ".join(
-            line[:200] for line in lines[-_LOG_TAIL_LINES:]
-        )
+            return f"; broker log: {logs}"
+        return f"; broker log {logs} says: " + " | ".join(line.strip()[:200] for line in lines)
 
 
 def _controller_port(previous: BrokerState | None, client_port: int) -> int:
@@ -594,20 +598,38 @@ def _terminate(
     process: subprocess.Popen[bytes] | None,
 ) -> bool:
     pid = state.pid
-    if not is_our_broker(pid, state.name, data_dir):
+    if process is not None and process.pid != pid:
+        process = None
+    if process is not None:
+        if process.poll() is not None:
+            return False
+    elif not is_our_broker(pid, state.name, data_dir):
         _reap(pid)
         return False
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGTERM)
+    _signal(pid, signal.SIGTERM, state.name, data_dir, process)
     if _wait_gone(pid, state.name, data_dir, timeout, process):
         return True
     log.warning("broker %s (pid %d) ignored SIGTERM for %.0f s; killing", state.name, pid, timeout)
-    if is_our_broker(pid, state.name, data_dir):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    _signal(pid, signal.SIGKILL, state.name, data_dir, process)
     if not _wait_gone(pid, state.name, data_dir, 10.0, process):
         raise LocalKafkaError(f"broker {state.name!r} (pid {pid}) survived SIGKILL")
     return True
+
+
+def _signal(
+    pid: int,
+    signum: signal.Signals,
+    name: str,
+    data_dir: Path,
+    process: subprocess.Popen[bytes] | None,
+) -> None:
+    """Send ``signum`` to our child, or to ``pid`` only while its cmdline proves it is ours."""
+    if process is not None:
+        if process.poll() is None:
+            process.send_signal(signum)
+    elif is_our_broker(pid, name, data_dir):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
 
 
 def _wait_gone(

@@ -1,0 +1,66 @@
+"""Root fixtures. Importable without Kafka: brokers start lazily, only when a test asks for one.
+
+``upstream_kafka`` / ``downstream_kafka``: session-scoped real brokers (``LocalBroker``, with
+``.bootstrap``) on free ports with temporary data dirs; both may run at once. ``kafka_topic``: a
+factory ``make_topic(broker, partitions=3, config=None) -> str`` for random, ready topics.
+``group_id``: a random consumer group id. Helpers live in ``tests/kafka_helpers.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from kafka_diode.local_kafka.broker import LocalBroker
+
+
+def _session_broker(role: str, factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    from tests import kafka_helpers  # noqa: PLC0415  (lazy: collection must not need Kafka)
+
+    broker = kafka_helpers.start_test_broker(role, factory.mktemp(f"kafka-{role}"))
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def upstream_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    """The high-side cluster: a real single-node broker for the whole test session."""
+    yield from _session_broker("up", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def downstream_kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:
+    """The low-side cluster: a second, independent broker."""
+    yield from _session_broker("down", tmp_path_factory)
+
+
+@pytest.fixture
+def kafka_topic() -> Callable[..., str]:
+    """Factory: ``kafka_topic(broker_or_bootstrap, partitions=3, config=None) -> topic name``."""
+    from tests import kafka_helpers  # noqa: PLC0415
+
+    def make_topic(broker: Any, partitions: int = 3, config: dict[str, str] | None = None) -> str:
+        return kafka_helpers.create_topic(broker, partitions=partitions, config=config)
+
+    return make_topic
+
+
+@pytest.fixture
+def group_id() -> str:
+    """A consumer group id no other test uses."""
+    return f"g-{uuid.uuid4().hex[:12]}"
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop brokers even when the session ends abnormally (Ctrl+C skips fixture teardown)."""
+    import sys  # noqa: PLC0415
+
+    helpers = sys.modules.get("tests.kafka_helpers")
+    if helpers is not None:
+        helpers.stop_test_brokers()

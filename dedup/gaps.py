@@ -53,6 +53,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
 from pyroaring import BitMap64
 
 from common.errors import ConfigError, DiodeError, LocalProtocolError
@@ -683,29 +684,20 @@ def _as_u64(offsets: Sequence[int] | array.array[int]) -> array.array[int]:
             arr = array.array("Q", offsets)
         except (OverflowError, TypeError) as exc:
             raise LocalProtocolError(f"offsets must be integers in 0..{MAX_OFFSET}") from exc
-    if arr and max(arr) > MAX_OFFSET:
-        raise LocalProtocolError(f"offset {max(arr)} outside 0..{MAX_OFFSET}")
+    if arr:
+        top = int(np.frombuffer(arr, dtype=np.uint64).max())
+        if top > MAX_OFFSET:
+            raise LocalProtocolError(f"offset {top} outside 0..{MAX_OFFSET}")
     return arr
 
 
 def _fitting_prefix_end(arr: array.array[int], start: int, low: int, high: int) -> int:
     """End index of the longest run from ``start`` whose offsets all lie within ``low..high``."""
-    n = len(arr)
-
-    def fits(end: int) -> bool:
-        part = arr[start:end]
-        return min(part) >= low and max(part) <= high
-
-    if fits(n):
-        return n
-    good, bad = start + 1, n  # arr[start] fits; the whole remainder does not
-    while bad - good > 1:
-        mid = (good + bad) // 2
-        if fits(mid):
-            good = mid
-        else:
-            bad = mid
-    return good
+    # numpy only as a zero-copy view for this scan: builtins.min/max box every element.
+    view = np.frombuffer(arr, dtype=np.uint64)[start:]
+    outside = (view < np.uint64(low)) | (view > np.uint64(high))
+    first_out = int(outside.argmax())
+    return len(arr) if not outside[first_out] else start + first_out
 
 
 # The gap-topic codec lives in dedup/gap_record.py; these aliases let callers use one module.

@@ -99,6 +99,23 @@ def compacted_open(reports, topic="t", partition=0) -> list[tuple[int, int]]:
     return sorted((r.first, r.last) for r in latest.values() if r.state is GapState.OPEN)
 
 
+def same_state(x: PartitionDetector, y: PartitionDetector) -> bool:
+    """Logical equality (Roaring's container choice may differ between bulk and single adds)."""
+
+    def view(d: PartitionDetector):
+        return (
+            d.open_gaps(),
+            d.reported_open(),
+            d.next_expected,
+            d.low_watermark,
+            d.heartbeat_high,
+            (d.delivered, d.duplicates, d.below_window),
+            PartitionDetector.from_bytes(d.to_bytes(), d.config)._seen,
+        )
+
+    return view(x) == view(y)
+
+
 @st.composite
 def scenarios(draw):
     ws = draw(st.integers(1, 64))
@@ -184,19 +201,19 @@ def run_both(ws, mw, mxe, last_sent, ops, *, batched: bool):
     return reports
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_observe_matches_the_reference_model(scenario) -> None:
     run_both(*scenario, batched=False)
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_observe_many_matches_the_reference_model(scenario) -> None:
     run_both(*scenario, batched=True)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.data())
 def test_observe_many_equals_sequence_of_observe(scenario, data) -> None:
     ws, mw, mxe, _last, ops = scenario
@@ -210,11 +227,11 @@ def test_observe_many_equals_sequence_of_observe(scenario, data) -> None:
     for a, b in zip([0, *cuts], [*cuts, len(offsets)], strict=True):
         got += many.observe_many(offsets[a:b], 1)
     assert got == expected
-    assert many.to_bytes() == one.to_bytes()
+    assert same_state(many, one)
     assert many.drain_reports() == one.drain_reports()
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.integers(0, 10_000))
 def test_round_trip_mid_stream_gives_identical_behaviour(scenario, cut_seed) -> None:
     ws, mw, mxe, last_sent, ops = scenario
@@ -248,5 +265,5 @@ def test_round_trip_mid_stream_gives_identical_behaviour(scenario, cut_seed) -> 
                 det.heartbeat(arg, i)
     assert a.drain_reports() == b.drain_reports()
     restored = PartitionDetector.from_bytes(b.to_bytes(), config)
-    assert restored.to_bytes() == a.to_bytes()
+    assert same_state(restored, a)
     assert play(a, ops[cut:], cut) == play(restored, ops[cut:], cut)

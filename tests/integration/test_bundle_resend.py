@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
-from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+from confluent_kafka.admin import AdminClient
 
 from common import bundle as b
 from common.wire import Decoder, Key, KeyRing, RecordBatch, ResendMarker, WireConfig

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from common import bundle as b
+from common.errors import BundleError
 from common.wire import Key, KeyRing
 from dedup import bundle_cli
 from dedup.gap_record import gap_key, gap_value
@@ -296,10 +297,10 @@ def test_qr_codes_round_trip_through_join(
     assert bundle_cli.main(argv) == 0
     assert b.verify(out.read_bytes(), {key.key_id: key.material}) == bundle
     # a missing code, or codes of two bundles, are refused
-    with pytest.raises(b.BundleError, match="missing"):
+    with pytest.raises(BundleError, match="missing"):
         bundle_cli.join_parts(parts[1:])
     other = bundle_cli.qr_parts(_bundle_file(tmp_path, keyring, "small.bundle").read_bytes())
-    with pytest.raises(b.BundleError, match="mixed"):
+    with pytest.raises(BundleError, match="mixed"):
         bundle_cli.join_parts([*parts, *other])
     # images: one per code
     images = tmp_path / "qr"

@@ -1,0 +1,228 @@
+"""``kafka-diode dedup``: run the dedup query; ``kafka-diode dedup reset``: clear one partition.
+
+Guarantees: the query runs until SIGTERM/Ctrl+C (graceful: the running micro-batch is allowed to
+finish, then the query stops; a second signal stops at once — still safe, the batch is replayed
+from the checkpoint and fenced), ``--until-idle`` or ``--max-batches``. Configuration is validated
+before Spark starts; a bad value exits 2 with the variable's name and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from types import FrameType
+from typing import Any
+
+from common import logging as diode_logging
+from common import settings
+from common.errors import ConfigError, DiodeError
+from dedup.config import PASS_THROUGH, DedupConfig, environment_help, from_sources
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+STOP_WAIT_S = 300.0
+RESET_HEADER = ("diode.control", b"reset")
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=(
+            "Spark Structured Streaming job: raw topic(s) -> clean topic(s) exactly once (for "
+            "read_committed readers) + gap topic. Settings come from the environment (names "
+            "below), then flags. 'dedup reset --topic T --partition P' clears one partition."
+        ),
+        epilog=environment_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    settings.add_flags(parser, DedupConfig)
+    run = parser.add_argument_group("run control")
+    run.add_argument(
+        "--until-idle",
+        type=float,
+        metavar="SECONDS",
+        help="stop after this many seconds without input records (tests, demo)",
+    )
+    run.add_argument(
+        "--max-batches", type=int, metavar="N", help="stop after N micro-batches (tests, demo)"
+    )
+    run.add_argument("--log-level", default="INFO", help="log level [default: INFO]")
+    run.add_argument("--json-logs", action="store_true", help="log JSON lines")
+    run.add_argument(
+        "--check-config", action="store_true", help="print the effective settings and exit"
+    )
+    return parser
+
+
+def _reset_parser(prog: str) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=f"{prog} reset",
+        description=(
+            "Clear the dedup state of one source (topic, partition): the next records of it are "
+            "treated as if never seen before (no duplicate detection against older ones, no gaps "
+            "below them). Sends a reset record to CONTROL_TOPIC; the running (or next) query "
+            "applies it in order with the raw records. Logged by both sides."
+        ),
+        epilog=environment_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--topic", required=True, help="source topic")
+    parser.add_argument("--partition", required=True, type=int, help="source partition")
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    parser.add_argument("--bootstrap-servers", dest="bootstrap_servers", default=None)
+    parser.add_argument("--control-topic", dest="control_topic", default=None)
+    return parser
+
+
+def main(argv: Sequence[str], prog: str = "kafka-diode dedup") -> int:
+    """Entry point (see the module docstring); returns the exit code."""
+    args_list = list(argv)
+    if args_list and args_list[0] == "reset":
+        return _reset(args_list[1:], prog, os.environ)
+    args = _parser(prog).parse_args(args_list)
+    diode_logging.configure(args.log_level, json_format=args.json_logs)
+    try:
+        config = from_sources(os.environ, args)
+    except ConfigError as exc:
+        print(f"{prog}: configuration error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.check_config:
+        print(json.dumps(settings.describe(config), indent=2))
+        return EXIT_OK
+    try:
+        return run(config, until_idle=args.until_idle, max_batches=args.max_batches)
+    except DiodeError as exc:
+        log.error("dedup failed: %s", exc)  # noqa: TRY400  the message is the diagnosis
+        return EXIT_FAILED
+
+
+def run(
+    config: DedupConfig, *, until_idle: float | None = None, max_batches: int | None = None
+) -> int:
+    """Start Spark and the query, and block until it stops; returns the exit code."""
+    from common.metrics import serve  # noqa: PLC0415  keep --help free of heavy imports
+    from dedup import job  # noqa: PLC0415  imports pyspark
+    from dedup.writer import DedupMetrics, TransactionalBatchWriter, WriterSettings  # noqa: PLC0415
+    from kafka_diode.local_kafka.artifacts import spark_connector_jars  # noqa: PLC0415
+
+    log.info("dedup settings: %s", json.dumps(settings.describe(config)))
+    metrics = DedupMetrics()
+    serve(metrics.registry, config.metrics_port, config.metrics_addr)
+    writer = TransactionalBatchWriter(writer_settings(config, WriterSettings), metrics)
+    jars = [str(path) for path in spark_connector_jars()]
+    spark = job.build_session(config, jars)
+    query = job.start_query(spark, config, writer)
+    stop = threading.Event()
+    signals = {"count": 0}
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        signals["count"] += 1
+        if signals["count"] > 1:
+            log.warning("second signal: stopping at once (the batch is replayed on restart)")
+            query.stop()
+        else:
+            log.info("signal %d: stopping after the running micro-batch", signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    last_progress: Any = None
+    try:
+        while query.isActive:
+            query.awaitTermination(0.5)  # type: ignore[arg-type]
+            progress = query.lastProgress
+            if progress is not None and progress.get("id") and progress != last_progress:
+                metrics.observe_progress(progress)
+                last_progress = progress
+            if until_idle is not None and time.monotonic() - writer.last_input_at >= until_idle:
+                log.info("no input for %.1f s: stopping", until_idle)
+                stop.set()
+            if max_batches is not None and writer.batches_seen >= max_batches:
+                log.info("%d micro-batches done: stopping", writer.batches_seen)
+                stop.set()
+            if stop.is_set():
+                _graceful_stop(query)
+                break
+        exception = query.exception()
+        if exception is not None:
+            log.error("the query failed: %s", exception)
+            return EXIT_FAILED
+        return EXIT_OK
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        writer.close()
+        spark.stop()
+
+
+def _graceful_stop(query: Any) -> None:
+    """Wait for the running trigger to finish (bounded), then stop the query."""
+    deadline = time.monotonic() + STOP_WAIT_S
+    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+        query.awaitTermination(0.2)
+    query.stop()
+
+
+def writer_settings(config: DedupConfig, cls: Any) -> Any:
+    """The writer's settings from the job configuration."""
+    return cls(
+        bootstrap_servers=config.bootstrap_servers,
+        clean_topic=config.clean_topic,
+        gap_topic=config.gap_topic,
+        progress_topic=config.progress_topic,
+        transactional_id=config.writer_transactional_id,
+        new_topic_partitions=config.new_topic_partitions,
+        new_topic_replication=config.new_topic_replication,
+        kafka_conf=dict(config.kafka_conf),
+    )
+
+
+def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
+    args = _reset_parser(prog).parse_args(list(argv))
+    diode_logging.configure("INFO")
+    bootstrap = args.bootstrap_servers or env.get("BOOTSTRAP_SERVERS", "")
+    control = args.control_topic or env.get("CONTROL_TOPIC") or DedupConfig.control_topic
+    if not bootstrap:
+        print(
+            f"{prog} reset: BOOTSTRAP_SERVERS is required (or --bootstrap-servers)", file=sys.stderr
+        )
+        return EXIT_CONFIG
+    if args.partition < 0 or ":" in args.topic or not args.topic:
+        print(f"{prog} reset: --topic must be a topic name, --partition >= 0", file=sys.stderr)
+        return EXIT_CONFIG
+    target = f"{args.topic}:{args.partition}"
+    if not args.yes:
+        answer = input(
+            f"Clear the dedup state of {target}? Records of it will no longer be checked "
+            "against earlier ones. Type 'yes': "
+        )
+        if answer.strip().lower() != "yes":
+            print("not reset")
+            return EXIT_FAILED
+    from confluent_kafka import Producer  # noqa: PLC0415
+
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "enable.idempotence": True}
+    prefix = PASS_THROUGH["kafka_conf"]
+    conf.update(
+        {
+            k[len(prefix) :].lower().replace("_", "."): v
+            for k, v in env.items()
+            if k.startswith(prefix)
+        }
+    )
+    producer = Producer(conf)
+    user = env.get("USER") or env.get("LOGNAME") or "unknown"
+    value = json.dumps({"type": "reset", "requested_by": user, "at_ms": int(time.time() * 1000)})
+    producer.produce(control, value.encode(), f"{target}:0".encode(), headers=[RESET_HEADER])
+    if producer.flush(30) != 0:
+        log.error("reset of %s could not be written to %s", target, control)
+        return EXIT_FAILED
+    log.warning("reset of %s requested by %s via %s", target, user, control)
+    return EXIT_OK

@@ -1,0 +1,270 @@
+"""Configuration of the dedup job, validated once at start-up.
+
+Operators set the job through the environment names they already know (DESIGN.md §4):
+``WINDOW_SIZE``, ``MAX_WINDOWS``, ``RAW_TOPICS``, ``CLEAN_TOPIC``, ``GAP_TOPIC``,
+``BOOTSTRAP_SERVERS``, ``STATE_DIR_CONFIG``, ``GAP_EMIT_INTERVAL_SEC``, ``PERSIST_INTERVAL_MS``,
+``SPARK_MASTER`` and the others below: each field's environment variable is its name in upper
+case, **without a prefix**. Every field also has a ``--flag``; flags override the environment.
+
+Three pass-through tables carry settings this module does not interpret:
+
+- ``SPARK_CONF_<NAME>`` -> Spark configuration ``<name>`` (``_`` read as ``.``; an all-upper-case
+  name is lower-cased, so ``SPARK_CONF_SPARK_EXECUTOR_MEMORY=4g`` sets ``spark.executor.memory``;
+  write mixed case to keep it: ``SPARK_CONF_spark_executor_memoryOverhead=1g``).
+- ``KAFKA_CONF_<NAME>`` -> librdkafka property for the dedup's own Kafka clients (the transactional
+  writer, the fence reader, the admin client and ``kafka-diode gaps``), e.g.
+  ``KAFKA_CONF_SECURITY_PROTOCOL=SASL_SSL``.
+- ``KAFKA_SOURCE_<NAME>`` -> option of Spark's Kafka source, e.g.
+  ``KAFKA_SOURCE_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka.security.protocol``.
+
+Guarantee: a ``DedupConfig`` that exists is internally consistent; every refusal is a
+``ConfigError`` naming the variable (as the operator wrote it) and the fix.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from common import settings
+from common.errors import ConfigError
+
+#: Kafka topic names: at most 249 characters of ``[a-zA-Z0-9._-]`` (Kafka's own rule).
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+_TEMPLATE_FIELDS = ("{topic}",)
+PASS_THROUGH = {
+    "spark_conf": "SPARK_CONF_",
+    "kafka_conf": "KAFKA_CONF_",
+    "kafka_source": "KAFKA_SOURCE_",
+}
+#: Bounds that keep one micro-batch and one state value within memory a single host has.
+MAX_WINDOW_SIZE = 1 << 30
+MAX_MAX_WINDOWS = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class DedupConfig:
+    """Every setting of ``kafka-diode dedup``; environment name = field name in upper case."""
+
+    raw_topics: tuple[str, ...]
+    """Raw topic(s) the receiver(s) write, comma-separated; several are merged (redundant links)."""
+    bootstrap_servers: str
+    """Downstream Kafka bootstrap servers (host:port, comma-separated)."""
+    state_dir_config: str
+    """Checkpoint location of the query (offsets, commit log, RocksDB state): a local path or a
+    Hadoop URI (hdfs://, s3a://) that every Spark node can reach. Deleting it starts over."""
+    clean_topic: str = "clean.{topic}"
+    """Clean topic: a fixed name, or a template where {topic} is the source topic name."""
+    gap_topic: str = "kafka-diode.gaps"
+    """Gap topic (compacted; one JSON record per gap state, key <topic>:<partition>:<first>)."""
+    progress_topic: str = "kafka-diode.dedup.progress"
+    """Topic of the writer's per-batch progress markers (the effectively-once fence)."""
+    control_topic: str = "kafka-diode.dedup.control"
+    """Topic the job also reads for operator commands (kafka-diode dedup reset)."""
+    window_size: int = 65_536
+    """Offsets per sliding window of the gap detector (windows are aligned to multiples of it)."""
+    max_windows: int = 1_024
+    """Windows kept per source partition; the oldest is evicted (its gaps reported) beyond it."""
+    max_expired_gaps: int = 100_000
+    """Gap ranges remembered below the oldest window (a late resend into them is still delivered
+    once); beyond it the oldest are reported expired and forgotten."""
+    max_state_bytes: int = 64 * 1024 * 1024
+    """Memory budget of one partition's detector state; beyond it the oldest windows are evicted
+    early (their gaps reported) and a warning names this setting. Keep it below ~256 MiB."""
+    gap_emit_interval_sec: float = 10.0
+    """Seconds between gap scans per partition; a gap seen by two consecutive scans is reported."""
+    persist_interval_ms: int = 1_000
+    """Trigger interval: one micro-batch (and one state checkpoint) at most every this many ms."""
+    spark_master: str = "local[*]"
+    """Spark master URL; ignored when started by spark-submit (its --master wins)."""
+    shuffle_partitions: int = 0
+    """spark.sql.shuffle.partitions of the stateful step; 0 = the number of cores of the driver.
+    Fixed by the first run of a checkpoint (Spark keeps it in the checkpoint)."""
+    max_offsets_per_trigger: int = 500_000
+    """Most raw records read per micro-batch (bounds batch memory; the writer holds one batch)."""
+    arrow_max_records_per_batch: int = 100_000
+    """Rows per Arrow batch between the JVM and Python (about 100k is fastest here)."""
+    fail_on_data_loss: bool = False
+    """Stop the query when raw records were deleted by retention before being read. Off: Spark
+    skips them (they become gaps if the sender never resends them)."""
+    transactional_id: str | None = None
+    """transactional.id of the writer; default derived from STATE_DIR_CONFIG. One per checkpoint:
+    two running instances with the same one fence each other (the older fails)."""
+    new_topic_partitions: int = 1
+    """Partitions of clean topics the job creates when missing (gap/progress/control get 1)."""
+    new_topic_replication: int = -1
+    """Replication factor of topics the job creates; -1 = the broker's default."""
+    metrics_port: int = 0
+    """Port of the Prometheus endpoint (/metrics); 0 = off."""
+    metrics_addr: str = "127.0.0.1"
+    """Address the Prometheus endpoint binds."""
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    """Extra Spark settings (SPARK_CONF_<NAME> or --spark-conf name=value)."""
+    kafka_conf: dict[str, str] = field(default_factory=dict)
+    """Extra librdkafka properties of the dedup's Kafka clients (KAFKA_CONF_<NAME>)."""
+    kafka_source: dict[str, str] = field(default_factory=dict)
+    """Extra options of Spark's Kafka source (KAFKA_SOURCE_<NAME>)."""
+
+    def __post_init__(self) -> None:
+        if not self.raw_topics:
+            raise ConfigError("RAW_TOPICS", "is empty", "name at least one raw topic, e.g. raw")
+        for topic in (*self.raw_topics, self.gap_topic, self.progress_topic, self.control_topic):
+            if not _TOPIC_RE.match(topic):
+                raise ConfigError(
+                    "RAW_TOPICS/GAP_TOPIC/PROGRESS_TOPIC/CONTROL_TOPIC",
+                    f"{topic!r} is not a valid Kafka topic name",
+                    "use 1-249 characters of letters, digits, '.', '_' and '-'",
+                )
+        probe = self.clean_topic.replace("{topic}", "x")
+        if "{" in probe or "}" in probe or not _TOPIC_RE.match(probe):
+            raise ConfigError(
+                "CLEAN_TOPIC",
+                f"{self.clean_topic!r} is neither a topic name nor a template",
+                "use a name such as clean, or a template with {topic}, e.g. clean.{topic}",
+            )
+        outputs = {self.clean_topic, self.gap_topic, self.progress_topic}
+        if len(outputs) != 3 or outputs & set(self.raw_topics) or self.control_topic in outputs:
+            raise ConfigError(
+                "CLEAN_TOPIC/GAP_TOPIC/PROGRESS_TOPIC",
+                "raw, clean, gap, progress and control topics must all differ",
+                "give each its own name",
+            )
+        if self.clean_topic == "{topic}" and self.control_topic in self.raw_topics:
+            raise ConfigError("CONTROL_TOPIC", "is also a raw topic", "give it its own name")
+        if not self.bootstrap_servers.strip():
+            raise ConfigError("BOOTSTRAP_SERVERS", "is empty", "set host:port of a Kafka broker")
+        if not self.state_dir_config.strip():
+            raise ConfigError(
+                "STATE_DIR_CONFIG", "is empty", "set a checkpoint directory, e.g. /var/lib/dedup"
+            )
+        _check_range("WINDOW_SIZE", self.window_size, 1, MAX_WINDOW_SIZE)
+        _check_range("MAX_WINDOWS", self.max_windows, 1, MAX_MAX_WINDOWS)
+        _check_range("MAX_EXPIRED_GAPS", self.max_expired_gaps, 0, 2**31)
+        _check_range("MAX_STATE_BYTES", self.max_state_bytes, 4096, 2**40)
+        if not 0.1 <= self.gap_emit_interval_sec <= 86_400:
+            raise ConfigError(
+                "GAP_EMIT_INTERVAL_SEC",
+                f"is {self.gap_emit_interval_sec}",
+                "use 0.1 to 86400 seconds",
+            )
+        _check_range("PERSIST_INTERVAL_MS", self.persist_interval_ms, 0, 3_600_000)
+        _check_range("SHUFFLE_PARTITIONS", self.shuffle_partitions, 0, 100_000)
+        _check_range("MAX_OFFSETS_PER_TRIGGER", self.max_offsets_per_trigger, 1, 50_000_000)
+        _check_range("ARROW_MAX_RECORDS_PER_BATCH", self.arrow_max_records_per_batch, 1, 10_000_000)
+        _check_range("NEW_TOPIC_PARTITIONS", self.new_topic_partitions, 1, 100_000)
+        if self.new_topic_replication == 0 or self.new_topic_replication < -1:
+            raise ConfigError("NEW_TOPIC_REPLICATION", "must be -1 or at least 1", "use -1 or 3")
+        _check_range("METRICS_PORT", self.metrics_port, 0, 65_535)
+        if not self.spark_master.strip():
+            raise ConfigError("SPARK_MASTER", "is empty", "use local[*] or spark://host:7077")
+        if self.transactional_id is not None and not self.transactional_id.strip():
+            raise ConfigError("TRANSACTIONAL_ID", "is empty", "unset it to derive one")
+        for key in ("transactional.id", "enable.idempotence", "isolation.level"):
+            if key in self.kafka_conf:
+                raise ConfigError(
+                    "KAFKA_CONF_" + key.upper().replace(".", "_"),
+                    "is set by the writer itself",
+                    "remove it (use TRANSACTIONAL_ID for the transactional id)",
+                )
+
+    # -- derived values ------------------------------------------------------------------------
+
+    def clean_topic_for(self, source_topic: str) -> str:
+        """The clean topic of records from ``source_topic``."""
+        return self.clean_topic.replace("{topic}", source_topic)
+
+    @property
+    def writer_transactional_id(self) -> str:
+        """The writer's transactional.id: configured, or stable per checkpoint location."""
+        if self.transactional_id:
+            return self.transactional_id
+        digest = hashlib.sha256(self.state_dir_config.encode()).hexdigest()[:16]
+        return f"kafka-diode-dedup-{digest}"
+
+    def effective_shuffle_partitions(self) -> int:
+        """``shuffle_partitions``, or the driver's core count when it is 0."""
+        return self.shuffle_partitions or max(1, os.cpu_count() or 1)
+
+
+def _check_range(name: str, value: int, low: int, high: int) -> None:
+    if not low <= value <= high:
+        raise ConfigError(name, f"is {value}", f"use a whole number from {low} to {high}")
+
+
+def env_var(field_name: str) -> str:
+    """The environment variable of a field (its name in upper case, no prefix)."""
+    return field_name.upper()
+
+
+def _property_name(raw: str) -> str:
+    name = raw.replace("_", ".")
+    return name.lower() if raw.isupper() else name
+
+
+def from_sources(
+    env: Mapping[str, str], flags: argparse.Namespace | Mapping[str, Any] | None = None
+) -> DedupConfig:
+    """Build the configuration: defaults < environment < flags.
+
+    Raises:
+        ConfigError: naming the environment variable or flag at fault, and the fix.
+    """
+    names = {f.name for f in dataclasses.fields(DedupConfig)}
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for name in names:
+        if name in PASS_THROUGH:
+            prefix = PASS_THROUGH[name]
+            table = {
+                _property_name(var[len(prefix) :]): raw
+                for var, raw in env.items()
+                if var.startswith(prefix) and len(var) > len(prefix)
+            }
+            if table:
+                values[name] = [f"{k}={v}" for k, v in table.items()]
+                origin[name] = prefix + "<NAME>"
+        elif env_var(name) in env:
+            values[name] = env[env_var(name)]
+            origin[name] = env_var(name)
+    flag_map = vars(flags) if isinstance(flags, argparse.Namespace) else dict(flags or {})
+    for name, raw in flag_map.items():
+        if name not in names or raw is None:
+            continue
+        if name in PASS_THROUGH and name in values:
+            values[name] = [*values[name], *raw]  # flags extend (and override) the environment
+        else:
+            values[name] = raw
+        origin[name] = settings.flag_name(name)
+    try:
+        return settings.build(DedupConfig, flags=values)
+    except ConfigError as exc:
+        field_name = exc.key.removeprefix("--").replace("-", "_")
+        if field_name in origin and exc.key != origin[field_name]:
+            raise ConfigError(origin[field_name], exc.problem, exc.fix) from exc
+        if exc.problem == "is required":
+            raise ConfigError(
+                env_var(field_name),
+                "is required",
+                f"set {env_var(field_name)} or {settings.flag_name(field_name)}",
+            ) from exc
+        raise
+
+
+def environment_help() -> str:
+    """Every environment variable with its meaning and default, for ``--help``."""
+    docs = settings.field_docs(DedupConfig)
+    lines = ["environment (flags of the same name override):"]
+    for f in dataclasses.fields(DedupConfig):
+        name = PASS_THROUGH.get(f.name, env_var(f.name))
+        if f.name in PASS_THROUGH:
+            name += "<NAME>"
+        default = settings._default_text(f)
+        lines.append(f"  {name}  [default: {default}]")
+        lines.append(f"      {docs.get(f.name, '')}")
+    return "\n".join(lines)

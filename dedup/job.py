@@ -1,0 +1,375 @@
+"""The dedup query on Spark: raw topic(s) -> clean topic(s) + gap topic. The only pyspark import.
+
+Theory of operation (docs/dedup.md has the long form):
+
+1. **Read** the raw topic(s) and the control topic with Spark's Kafka source (``includeHeaders``;
+   ``startingOffsets=earliest`` for a new checkpoint; at most ``MAX_OFFSETS_PER_TRIGGER`` records
+   per micro-batch).
+2. **Classify in SQL** (JVM, vectorised): split the key ``<topic>:<partition>:<offset>`` on its
+   last two ``:``; a record with a ``diode.control`` header is a control record (``heartbeat`` or
+   ``reset``); a data record must end with the four provenance headers of docs/topics.md in order,
+   which are stripped here: the clean key comes from ``diode.key`` and the timestamp from
+   ``diode.timestamp``. Anything else is *malformed*: counted, never forwarded.
+3. **Detect per source (topic, partition)** with ``applyInPandasWithState``: the state is the pure
+   detector's ``to_bytes()`` (``dedup/gaps.py``); each group's rows of one micro-batch are handled
+   as a whole: resets first, then ``observe_many`` over the data offsets sorted by source offset
+   (stable, so the first copy in raw order wins), then the heartbeats' highest offset, then the
+   gap scan when ``GAP_EMIT_INTERVAL_SEC`` has passed since the last one. Timeouts run the scan
+   for partitions that received nothing (Spark fires timeouts only for keys without data).
+   ``now`` is Spark's batch timestamp, which is recorded in the offset log, so a replayed batch
+   computes the same output from the same state.
+4. **Write** each micro-batch with ``dedup.writer.TransactionalBatchWriter`` in one Kafka
+   transaction fenced by the batch id (effectively-once, see that module).
+
+Output rows carry ``kind`` = ``record`` (a first-seen record, restored), ``gap`` (key and JSON
+value of a gap report) or ``stat`` (one per group and batch: counters for metrics).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F  # noqa: N812  Spark's conventional alias
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from dedup import gaps, spark_compat
+from dedup.config import DedupConfig
+
+if TYPE_CHECKING:
+    from dedup.writer import TransactionalBatchWriter
+
+log = logging.getLogger(__name__)
+spark_compat.apply()
+
+#: Input kinds computed in SQL (a tinyint column, cheap across Arrow).
+KIND_DATA, KIND_HEARTBEAT, KIND_RESET, KIND_MALFORMED = 0, 1, 2, 3
+PROVENANCE = ("diode.key", "diode.timestamp", "diode.timestamp-type", "diode.session")
+CONTROL_HEADER = "diode.control"
+#: Group key of raw records whose key does not parse (counted as malformed).
+UNPARSED_TOPIC, UNPARSED_PARTITION = "", -1
+
+HEADERS_TYPE = ArrayType(
+    StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+)
+OUTPUT_SCHEMA = StructType(
+    [
+        StructField("kind", StringType()),
+        StructField("src_topic", StringType()),
+        StructField("src_partition", IntegerType()),
+        StructField("src_offset", LongType()),
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("timestamp", LongType()),
+        StructField("headers", HEADERS_TYPE),
+        StructField("gap_key", BinaryType()),
+        StructField("gap_value", BinaryType()),
+        StructField("delivered", LongType()),
+        StructField("duplicates", LongType()),
+        StructField("malformed", LongType()),
+        StructField("heartbeats", LongType()),
+        StructField("resets", LongType()),
+        StructField("open_gaps", LongType()),
+        StructField("state_bytes", LongType()),
+    ]
+)
+STATE_SCHEMA = StructType(
+    [StructField("detector", BinaryType()), StructField("last_scan_ms", LongType())]
+)
+_COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields]
+_STAT_COLUMNS = ("delivered", "duplicates", "malformed", "heartbeats", "resets", "open_gaps")
+
+
+@dataclass(frozen=True, slots=True)
+class DetectParams:
+    """What the per-group function needs on the executors (pickled with it)."""
+
+    window_size: int
+    """Offsets per window."""
+    max_windows: int
+    """Windows per partition."""
+    max_expired_gaps: int
+    """Expired gaps remembered per partition."""
+    max_state_bytes: int
+    """Memory budget of one partition's state."""
+    scan_interval_ms: int
+    """Milliseconds between gap scans of one partition."""
+
+
+# -- step 2: classification in SQL -----------------------------------------------------------
+
+
+def classify(raw: DataFrame) -> DataFrame:
+    """Parse keys, tell data from control from malformed, strip provenance (docs/topics.md)."""
+    n = "coalesce(size(headers), 0)"
+    prov_ok = " AND ".join(
+        [f"{n} >= 4"]
+        + [f"try_element_at(headers, {i - 4}).key = '{name}'" for i, name in enumerate(PROVENANCE)]
+    )
+    control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
+    pattern = r"'^(.+):([0-9]{1,10}):(-?[0-9]{1,19})$'"
+    parsed = raw.select(
+        F.expr(f"regexp_extract(cast(key as string), {pattern}, 1)").alias("src_topic"),
+        F.expr(f"try_cast(regexp_extract(cast(key as string), {pattern}, 2) as int)").alias(
+            "src_partition"
+        ),
+        F.expr(f"try_cast(regexp_extract(cast(key as string), {pattern}, 3) as bigint)").alias(
+            "src_offset"
+        ),
+        F.col("value"),
+        F.col("headers"),
+        F.expr(f"cast({control} as string)").alias("control"),
+        F.expr(prov_ok).alias("prov_ok"),
+        F.expr("try_cast(cast(try_element_at(headers, -3).value as string) as bigint)").alias(
+            "prov_ts"
+        ),
+    )
+    return parsed.select(
+        F.expr(f"if(src_topic = '', '{UNPARSED_TOPIC}', src_topic)").alias("src_topic"),
+        F.expr(f"coalesce(src_partition, {UNPARSED_PARTITION})").alias("src_partition"),
+        F.expr("coalesce(src_offset, -1)").alias("src_offset"),
+        F.expr(
+            f"""cast(CASE
+                WHEN src_topic = '' OR src_partition IS NULL OR src_offset IS NULL
+                    THEN {KIND_MALFORMED}
+                WHEN control = 'heartbeat' THEN {KIND_HEARTBEAT}
+                WHEN control = 'reset' THEN {KIND_RESET}
+                WHEN control IS NOT NULL THEN {KIND_MALFORMED}
+                WHEN coalesce(prov_ok, false) AND prov_ts IS NOT NULL THEN {KIND_DATA}
+                ELSE {KIND_MALFORMED} END as tinyint)"""
+        ).alias("kind"),
+        F.expr("if(prov_ok, try_element_at(headers, -4).value, null)").alias("key"),
+        F.col("value"),
+        F.col("prov_ts").alias("timestamp"),
+        F.expr(f"if(prov_ok, slice(headers, 1, {n} - 4), null)").alias("headers"),
+    )
+
+
+# -- step 3: the stateful per-partition function ---------------------------------------------
+
+
+def _rows(kind: str, topic: str, partition: int, count: int) -> dict[str, Any]:
+    return {
+        "kind": [kind] * count,
+        "src_topic": [topic] * count,
+        "src_partition": np.full(count, partition, dtype=np.int32),
+    }
+
+
+def _frame(columns: dict[str, Any], count: int) -> pd.DataFrame:
+    """A frame with every output column; the absent ones are None (NaN would not convert)."""
+    nothing = np.full(count, None, dtype=object)
+    return pd.DataFrame({name: columns.get(name, nothing) for name in _COLUMNS})
+
+
+def detect_group(
+    params: DetectParams,
+    key: tuple[Any, ...],
+    frames: Iterator[pd.DataFrame],
+    state: GroupState,
+) -> Iterator[pd.DataFrame]:
+    """Run the detector over one source partition's rows of one micro-batch (or its timeout)."""
+    topic, partition = str(key[0]), int(key[1])
+    now = int(state.getCurrentProcessingTimeMs())
+    parts = [f for f in frames if len(f)]
+    batch = pd.concat(parts, ignore_index=True) if parts else None
+    stats = dict.fromkeys(_STAT_COLUMNS, 0)
+    if topic == UNPARSED_TOPIC and partition == UNPARSED_PARTITION:
+        stats["malformed"] = 0 if batch is None else len(batch)
+        yield _stat_frame(topic, partition, stats, 0)
+        return
+
+    config = gaps.DetectorConfig(
+        window_size=params.window_size,
+        max_windows=params.max_windows,
+        max_expired_gaps=params.max_expired_gaps,
+        max_state_bytes=params.max_state_bytes,
+    )
+    if state.exists:
+        blob, last_scan = state.get
+        detector = gaps.PartitionDetector.from_bytes(bytes(blob), config)
+    else:
+        detector, last_scan = gaps.PartitionDetector(topic, partition, config), now
+
+    out: list[pd.DataFrame] = []
+    if batch is not None:
+        kinds = batch["kind"].to_numpy()
+        stats["malformed"] = int(np.count_nonzero(kinds == KIND_MALFORMED))
+        stats["resets"] = int(np.count_nonzero(kinds == KIND_RESET))
+        if stats["resets"]:
+            # docs/dedup.md "Reset": the reset applies before this batch's records.
+            log.warning("reset of %s:%d requested: state cleared", topic, partition)
+            detector, last_scan = gaps.PartitionDetector(topic, partition, config), now
+        data = batch[kinds == KIND_DATA]
+        if len(data):
+            order = np.argsort(data["src_offset"].to_numpy(), kind="stable")
+            data = data.iloc[order]
+            delivered = np.fromiter(
+                detector.observe_many(data["src_offset"].tolist(), now),
+                dtype=bool,
+                count=len(data),
+            )
+            stats["delivered"] = int(np.count_nonzero(delivered))
+            stats["duplicates"] = len(data) - stats["delivered"]
+            fresh = data[delivered]
+            if len(fresh):
+                records = _rows("record", topic, partition, len(fresh))
+                records.update(
+                    src_offset=fresh["src_offset"].to_numpy(),
+                    key=fresh["key"].to_numpy(),
+                    value=fresh["value"].to_numpy(),
+                    timestamp=fresh["timestamp"].to_numpy(),
+                    headers=fresh["headers"].to_numpy(),
+                )
+                out.append(_frame(records, len(fresh)))
+        beats = batch["src_offset"].to_numpy()[kinds == KIND_HEARTBEAT]
+        stats["heartbeats"] = len(beats)
+        if len(beats):
+            detector.heartbeat(int(beats.max()), now)
+
+    reports: list[gaps.GapReport] = []
+    if now - last_scan >= params.scan_interval_ms:
+        reports.extend(detector.scan(now))
+        last_scan = now
+    reports.extend(detector.drain_reports())
+    for warning in detector.drain_warnings():
+        log.warning("%s:%d: %s", topic, partition, warning)
+    if reports:
+        frame = _rows("gap", topic, partition, len(reports))
+        frame["gap_key"] = [gaps.gap_key(r) for r in reports]
+        frame["gap_value"] = [gaps.gap_value(r) for r in reports]
+        out.append(_frame(frame, len(reports)))
+
+    blob = detector.to_bytes()
+    state.update((blob, last_scan))
+    state.setTimeoutDuration(params.scan_interval_ms)
+    stats["open_gaps"] = len(detector.reported_open())
+    out.append(_stat_frame(topic, partition, stats, len(blob)))
+    yield from out
+
+
+def _stat_frame(
+    topic: str, partition: int, stats: dict[str, int], state_bytes: int
+) -> pd.DataFrame:
+    row: dict[str, Any] = _rows("stat", topic, partition, 1)
+    for name, value in stats.items():
+        row[name] = [value]
+    row["state_bytes"] = [state_bytes]
+    return _frame(row, 1)
+
+
+# -- session and query -----------------------------------------------------------------------
+
+
+def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
+    """The SparkSession with the settings FACTS.md measured; pass-through ``SPARK_CONF_*`` last.
+
+    Under spark-submit the master and already-set options come from spark-submit.
+    """
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName("kafka-diode-dedup")
+    if "SPARK_SUBMIT_OPTS" not in os.environ and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+        builder = builder.master(config.spark_master)
+    conf: dict[str, str] = {
+        "spark.sql.shuffle.partitions": str(config.effective_shuffle_partitions()),
+        "spark.sql.execution.arrow.maxRecordsPerBatch": str(config.arrow_max_records_per_batch),
+        "spark.sql.streaming.stateStore.providerClass": (
+            "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+        ),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.python.worker.reuse": "true",
+        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
+        "spark.sql.streaming.stopTimeout": "120s",
+    }
+    if jars:
+        conf["spark.jars"] = ",".join(jars)
+    conf.update(config.spark_conf)
+    for name, value in conf.items():
+        builder = builder.config(name, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
+    return spark
+
+
+def raw_stream(spark: SparkSession, config: DedupConfig) -> DataFrame:
+    """Spark's Kafka source over the raw topic(s) and the control topic."""
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", config.bootstrap_servers)
+        .option("subscribe", ",".join((*config.raw_topics, config.control_topic)))
+        .option("includeHeaders", "true")
+        .option("startingOffsets", "earliest")
+        .option("failOnDataLoss", str(config.fail_on_data_loss).lower())
+        .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
+    )
+    for name, value in config.kafka_source.items():
+        reader = reader.option(name, value)
+    return reader.load()
+
+
+def detected(classified: DataFrame, config: DedupConfig) -> DataFrame:
+    """The stateful step: per source (topic, partition), the detector over each micro-batch."""
+    params = DetectParams(
+        window_size=config.window_size,
+        max_windows=config.max_windows,
+        max_expired_gaps=config.max_expired_gaps,
+        max_state_bytes=config.max_state_bytes,
+        scan_interval_ms=max(1, round(config.gap_emit_interval_sec * 1000)),
+    )
+
+    def func(
+        key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
+    ) -> Iterator[pd.DataFrame]:
+        return detect_group(params, key, frames, state)
+
+    return classified.groupBy("src_topic", "src_partition").applyInPandasWithState(
+        func,  # type: ignore[arg-type]
+        outputStructType=OUTPUT_SCHEMA,
+        stateStructType=STATE_SCHEMA,
+        outputMode="append",
+        timeoutConf=GroupStateTimeout.ProcessingTimeTimeout,
+    )
+
+
+def start_query(
+    spark: SparkSession,
+    config: DedupConfig,
+    writer: TransactionalBatchWriter,
+    transform: Callable[[DataFrame], DataFrame] | None = None,
+) -> StreamingQuery:
+    """Start the whole query; ``writer`` is bound to the query id before its first batch runs."""
+    # The control topic must exist before Spark subscribes to it; the gap and progress topics
+    # are compacted (latest gap state per key; markers are small either way).
+    writer.ensure_topics([config.control_topic], partitions=1)
+    writer.ensure_topics([config.gap_topic, config.progress_topic], compact=True)
+    raw = raw_stream(spark, config)
+    output = transform(raw) if transform is not None else detected(classify(raw), config)
+    query = (
+        output.writeStream.queryName("kafka-diode-dedup")
+        .foreachBatch(writer)
+        .option("checkpointLocation", config.state_dir_config)
+        .trigger(processingTime=f"{config.persist_interval_ms} milliseconds")
+        .start()
+    )
+    writer.bind(str(query.id))
+    return query

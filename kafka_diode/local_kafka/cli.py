@@ -22,6 +22,7 @@ environment:
   KAFKA_DIODE_CACHE    cache root (default ~/.cache/kafka-diode): jars/, data/, run/, maven/
   KAFKA_DIODE_RUN_DIR  where the name index lives (default $KAFKA_DIODE_CACHE/run)
   KAFKA_DIODE_MVN      Maven executable used once to fetch jars (default: mvn on PATH)
+  KAFKA_DIODE_JVM_OPTS extra JVM options for the broker, appended after the defaults
   JAVA_HOME            Java 17+ to run the broker (default: java on PATH)
 
 Once 'fetch' (or a first 'start') has cached the jars, nothing touches the network or Maven.

@@ -191,12 +191,14 @@ class Run:
         upstream: LocalBroker,
         downstream: LocalBroker,
         quiet: float = 8.0,
+        quiet_broken: float = 45.0,
         settle_timeout: float = 240.0,
     ) -> None:
         self.sc = scenario
         self.upstream = upstream
         self.downstream = downstream
         self.quiet = quiet
+        self.quiet_broken = quiet_broken
         self.settle_timeout = settle_timeout
         self.pipeline = Pipeline(
             scenario.spec(),
@@ -334,6 +336,10 @@ class Run:
                 and accounted >= verdict.produced == p.produced > 0
                 and now - last_change >= self.quiet
             ):
+                return verdict
+            # A broken promise that stays put for longer than a Spark restart will not heal: stop
+            # waiting (the test fails with the details) instead of running into the deadline.
+            if now - last_change >= self.quiet_broken and verdict.exactly_once > 0:
                 return verdict
             if now > deadline:
                 return verdict

@@ -44,7 +44,12 @@ from common.wire.events import Heartbeat, RecordBatch
 from receiver.config import ReceiverConfig
 from receiver.loss_report import LossReport, format_ranges
 from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
-from receiver.raw_format import HEARTBEAT_HEADERS, Headers, heartbeat_records, raw_headers
+from receiver.raw_format import (
+    HEARTBEAT_HEADERS,
+    TIMESTAMP_TYPES,
+    Headers,
+    heartbeat_records,
+)
 
 log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("receiver.librdkafka")
@@ -96,6 +101,8 @@ class RawTopicSink:
         self._overflow = LossReport()
         self._failed = LossReport()
         self._fatal: KafkaError | None = None
+        self._dr_errors = 0  # failed delivery reports (not refusals at produce time)
+        self._retired = 0  # produced by replaced producers, no longer queued anywhere
         self._session_cache: tuple[bytes, bytes] = (b"", b"")
         self._closed = False
 
@@ -103,6 +110,7 @@ class RawTopicSink:
 
     def _new_producer(self) -> Producer:
         props: dict[str, Any] = dict(self._config.producer_config())
+        props["delivery.report.only.error"] = True  # the Python client wants a bool here
         props["on_delivery"] = self._on_delivery
         props["error_cb"] = self._on_error
         props["logger"] = librdkafka_log
@@ -111,8 +119,8 @@ class RawTopicSink:
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         # Called from poll()/flush() on the thread that polls: the event loop thread.
         if err is None:
-            self._stats.delivered += 1
-            return
+            return  # not called for successes (delivery.report.only.error); see _count
+        self._dr_errors += 1
         self._stats.delivery_errors += 1
         key = msg.key()
         try:
@@ -148,13 +156,26 @@ class RawTopicSink:
         produce = self._producer.produce
         partitions = self._partitions
         backlog = self._backlog
-        raw_topic = self._raw_topic
+        raw_topics = self._raw_topics
+        session_header = ("diode.session", session_hex)
         produced = 0
+        # Hot loop: raw_format.raw_headers inlined (same layout; tests compare the two).
         for r in batch.records:
-            raw = raw_topic(r.topic)
-            key = f"{r.topic}:{r.partition}:{r.offset}"
-            headers = raw_headers(r, session_hex)
-            ts = r.timestamp if r.timestamp > 0 else 0
+            topic = r.topic
+            raw = raw_topics.get(topic) or self._raw_topic(topic)
+            key = f"{topic}:{r.partition}:{r.offset}"
+            ts = r.timestamp
+            tt = r.timestamp_type
+            headers: Headers = [
+                *r.headers,
+                ("diode.key", r.key),
+                ("diode.timestamp", b"%d" % ts),
+                ("diode.timestamp-type", TIMESTAMP_TYPES[tt] if 0 <= tt <= 2 else b"%d" % tt),
+                session_header,
+            ]
+            ts = max(
+                ts, 0
+            )  # no timestamp upstream: the broker's clock (the header keeps the original)
             count = partitions.get(raw)
             if count is not None and raw not in backlog:
                 try:
@@ -164,10 +185,10 @@ class RawTopicSink:
                 except BufferError:
                     pass
                 except KafkaException as exc:
-                    self._refused(r.topic, r.partition, r.offset, exc)
+                    self._refused(topic, r.partition, r.offset, exc)
                     continue
             size = len(key) + (len(r.value) if r.value is not None else 0) + 64
-            self._hold((raw, r.topic, r.partition, r.offset, r.value, key, ts, headers, size))
+            self._hold((raw, topic, r.partition, r.offset, r.value, key, ts, headers, size))
         self._stats.produced += produced
 
     def write_heartbeat(self, beat: Heartbeat) -> None:
@@ -226,6 +247,13 @@ class RawTopicSink:
         self._producer.poll(0)
         if self._backlog_records:
             self._drain_backlog()
+        self._count()
+
+    def _count(self) -> None:
+        # Successes are not reported one by one: whatever was produced, is no longer queued and
+        # did not fail, was acknowledged by the broker (acks=all).
+        stats = self._stats
+        stats.delivered = stats.produced - len(self._producer) - self._dr_errors - self._retired
 
     def _drain_backlog(self) -> None:
         for raw in list(self._backlog):
@@ -338,7 +366,8 @@ class RawTopicSink:
     def _replace_producer(self) -> None:
         old, self._fatal = self._producer, None
         old.purge(in_queue=True, in_flight=True)
-        old.poll(0)  # purged records come back as delivery errors -> loss report
+        old.flush(0)  # purged records come back as delivery errors -> loss report
+        self._retired += len(old)  # reports that never came back: neither delivered nor failed
         self._producer = self._new_producer()
 
     # -- shutdown -----------------------------------------------------------------------------
@@ -365,6 +394,7 @@ class RawTopicSink:
                         self._failed.add(item[1], item[2], item[3])
             self._backlog.clear()
             self._backlog_records = 0
+        self._count()
         self.report_losses(time.monotonic(), force=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
         return lost

@@ -21,7 +21,7 @@ Headers = list[tuple[str, str | bytes | None]]
 PROVENANCE_HEADERS = ("diode.key", "diode.timestamp", "diode.timestamp-type", "diode.session")
 CONTROL_HEADER = "diode.control"
 HEARTBEAT_HEADERS: Headers = [(CONTROL_HEADER, b"heartbeat")]
-_TIMESTAMP_TYPES = (b"0", b"1", b"2")
+TIMESTAMP_TYPES = (b"0", b"1", b"2")
 
 
 def raw_key(topic: str, partition: int, offset: int) -> str:
@@ -47,7 +47,7 @@ def raw_headers(record: Record, session_hex: bytes) -> Headers:
         *record.headers,
         ("diode.key", record.key),
         ("diode.timestamp", b"%d" % record.timestamp),
-        ("diode.timestamp-type", _TIMESTAMP_TYPES[tt] if 0 <= tt <= 2 else b"%d" % tt),
+        ("diode.timestamp-type", TIMESTAMP_TYPES[tt] if 0 <= tt <= 2 else b"%d" % tt),
         ("diode.session", session_hex),
     ]
 

@@ -1,0 +1,292 @@
+"""Receiver benchmark: pre-encoded datagrams blasted over loopback into the real receiver process.
+
+A blaster process sends datagrams pre-encoded by ``common.wire.Encoder`` (AES-256-GCM, 200-byte
+values, 50-byte keys) at each offered rate for a few seconds to ``kafka-diode receive`` (a real
+subprocess, uvloop, default producer settings), which writes to a real downstream broker this
+script starts itself. Per offered rate: records/s and datagrams/s delivered to Kafka (from the
+receiver's own delivery counters), loss rate (datagrams sent but not read, kernel drops). Same-run
+baselines: a bare socket drain loop (recv_into until EAGAIN, no decoding) fed by the same blaster
+at the highest rate, and a bare confluent-kafka produce loop (same producer settings, no network
+input). Prints a table, then one JSON object as the last line.
+
+    .venv/bin/python bench/receiver.py [--rates 50000,100000,150000] [--seconds 3]
+        [--datagram-size 8952] [--compression lz4] [--bootstrap HOST:PORT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import socket
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from confluent_kafka import Producer
+
+from common.wire import WireConfig
+from common.wire.encoder import Encoder
+from kafka_diode.local_kafka.broker import LocalBroker, free_port
+from tests.integration.receiver_process import ReceiverProcess, free_udp_port, write_key_file
+from tests.kafka_helpers import create_topic
+
+VALUE = 200
+KEY = 50
+
+
+def encode(ring, count: int, topic: str, datagram_size: int) -> tuple[list[bytes], list[int]]:
+    """Datagrams for ``count`` records and, per datagram, how many records it completes."""
+    enc = Encoder(
+        WireConfig(max_datagram_size=datagram_size, linger=0), ring, session_id=os.urandom(16)
+    )
+    value = os.urandom(VALUE)
+    out: list[bytes] = []
+    for i in range(count):
+        key = (b"%050d" % i)[:KEY]
+        out += [
+            d.data for d in enc.add(topic, i % 6, i, 1_700_000_000_000 + i, 1, key, value, (), 0.0)
+        ]
+    out += [d.data for d in enc.flush()]
+    return out, []
+
+
+def blast(port: int, datagrams: list[bytes], rate_dps: float, done) -> None:
+    """Send ``datagrams`` at ``rate_dps`` datagrams/s in 1 ms slices (runs in its own process)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
+    addr = ("127.0.0.1", port)
+    start = time.perf_counter()
+    sent = 0
+    n = len(datagrams)
+    while sent < n:
+        due = min(n, int((time.perf_counter() - start) * rate_dps) + 1)
+        while sent < due:
+            try:
+                sock.sendto(datagrams[sent], addr)
+            except BlockingIOError:
+                break
+            sent += 1
+        if sent < due:
+            continue
+        time.sleep(0.0005)  # pacing the offered rate, not synchronisation
+    done.value = time.perf_counter() - start
+    sock.close()
+
+
+def run_blaster(port: int, datagrams: list[bytes], rate_dps: float) -> float:
+    ctx = multiprocessing.get_context("fork")
+    done = ctx.Value("d", 0.0)
+    proc = ctx.Process(target=blast, args=(port, datagrams, rate_dps, done))
+    proc.start()
+    proc.join()
+    return float(done.value)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def drain_baseline(datagrams: list[bytes], rate_dps: float) -> dict[str, float]:
+    """The same blaster against a bare recv_into loop (no decoding, no Kafka)."""
+    port = free_udp_port()
+    ctx = multiprocessing.get_context("fork")
+    count = ctx.Value("q", 0)
+    ready = ctx.Event()
+
+    def drain() -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setsockopt(socket.SOL_SOCKET, 33, 64 << 20)  # SO_RCVBUFFORCE, as the receiver
+        sock.bind(("127.0.0.1", port))
+        sock.settimeout(2.0)
+        buf = bytearray(65536)
+        ready.set()
+        n = 0
+        try:
+            while True:
+                sock.recv_into(buf)
+                n += 1
+                count.value = n
+        except TimeoutError:
+            pass
+
+    proc = ctx.Process(target=drain)
+    proc.start()
+    ready.wait(10)
+    elapsed = run_blaster(port, datagrams, rate_dps)
+    proc.join(30)
+    got = count.value
+    return {"datagrams_per_s": got / elapsed, "loss_rate": 1 - got / len(datagrams)}
+
+
+def produce_baseline(bootstrap: str, topic: str, count: int, compression: str) -> float:
+    """Bare produce loop: records/s until every record is acknowledged."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 20,
+            "batch.size": 1000000,
+            "batch.num.messages": 10000,
+            "compression.type": compression,
+            "queue.buffering.max.messages": 1000000,
+        }
+    )
+    value = os.urandom(VALUE)
+    headers = [("diode.key", b"k" * KEY), ("diode.timestamp", b"1700000000000"),
+               ("diode.timestamp-type", b"1"), ("diode.session", b"0" * 32)]  # fmt: skip
+    start = time.perf_counter()
+    for i in range(count):
+        while True:
+            try:
+                producer.produce(
+                    topic, value, f"t:{i % 6}:{i}", i % 3, timestamp=1, headers=headers
+                )
+                break
+            except BufferError:
+                producer.poll(0.01)
+        if i % 1000 == 0:
+            producer.poll(0)
+    producer.flush(60)
+    return count / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--rates", default="50000,100000,150000", help="offered records/s, comma-separated"
+    )
+    parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--datagram-size", type=int, default=8952)
+    parser.add_argument("--compression", default="lz4", help="producer compression.type")
+    parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    args = parser.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
+    work = Path(tempfile.mkdtemp(prefix="bench-receiver-"))
+    broker = None
+    if args.bootstrap:
+        bootstrap = args.bootstrap
+    else:
+        broker = LocalBroker(
+            f"bench-rx-{os.getpid()}", free_port(), data_dir=work / "kafka", partitions=3
+        )
+        broker.start()
+        bootstrap = broker.bootstrap
+    key_file = work / "keys.json"
+    ring = write_key_file(key_file)
+    runs = []
+    try:
+        rx = ReceiverProcess(
+            bootstrap, "bench.{topic}", work, key_file=key_file,
+            extra=["--kafka", f"compression.type={args.compression}"],
+        )  # fmt: skip
+        rx.start()
+        last_datagrams = None
+        try:
+            for rate in rates:
+                count = int(rate * args.seconds)
+                topic = f"r{rate}-{os.getpid()}"
+                create_topic(bootstrap, f"bench.{topic}", partitions=3)
+                datagrams, _ = encode(ring, count, topic, args.datagram_size)
+                last_datagrams = (datagrams, rate, count)
+                per_datagram = count / len(datagrams)
+                base = {
+                    k: rx.metric(k)
+                    for k in ("datagrams_total", "delivered_records_total", "records_total")
+                }
+                drops0 = rx.metric("kernel_drops_total")
+                cpu0 = cpu_seconds(rx.pid)
+                t0 = time.perf_counter()
+                sent_for = run_blaster(rx.port, datagrams, rate / per_datagram)
+                deadline = time.monotonic() + 60
+                last, stable_since = -1.0, time.monotonic()
+                while time.monotonic() < deadline:
+                    delivered = (
+                        rx.metric("delivered_records_total") - base["delivered_records_total"]
+                    )
+                    read = rx.metric("records_total") - base["records_total"]
+                    if delivered >= count:
+                        break
+                    if delivered != last:
+                        last, stable_since = delivered, time.monotonic()
+                    elif delivered >= read and time.monotonic() - stable_since > 2:
+                        break  # everything read was delivered; the rest was lost on the way
+                    time.sleep(0.02)  # polling a condition under a deadline
+                elapsed = time.perf_counter() - t0
+                cpu = cpu_seconds(rx.pid) - cpu0
+                got_d = rx.metric("datagrams_total") - base["datagrams_total"]
+                delivered = rx.metric("delivered_records_total") - base["delivered_records_total"]
+                runs.append(
+                    {
+                        "offered_records_per_s": rate,
+                        "sent_seconds": round(sent_for, 2),
+                        "records_per_s": round(delivered / elapsed),
+                        "datagrams_per_s": round(got_d / elapsed),
+                        "mb_per_s": round(delivered * VALUE / elapsed / 1e6, 1),
+                        "records_per_datagram": round(per_datagram, 1),
+                        "loss_rate": round(1 - got_d / len(datagrams), 5),
+                        "undelivered_records": int(count - delivered),
+                        "kernel_drops": int(rx.metric("kernel_drops_total") - drops0),
+                        "receiver_cpu_s": round(cpu, 2),
+                        "records_per_cpu_s": round(delivered / cpu) if cpu else None,
+                    }
+                )
+                print(json.dumps(runs[-1]), file=sys.stderr)
+        finally:
+            rx.terminate()
+        assert last_datagrams is not None
+        datagrams, rate, count = last_datagrams
+        drain = drain_baseline(datagrams, rate / (count / len(datagrams)))
+        drain_max = drain_baseline(datagrams, 1e9)  # unpaced: as fast as one sender can send
+        produce = produce_baseline(
+            bootstrap, f"bench.base-{os.getpid()}", min(300_000, count), args.compression
+        )
+    finally:
+        if broker is not None:
+            broker.stop()
+    zero_loss = [r for r in runs if r["loss_rate"] == 0 and r["undelivered_records"] == 0]
+    print(f"{'offered rec/s':>14} {'rec/s':>9} {'dgram/s':>8} {'loss':>8} {'rec/cpu-s':>10}")
+    for r in runs:
+        print(
+            f"{r['offered_records_per_s']:>14,} {r['records_per_s']:>9,} "
+            f"{r['datagrams_per_s']:>8,} {r['loss_rate']:>8.4f} {r['records_per_cpu_s'] or 0:>10,}"
+        )
+    rate_text = f"{drain['datagrams_per_s']:,.0f} datagrams/s, loss {drain['loss_rate']:.4f}"
+    print(f"baseline bare drain loop at the last offered rate: {rate_text}")
+    rate_text = (
+        f"{drain_max['datagrams_per_s']:,.0f} datagrams/s, loss {drain_max['loss_rate']:.4f}"
+    )
+    print(f"baseline bare drain loop, unpaced sender: {rate_text}")
+    print(f"baseline bare produce loop: {produce:,.0f} records/s")
+    result = {
+        "bench": "receiver",
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "datagram_bytes": args.datagram_size,
+        "value_bytes": VALUE,
+        "producer_compression": args.compression,
+        "cipher": "aes-256-gcm",
+        "max_zero_loss_records_per_s": max((r["records_per_s"] for r in zero_loss), default=0),
+        "runs": runs,
+        "baseline_drain_datagrams_per_s": round(drain["datagrams_per_s"]),
+        "baseline_drain_loss_rate": round(drain["loss_rate"], 5),
+        "baseline_drain_unpaced_datagrams_per_s": round(drain_max["datagrams_per_s"]),
+        "baseline_drain_unpaced_loss_rate": round(drain_max["loss_rate"], 5),
+        "baseline_produce_records_per_s": round(produce),
+    }
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import time
 
@@ -323,3 +324,48 @@ def _reported(log: str, what: str) -> set[tuple[str, int, int]]:
             first, _, last = span.partition("-")
             out |= {(topic, int(partition), o) for o in range(int(first), int(last or first) + 1)}
     return out
+
+
+def test_sigterm_flushes_what_the_socket_path_took(downstream_kafka, kafka_topic, tmp_path):
+    """Records still in the producer (long linger) when SIGTERM arrives are written, then exit 0."""
+    raw_topic = kafka_topic(downstream_kafka, partitions=3)
+    key_file = tmp_path / "keys.json"
+    ring = write_key_file(key_file)
+    extra = ["--kafka", "linger.ms=3000"]
+    rx = ReceiverProcess(
+        downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file, extra=extra
+    )
+    with rx:
+        link = Link(rx.port, ring)
+        link.send(link.encode(make_records("f", 400)))
+        wait_until(lambda: rx.metric("records_total") >= 400, 30, message="read")
+        assert rx.metric("delivered_records_total") < 400  # still lingering in the producer
+        assert rx.terminate() == 0
+    summary = json.loads(rx.stdout().strip().splitlines()[-1])["receiver_summary"]
+    assert summary["delivered"] == 400
+    assert summary["lost_at_shutdown"] == 0
+    assert len(consume_all(downstream_kafka, raw_topic, expected_count=400, timeout=60)) == 400
+
+
+def test_sighup_reloads_the_key_ring(downstream_kafka, kafka_topic, tmp_path):
+    raw_topic = kafka_topic(downstream_kafka, partitions=1)
+    key_file = tmp_path / "keys.json"
+    old = write_key_file(key_file)
+    new_key = Key.generate()
+    extra = ["--key-check-interval", "0"]  # only SIGHUP reloads here
+    rx = ReceiverProcess(
+        downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file, extra=extra
+    )
+    with rx:
+        link = Link(rx.port, KeyRing([new_key]))
+        link.send(link.encode(make_records("k", 50)))
+        wait_until(lambda: rx.drops().get("unknown_key", 0) > 0, 30, message="unknown key")
+        KeyRing([*old, new_key], active=new_key.key_id).write(key_file, overwrite=True)
+        rx.proc.send_signal(signal.SIGHUP)
+        wait_until(lambda: rx.metric("keyring_reloads_total") >= 1, 30, message="reloaded")
+        link.send(link.encode(make_records("k", 50, start=50)))
+        wait_until(lambda: rx.metric("delivered_records_total") >= 50, 30, message="delivered")
+        assert rx.alive()
+        assert rx.terminate() == 0
+    keys = sorted(r.key.decode() for r in consume_all(downstream_kafka, raw_topic, timeout=30))
+    assert keys == sorted(f"k:{i % 5}:{i}" for i in range(50, 100))

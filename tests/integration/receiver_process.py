@@ -90,6 +90,7 @@ class ReceiverProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"receiver exited {self.proc.returncode}:\n{self.log()}")
             if time.monotonic() > deadline:
+                self.kill()
                 raise TimeoutError(f"receiver not ready:\n{self.log()}")
             time.sleep(0.05)  # polling a condition under a deadline
         return self

@@ -38,6 +38,15 @@ SECTIONS: tuple[tuple[str, str, str, str, str], ...] = (
         " (the key upper-cased, no prefix), or the flags.",
     ),
     (
+        "kafka-diode bundle create",
+        "dedup.bundle_cli",
+        "BundleConfig",
+        "DIODE_BUNDLE_",
+        "The low-side bundle writer. TOML file via `--config` (top level or `[bundle]`), then the"
+        " dedup's variables (`BOOTSTRAP_SERVERS`, `GAP_TOPIC`, `KAFKA_CONF_*`), then"
+        " `DIODE_BUNDLE_*`, then flags. See docs/resend.md.",
+    ),
+    (
         "Wire protocol limits (common)",
         "common.wire.config",
         "WireConfig",

@@ -461,7 +461,12 @@ def write_qr(path: Path, keyring: KeyRing, out_dir: Path, kind: str) -> list[Pat
     Raises:
         BundleError: refused or too large. OSError: writing.
     """
-    import segno  # noqa: PLC0415  optional dependency, only for this command
+    try:
+        import segno  # noqa: PLC0415  optional dependency, only for this command
+    except ModuleNotFoundError as exc:
+        raise BundleError(
+            "QR codes need the optional 'qr' extra: pip install 'kafka-diode[qr]'"
+        ) from exc
 
     try:
         data = path.read_bytes()

@@ -1,0 +1,44 @@
+"""``kafka-diode bench``: finds the script, passes options through, reports what is missing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kafka_diode import bench_cli
+
+
+def test_every_listed_bench_that_exists_is_a_script() -> None:
+    for script, _ in bench_cli.BENCHES.values():
+        path = bench_cli.bench_dir() / script
+        assert not path.exists() or path.read_text().startswith('"""')
+
+
+def test_options_reach_the_script_and_its_exit_code_comes_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "argv.txt"
+    (tmp_path / "e2e.py").write_text(
+        f"import sys\nopen({str(out)!r}, 'w').write(' '.join(sys.argv[1:]))\nsys.exit(3)\n"
+    )
+    monkeypatch.setattr(bench_cli, "bench_dir", lambda: tmp_path)
+    assert bench_cli.main(["e2e", "--case", "200:10", "--help"]) == 3
+    assert out.read_text() == "--case 200:10 --help"
+
+
+def test_a_missing_script_is_reported_not_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setattr(bench_cli, "bench_dir", lambda: tmp_path)
+    assert bench_cli.main(["dedup"]) == bench_cli.NOT_AVAILABLE
+    assert "not available yet" in capsys.readouterr().err
+    monkeypatch.setattr(bench_cli, "bench_dir", lambda: tmp_path / "absent")
+    assert bench_cli.main(["dedup"]) == bench_cli.NOT_AVAILABLE
+    assert "source checkout" in capsys.readouterr().err
+
+
+def test_unknown_bench_is_a_usage_error() -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_cli.main(["nope"])
+    assert exc.value.code == 2

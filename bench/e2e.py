@@ -45,6 +45,7 @@ import multiprocessing
 import os
 import platform
 import random
+import resource
 import shutil
 import socket
 import subprocess
@@ -247,7 +248,7 @@ def pid_usage(pid: int) -> tuple[float, int]:
 #: stage -> (component, metric family) whose growth is that stage's record count.
 STAGE_COUNTERS = {
     "sender": ("sender", "kafka_diode_sender_records_sent"),
-    "receiver": ("receiver", "kafka_diode_receiver_delivered_records"),  # minus heartbeats
+    "receiver": ("receiver", "kafka_diode_receiver_produced_records"),  # minus heartbeats
     "dedup": ("dedup", "kafka_diode_dedup_records_forwarded"),
 }
 LOSS_COUNTERS = {
@@ -320,8 +321,13 @@ class Sampler(threading.Thread):
         return self.series[-1][1] if self.series else {}
 
 
-def stage_rate(series: list[tuple[float, dict[str, float]]], key: str) -> dict[str, float]:
-    """Growth of a counter over the interval where it grew (records/s), and its peak 1 s rate."""
+def stage_rate(
+    series: list[tuple[float, dict[str, float]]], key: str, t0: float | None = None
+) -> dict[str, float]:
+    """Growth of a counter over the interval where it grew (records/s), its peak 1 s rate, and
+    when it last grew (``done_after_s``, from ``t0``). A micro-batch stage that moves everything
+    in one or two jumps has a meaningless interval rate; ``done_after_s`` is the robust figure.
+    """
     if len(series) < 2:
         return {"records": 0.0, "records_per_s": 0.0, "peak_records_per_s": 0.0}
     base = series[0][1].get(key, 0.0)
@@ -343,7 +349,10 @@ def stage_rate(series: list[tuple[float, dict[str, float]]], key: str) -> dict[s
             peak = max(peak, (series[j][1].get(key, 0.0) - series[i][1].get(key, 0.0)) / dt)
     delta = end - base
     rate = delta / (t_end - t_start) if t_end > t_start else 0.0
-    return {"records": delta, "records_per_s": rate, "peak_records_per_s": peak}
+    out = {"records": delta, "records_per_s": rate, "peak_records_per_s": peak}
+    if t0 is not None:
+        out["done_after_s"] = t_end - t0
+    return out
 
 
 # -- the clean-topic consumer -----------------------------------------------------------------
@@ -423,14 +432,17 @@ def percentiles(values: list[float]) -> dict[str, float]:
 # -- py-spy -----------------------------------------------------------------------------------
 
 
-def start_py_spy(pid: int, seconds: float, out: Path) -> subprocess.Popen[bytes] | None:
+def start_py_spy(
+    pid: int, seconds: float, out: Path, *, children: bool = False
+) -> subprocess.Popen[bytes] | None:
     exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(exe).exists():
         console.print("[yellow]py-spy not installed; no profile[/]")
         return None
     return subprocess.Popen(
         [exe, "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))),
-         "--rate", "200", "--format", "raw", "--output", str(out), "--nonblocking"],
+         "--rate", "200", "--format", "raw", "--output", str(out), "--nonblocking",
+         *(["--subprocesses"] if children else [])],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
 
@@ -514,7 +526,7 @@ def run_case(
         if py_spy:
             target = pipe.group[py_spy].proc
             assert target is not None
-            spy = start_py_spy(target.pid, 20, spy_out)
+            spy = start_py_spy(target.pid, 20, spy_out, children=py_spy == "dedup")
         stalled = False
         with Progress(
             TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -547,7 +559,9 @@ def run_case(
         consumer.join(10)
         if spy is not None:
             spy.wait(60)
-        return summarize_case(case, sampler, consumer, produced, stalled, spy_out if spy else None)
+        res = summarize_case(case, sampler, consumer, produced, stalled, spy_out if spy else None)
+        res["raw_topic"] = pipe.ep.raw_topic
+        return res
 
 
 def _check_alive(pipe: Pipeline) -> None:
@@ -583,7 +597,7 @@ def summarize_case(
     for stage in STAGE_COUNTERS:
         if stage == "dedup" and not case.dedup:
             continue
-        stages[stage] = stage_rate(series, stage)
+        stages[stage] = stage_rate(series, stage, produced["first"])
     for key in last:
         if key.startswith("cpu:"):
             name = key[4:]
@@ -777,28 +791,80 @@ def baseline_socket(datagram_size: int, count: int) -> dict[str, float]:
     }
 
 
-def baseline_spark(records: int) -> dict[str, Any]:
-    """Spark pass-through from bench/dedup.py (the dedup engineer's), if it offers one."""
-    script = Path(__file__).with_name("dedup.py")
-    if not script.exists():
-        return {"skipped": "bench/dedup.py not present"}
-    help_text = subprocess.run(
-        [sys.executable, str(script), "--help"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    ).stdout
-    if "--passthrough-only" not in help_text:
-        return {"skipped": "bench/dedup.py has no --passthrough-only"}
+def baseline_spark(bootstrap: str, topic: str) -> dict[str, Any]:
+    """Spark pass-through over a raw topic of this run, in its own process (see spark_main)."""
+    usage0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
-        [sys.executable, str(script), "--passthrough-only", "--records", str(records)],
+        [sys.executable, __file__, "--spark-passthrough", bootstrap, topic],
         capture_output=True, text=True, timeout=1800, check=False,
     )  # fmt: skip
+    usage1 = resource.getrusage(resource.RUSAGE_CHILDREN)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode or not lines:
-        return {"skipped": f"bench/dedup.py failed ({proc.returncode})"}
-    return dict(json.loads(lines[-1]))
+        return {"skipped": f"spark pass-through failed ({proc.returncode}): {proc.stderr[-500:]}"}
+    out = dict(json.loads(lines[-1]))
+    cpu = (usage1.ru_utime + usage1.ru_stime) - (usage0.ru_utime + usage0.ru_stime)
+    out["cpu_s_incl_startup"] = cpu
+    out["cpu_s_per_m_records_incl_startup"] = cpu / max(out["records"], 1) * 1e6
+    return out
+
+
+def spark_passthrough(bootstrap: str, topic: str) -> dict[str, Any]:
+    """Kafka source -> mapInArrow(identity) -> noop sink, availableNow; the dedup's skeleton.
+
+    Same source options and session settings as the dedup (local[2], Arrow, UI off), no state, no
+    Kafka output: what Spark costs before any dedup work. Start-up is excluded from the rate.
+    """
+    from pyspark.sql import SparkSession  # noqa: PLC0415  only in this child process
+
+    from kafka_diode.local_kafka.artifacts import spark_connector_jars  # noqa: PLC0415
+
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("bench-spark-passthrough")
+        .config("spark.jars", ",".join(str(p) for p in spark_connector_jars()))
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.execution.arrow.maxRecordsPerBatch", "100000")
+        .config("spark.python.worker.reuse", "true")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    df = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("includeHeaders", "true")
+        .option("startingOffsets", "earliest")
+        .load()
+        .select("key", "value", "headers", "topic", "partition", "offset", "timestamp")
+    )
+
+    def identity(batches: Any) -> Any:
+        yield from batches
+
+    out = df.mapInArrow(identity, df.schema)
+    with tempfile.TemporaryDirectory() as cp:
+        start = time.time()
+        query = (
+            out.writeStream.format("noop")
+            .trigger(availableNow=True)
+            .option("checkpointLocation", cp)
+            .start()
+        )
+        query.awaitTermination()
+        elapsed = time.time() - start
+        rows = sum(int(p["numInputRows"]) for p in query.recentProgress)
+        batches = len(query.recentProgress)
+    spark.stop()
+    return {
+        "records": rows,
+        "micro_batches": batches,
+        "records_per_s": rows / elapsed if elapsed > 0 else 0.0,
+        "elapsed_s": elapsed,
+    }
 
 
 # -- output -----------------------------------------------------------------------------------
@@ -822,9 +888,10 @@ def machine() -> dict[str, Any]:
 def markdown(result: dict[str, Any]) -> str:
     rows = [
         "| case | e2e rec/s | e2e MB/s | sender rec/s | receiver rec/s | dedup rec/s "
+        "| done after s: sender / receiver / dedup "
         "| CPU s/M rec: producer / sender / receiver / dedup / brokers | peak MB: sender / "
         "receiver / dedup | socket loss | latency p50 / p99 ms | delivered |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in result["cases"]:
         st = c["stages"]
@@ -836,6 +903,10 @@ def markdown(result: dict[str, Any]) -> str:
 
         def cpu(name: str, st: dict[str, Any] = st) -> str:
             v = st.get(name, {}).get("cpu_s_per_m_records")
+            return "-" if v is None else f"{v:.1f}"
+
+        def done(name: str, st: dict[str, Any] = st) -> str:
+            v = st.get(name, {}).get("done_after_s")
             return "-" if v is None else f"{v:.1f}"
 
         def mem(name: str, st: dict[str, Any] = st) -> str:
@@ -850,6 +921,7 @@ def markdown(result: dict[str, Any]) -> str:
         rows.append(
             f"| {c['label']} | **{c['records_per_s']:,.0f}** | {c['mb_per_s']:.1f} | "
             f"{r('sender')} | {r('receiver')} | {r('dedup')} | "
+            f"{done('sender')} / {done('receiver')} / {done('dedup')} | "
             f"{cpu('producer')} / {cpu('sender')} / {cpu('receiver')} / {cpu('dedup')} / "
             f"{brokers:.1f} | {mem('sender')} / {mem('receiver')} / {mem('dedup')} | "
             f"{100 * sock['loss_rate']:.2f} % ({sock['kernel_drops']:.0f} kernel drops) | "
@@ -881,7 +953,8 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def parse_case(text: str) -> Case:
-    """``SIZE[:RECORDS[:none|gzip[:COPIES]]]``, SIZE in bytes or 100B/1KB/10KB/1MB."""
+    """``SIZE[:RECORDS[:none|gzip[:COPIES]]][@backlog]``, SIZE in bytes or 100B/1KB/10KB/1MB."""
+    text, _, mode = text.partition("@")
     parts = text.split(":")
     size = SIZE_ALIASES.get(parts[0].upper()) or int(parts[0])
     case = Case(size=size, records=int(parts[1]) if len(parts) > 1 else 100_000)
@@ -889,7 +962,7 @@ def parse_case(text: str) -> Case:
         case = replace(case, compression=parts[2])
     if len(parts) > 3:
         case = replace(case, copies=int(parts[3]))
-    return case
+    return replace(case, backlog=mode == "backlog")
 
 
 def build_plan(args: argparse.Namespace) -> tuple[list[Case], list[Case]]:
@@ -897,7 +970,7 @@ def build_plan(args: argparse.Namespace) -> tuple[list[Case], list[Case]]:
     if args.case:
         cases = [parse_case(c) for c in args.case]
     elif args.sweep:
-        cases = [
+        backlog = [
             Case(size=100, records=200_000),
             Case(size=200, records=200_000),
             Case(size=1000, records=100_000),
@@ -907,8 +980,15 @@ def build_plan(args: argparse.Namespace) -> tuple[list[Case], list[Case]]:
             Case(size=200, records=200_000, copies=2),
             Case(size=10_000, records=30_000, compression="gzip"),
         ]
+        cases = [Case(size=200, records=100_000)]
+        cases += [replace(c, backlog=True) for c in backlog]
     else:
-        cases = [Case(size=200, records=100_000), Case(size=10_000, records=10_000)]
+        # Live (latency; the producer runs alongside) and backlog (the pipeline's own pace).
+        cases = [
+            Case(size=200, records=100_000),
+            Case(size=200, records=100_000, backlog=True),
+            Case(size=10_000, records=10_000, backlog=True),
+        ]
     cases = [replace(c, relay=relay, dedup=not args.no_dedup) for c in cases]
     rates: list[Case] = []
     if args.sweep or args.rate_sweep:
@@ -922,7 +1002,7 @@ def build_plan(args: argparse.Namespace) -> tuple[list[Case], list[Case]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument(
-        "--case", action="append", help="SIZE[:RECORDS[:none|gzip[:COPIES]]]; repeatable"
+        "--case", action="append", help="SIZE[:RECORDS[:none|gzip[:COPIES]]][@backlog]; repeatable"
     )
     ap.add_argument(
         "--sweep", action="store_true", help="the full sweep (sizes, gzip, copies, rates)"
@@ -935,14 +1015,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-dedup", action="store_true", help="end at the raw topic")
     ap.add_argument("--no-baselines", action="store_true")
     ap.add_argument("--baseline-records", type=int, default=200_000)
-    ap.add_argument("--py-spy", choices=["sender", "receiver", "relay"], default=None,
+    ap.add_argument("--py-spy", choices=["sender", "receiver", "relay", "dedup"], default=None,
                     help="profile this component of the first case (20 s)")  # fmt: skip
     ap.add_argument("--stall", type=float, default=60.0, help="give up after S s without progress")
     ap.add_argument("--upstream", default=None, help="use this broker instead of starting one")
     ap.add_argument("--downstream", default=None)
     ap.add_argument("--work-dir", type=Path, default=None)
     ap.add_argument("--json-out", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--spark-passthrough", nargs=2, metavar=("BOOTSTRAP", "TOPIC"),
+                    help=argparse.SUPPRESS)  # fmt: skip
     args = ap.parse_args(argv)
+    if args.spark_passthrough:
+        print(json.dumps(spark_passthrough(*args.spark_passthrough)))
+        return 0
 
     cases, rates = build_plan(args)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="kafka-diode-e2e-"))
@@ -1002,7 +1087,12 @@ def main(argv: list[str] | None = None) -> int:
             dsize = int(next((c["socket"]["mean_datagram_bytes"] for c in result["cases"]
                               if c["socket"]["mean_datagram_bytes"]), 1472))  # fmt: skip
             base["socket"] = baseline_socket(dsize, 300_000)
-            base["spark pass-through"] = baseline_spark(args.baseline_records)
+            raw = next(
+                (c["raw_topic"] for c in reversed(result["cases"]) if c.get("raw_topic")), None
+            )
+            if raw:
+                console.print(f"spark pass-through over {raw} ...")
+                base["spark pass-through"] = baseline_spark(bs[1], raw)
             result["baselines"] = base
             for c in result["cases"]:
                 k = base.get(f"kafka {_size_label(c['case']['size'])}", {})

@@ -141,14 +141,15 @@ def run(
             if progress is not None and progress.get("id") and progress != last_progress:
                 metrics.observe_progress(progress)
                 last_progress = progress
-            if until_idle is not None and time.monotonic() - writer.last_input_at >= until_idle:
+            idle = time.monotonic() - writer.last_input_at
+            if until_idle is not None and writer.batches_seen and idle >= until_idle:
                 log.info("no input for %.1f s: stopping", until_idle)
                 stop.set()
             if max_batches is not None and writer.batches_seen >= max_batches:
                 log.info("%d micro-batches done: stopping", writer.batches_seen)
                 stop.set()
             if stop.is_set():
-                _graceful_stop(query)
+                _graceful_stop(query, writer)
                 break
         exception = query.exception()
         if exception is not None:
@@ -162,11 +163,15 @@ def run(
         spark.stop()
 
 
-def _graceful_stop(query: Any) -> None:
-    """Wait for the running trigger to finish (bounded), then stop the query."""
-    deadline = time.monotonic() + STOP_WAIT_S
-    while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-        query.awaitTermination(0.2)
+def _graceful_stop(query: Any, writer: Any) -> None:
+    """Let the running batch's write finish (bounded), then stop the query.
+
+    Stopping between the writer's commit and Spark's commit log is safe: the batch is replayed
+    on restart and skipped by the fence.
+    """
+    if query.status.get("isTriggerActive"):
+        writer.request_stop()
+        writer.between_batches.wait(STOP_WAIT_S)
     query.stop()
 
 

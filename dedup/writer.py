@@ -184,6 +184,9 @@ class TransactionalBatchWriter:
         self.batches_seen = 0
         #: monotonic time of the last batch with any input row (for --until-idle)
         self.last_input_at = time.monotonic()
+        #: set by ``request_stop``; ``between_batches`` is set when a batch call returns after it
+        self._stop_requested = threading.Event()
+        self.between_batches = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -191,6 +194,10 @@ class TransactionalBatchWriter:
         """Give the writer the Spark query id (stable across restarts from one checkpoint)."""
         self._query_id = query_id
         self._bound.set()
+
+    def request_stop(self) -> None:
+        """Ask to be told (``between_batches``) when the running batch call has returned."""
+        self._stop_requested.set()
 
     def close(self) -> None:
         """Flush nothing (transactions are complete per batch) and drop the producer."""
@@ -340,6 +347,13 @@ class TransactionalBatchWriter:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """Write micro-batch ``batch_id`` (a DataFrame in ``dedup.job.OUTPUT_SCHEMA``)."""
+        try:
+            self._write_batch(df, batch_id)
+        finally:
+            if self._stop_requested.is_set():
+                self.between_batches.set()
+
+    def _write_batch(self, df: Any, batch_id: int) -> None:
         started = time.monotonic()
         if self._producer is None:
             self._producer = self._start()

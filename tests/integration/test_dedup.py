@@ -1,0 +1,203 @@
+"""The dedup job end to end: real broker, real Spark (``kafka-diode dedup`` as a subprocess).
+
+1. Duplicates, reordering, known missing offsets (middle and tail, the tail announced by a
+   heartbeat), null values/keys/header values and a malformed record: the clean topic holds every
+   delivered record exactly once and byte-identical; the gap topic names exactly the missing
+   offsets.
+2. Crash: SIGKILL the job mid-run, restart it from the checkpoint: no duplicate, nothing lost.
+
+Each Spark start costs 15-40 s here, so the module starts Spark three times in total.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from tests.kafka_helpers import Record, consume_all, produce_records, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+SESSION = b"ab" * 16
+#: Recent source timestamps: the broker's retention (7 days) would delete older ones at once.
+BASE_TS = int(time.time() * 1000) - 3_600_000
+SOURCE = "orders.eu"
+
+
+def raw_record(partition: int, offset: int, *, key: bytes | None, value: bytes | None,
+               headers: tuple[tuple[str, bytes | None], ...] = (), raw_partitions: int = 3
+               ) -> Record:  # fmt: skip
+    """A raw record as the receiver writes it (docs/topics.md)."""
+    provenance = (
+        ("diode.key", key),
+        ("diode.timestamp", b"%d" % (BASE_TS + offset)),
+        ("diode.timestamp-type", b"1"),
+        ("diode.session", SESSION),
+    )
+    return Record(
+        key=f"{SOURCE}:{partition}:{offset}".encode(),
+        value=value,
+        headers=headers + provenance,
+        partition=partition % raw_partitions,
+        timestamp=BASE_TS + offset,
+    )
+
+
+def heartbeat(partition: int, high: int) -> Record:
+    value = json.dumps({"type": "heartbeat", "high_offset": high}).encode()
+    return Record(
+        key=f"{SOURCE}:{partition}:{high}".encode(),
+        value=value,
+        headers=(("diode.control", b"heartbeat"),),
+        partition=partition % 3,
+    )
+
+
+def source_record(partition: int, offset: int) -> tuple[bytes | None, bytes | None, tuple]:
+    """The upstream record (key, value, headers) at ``offset``: some nulls on purpose."""
+    key = None if offset % 11 == 0 else (b"" if offset % 13 == 0 else b"k%d" % offset)
+    value = None if offset % 7 == 0 else b"v%d-%d" % (partition, offset)
+    headers: tuple = ()
+    if offset % 5 == 0:
+        headers = (("h", None), ("diode.key", b"not-provenance"), ("h", b"%d" % offset))
+    return key, value, headers
+
+
+def run_dedup(env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "kafka_diode", "dedup", *args],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def job_env(bootstrap: str, raw: str, tmp_path: Path, tag: str) -> dict[str, str]:
+    return {
+        "RAW_TOPICS": raw,
+        "BOOTSTRAP_SERVERS": bootstrap,
+        "STATE_DIR_CONFIG": str(tmp_path / "checkpoint"),
+        "CLEAN_TOPIC": f"clean.{tag}.{{topic}}",
+        "GAP_TOPIC": f"gaps.{tag}",
+        "PROGRESS_TOPIC": f"progress.{tag}",
+        "CONTROL_TOPIC": f"control.{tag}",
+        "GAP_EMIT_INTERVAL_SEC": "1",
+        "PERSIST_INTERVAL_MS": "500",
+        "NEW_TOPIC_PARTITIONS": "3",
+        "SHUFFLE_PARTITIONS": "2",
+        "SPARK_MASTER": "local[2]",
+        "WINDOW_SIZE": "64",
+        "MAX_WINDOWS": "64",
+    }
+
+
+def finish(proc: subprocess.Popen[bytes], timeout: float = 400) -> None:
+    try:
+        _, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+    assert proc.returncode == 0, err.decode(errors="replace")[-4000:]
+
+
+def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path) -> None:
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    tag = raw
+    missing = {0: {17, *range(40, 45)}, 1: {60}, 2: set(range(95, 100))}
+    rng = random.Random(6)
+    records: list[Record] = []
+    expected: dict[tuple[int, int], tuple] = {}
+    for partition in range(3):
+        present = [o for o in range(100) if o not in missing[partition]]
+        if partition == 2:
+            present = [o for o in present if o < 95]  # lost tail, announced by the heartbeat
+        order = present + rng.sample(present, 15)  # 15 duplicates
+        rng.shuffle(order)  # reordered
+        for offset in order:
+            key, value, headers = source_record(partition, offset)
+            records.append(raw_record(partition, offset, key=key, value=value, headers=headers))
+            expected[(partition, offset)] = (key, value, headers)
+    records.append(heartbeat(2, 99))
+    # malformed: provenance headers out of order -> counted, never forwarded
+    records.append(
+        Record(key=f"{SOURCE}:0:500".encode(), value=b"bad",
+               headers=(("diode.timestamp", b"1"), ("diode.key", b"k"),
+                        ("diode.timestamp-type", b"1"), ("diode.session", SESSION)),
+               partition=0)  # fmt: skip
+    )
+    produce_records(downstream_kafka, raw, records)
+
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    finish(run_dedup(env, "--until-idle", "8"))
+
+    clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
+    seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
+    assert [k for k, n in seen.items() if n > 1] == []
+    assert set(seen) == set(expected)
+    for r in clean:
+        offset = r.timestamp - BASE_TS
+        key, value, headers = expected[(r.partition, offset)]
+        assert (r.key, r.value, tuple(r.headers)) == (key, value, headers), offset
+        assert r.timestamp_type == 1
+    gap_records = consume_all(downstream_kafka, f"gaps.{tag}", timeout=30)
+    latest = {r.key: json.loads(r.value) for r in gap_records if r.value is not None}
+    open_offsets = {
+        (g["partition"], o)
+        for g in latest.values()
+        if g["state"] == "open"
+        for o in range(g["first"], g["last"] + 1)
+    }
+    assert {g["topic"] for g in latest.values()} == {SOURCE}
+    assert open_offsets == {(p, o) for p, offs in missing.items() for o in offs}
+
+
+def test_sigkill_and_restart_neither_duplicates_nor_loses(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    tag = raw
+    per_partition = 20_000
+    records = []
+    rng = random.Random(7)
+    for partition in range(3):
+        offsets = list(range(per_partition)) + rng.sample(range(per_partition), 500)
+        records += [
+            raw_record(partition, o, key=b"k%d" % o, value=b"x" * 50) for o in sorted(offsets)
+        ]
+    produce_records(downstream_kafka, raw, records)
+    env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, tag),
+           "MAX_OFFSETS_PER_TRIGGER": "3000", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
+    clean_topic = f"clean.{tag}.{SOURCE}"
+
+    first = run_dedup(env)
+    try:
+
+        def some_committed() -> bool:
+            if first.poll() is not None:
+                raise AssertionError(first.stderr.read().decode()[-3000:])  # type: ignore[union-attr]
+            try:
+                return len(consume_all(downstream_kafka, clean_topic, timeout=5)) >= 9_000
+            except RuntimeError:  # the clean topic does not exist yet
+                return False
+
+        wait_until(some_committed, timeout=300, interval=1.0)
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
+    assert before < 3 * per_partition, "the kill came too late to test anything"
+
+    finish(run_dedup(env, "--until-idle", "8"))
+    clean = consume_all(downstream_kafka, clean_topic, timeout=60)
+    counts = Counter((r.partition, r.key) for r in clean)
+    assert [k for k, n in counts.items() if n > 1] == []
+    assert len(counts) == 3 * per_partition

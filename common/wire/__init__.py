@@ -15,6 +15,7 @@ from common.wire.events import (
     Heartbeat,
     Record,
     RecordBatch,
+    RecordGroup,
     ResendMarker,
 )
 from common.wire.keyring import Key, KeyRing, derive_key, format_key_id, key_id_for
@@ -31,6 +32,7 @@ __all__ = [
     "OutgoingDatagram",
     "Record",
     "RecordBatch",
+    "RecordGroup",
     "RecordTooLarge",
     "ResendMarker",
     "SequenceExhaustedError",

@@ -22,7 +22,7 @@ from fastavro import schemaless_reader, schemaless_writer
 
 from common.errors import RemoteProtocolError
 from common.wire.envelope import SMALL_LONGS, encode_long, load_schema, varint_size
-from common.wire.events import RESEND_PHASES, DropReason, Record
+from common.wire.events import RESEND_PHASES, DropReason, Headers, Record, RecordGroup, records_of
 
 RECORD_BATCH_SCHEMA: Final = load_schema("record_batch")
 HEARTBEAT_SCHEMA: Final = load_schema("heartbeat")
@@ -60,14 +60,44 @@ def encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
     return b"".join(parts)
 
 
+#: ``(prefix, encoded size)`` of a ``union{null, bytes}`` of each length below 4096: the prefix is
+#: ``b"\x02"`` (the bytes branch) and the length; the size counts prefix and bytes.
+BYTES_ITEMS: Final = tuple(
+    (_PRESENT + SMALL_LONGS[n], 1 + len(SMALL_LONGS[n]) + n) for n in range(4096)
+)
+NULL_ITEM: Final = (_NULL, 1)
+
+
+def bytes_item(n: int) -> tuple[bytes, int]:
+    """``(prefix, encoded size)`` of a non-null ``union{null, bytes}`` of ``n`` bytes."""
+    if n < len(BYTES_ITEMS):
+        return BYTES_ITEMS[n]
+    prefix = _PRESENT + encode_long(n)
+    return prefix, len(prefix) + n
+
+
 class _Group:
     """The columns of one (topic, partition, timestamp type) inside a batch being built."""
 
-    __slots__ = ("base_offset", "base_ts", "count", "head", "headers", "keys", "od", "td", "values")
+    __slots__ = (
+        "base_offset",
+        "base_ts",
+        "count",
+        "head",
+        "headers",
+        "high",
+        "keys",
+        "od",
+        "td",
+        "tp",
+        "values",
+    )
 
     def __init__(self, topic: str, partition: int, ts_type: int, offset: int, ts: int) -> None:
+        self.tp = (topic, partition)
         self.base_offset = offset
         self.base_ts = ts
+        self.high = offset
         self.head = _string(topic) + _long(partition) + _long(ts_type) + _long(offset) + _long(ts)
         self.count = 0
         self.od = bytearray()
@@ -86,19 +116,40 @@ class _Group:
 
 
 class BatchBuilder:
-    """Accumulates records into one record-batch payload, tracking its exact encoded size."""
+    """Accumulates records into one record-batch payload, tracking its exact encoded size.
 
-    __slots__ = ("_groups", "completes", "records", "size")
+    Speed: ``try_add`` runs once per record on the sender, so it does the least per record:
+    length prefixes come from tables, the columns are ``bytearray`` appends, the per-partition
+    high offset is kept per group and merged only in ``completes``.
+    """
+
+    __slots__ = ("_groups", "records", "size")
 
     def __init__(self) -> None:
         self._groups: dict[tuple[str, int, int], _Group] = {}
-        #: (topic, partition) -> highest offset added.
-        self.completes: dict[tuple[str, int], int] = {}
         self.records = 0
         #: Exact size of ``encode()`` right now (an empty batch encodes as one zero byte).
         self.size = 1
 
-    def try_add(  # noqa: PLR0917  hot path, called per record: positional is cheapest
+    @property
+    def completes(self) -> dict[tuple[str, int], int]:
+        """(topic, partition) -> highest offset added, in order of first appearance."""
+        out: dict[tuple[str, int], int] = {}
+        for group in self._groups.values():
+            high = out.get(group.tp)
+            if high is None or group.high > high:
+                out[group.tp] = group.high
+        return out
+
+    def completed(self) -> tuple[tuple[str, int, int], ...]:
+        """``completes`` as ``(topic, partition, highest offset)`` triples."""
+        groups = self._groups
+        if len(groups) == 1:
+            for group in groups.values():
+                return ((*group.tp, group.high),)
+        return tuple((t, p, o) for (t, p), o in self.completes.items())
+
+    def try_add(  # noqa: PLR0917  positional like the encoder's hot path
         self,
         topic: str,
         partition: int,
@@ -112,48 +163,106 @@ class BatchBuilder:
     ) -> bool:
         """Append a record unless the batch would grow past ``limit`` bytes (an empty batch
         always takes it); returns whether it was added. ``size`` stays exact."""
-        if key is None:
-            kprefix = _NULL
-            klen = 0
-        else:
-            klen = len(key)
-            kprefix = _PRESENT + (SMALL_LONGS[klen] if klen < _SMALL else encode_long(klen))
-        if value is None:
-            vprefix = _NULL
-            vlen = 0
-        else:
-            vlen = len(value)
-            vprefix = _PRESENT + (SMALL_LONGS[vlen] if vlen < _SMALL else encode_long(vlen))
-        n = len(kprefix) + klen + len(vprefix) + vlen + len(headers_blob)
-        gk = (topic, partition, ts_type)
-        group = self._groups.get(gk)
+        kprefix, n = NULL_ITEM if key is None else bytes_item(len(key))
+        vprefix, vn = NULL_ITEM if value is None else bytes_item(len(value))
+        return self.append(
+            topic, partition, ts_type, offset, timestamp, kprefix, key, vprefix, value,
+            headers_blob, n + vn + len(headers_blob), limit,
+        )  # fmt: skip
+
+    def append(  # noqa: PLR0917  hot path, called per record: positional is cheapest
+        self,
+        topic: str,
+        partition: int,
+        ts_type: int,
+        offset: int,
+        timestamp: int,
+        kprefix: bytes,
+        key: bytes | None,
+        vprefix: bytes,
+        value: bytes | None,
+        headers_blob: bytes,
+        n: int,
+        limit: int,
+    ) -> bool:
+        """``try_add`` with the key and value prefixes (:func:`bytes_item`) and ``n``, the
+        encoded size of key, value and headers, already computed by the caller."""
+        group = self._groups.get((topic, partition, ts_type))
         if group is None:
-            new = _Group(topic, partition, ts_type, offset, timestamp)
-            od = td = b"\x00"
-            groups = len(self._groups)
-            # the head, two 1-byte zero deltas, five 1-byte counts and five end markers
-            n += len(new.head) + 12
-            if groups:
-                n += varint_size((groups + 1) << 1) - varint_size(groups << 1)
-            else:
-                n += 1  # the groups count (the end marker is in the empty size already)
+            return self._try_add_group(
+                topic, partition, ts_type, offset, timestamp, kprefix, key, vprefix, value,
+                headers_blob, n, limit,
+            )  # fmt: skip
+        d = offset - group.base_offset
+        if 0 <= d < 64:
+            od = SMALL_LONGS[d]
+            n += 1
         else:
-            new = None
-            d = offset - group.base_offset
-            od = SMALL_LONGS[d] if 0 <= d < _SMALL else encode_long(d)
-            d = timestamp - group.base_ts
-            td = SMALL_LONGS[d] if 0 <= d < _SMALL else encode_long(d)
-            c = group.count
-            n += len(od) + len(td)
-            if c in {63, 8191} or c > 8191:  # count varints grow at 64 and 8192 items
-                n += 5 * (varint_size((c + 1) << 1) - varint_size(c << 1))
-        if self.records and self.size + n > limit:
+            od = encode_long(d)
+            n += len(od)
+        d = timestamp - group.base_ts
+        if 0 <= d < 64:
+            td = SMALL_LONGS[d]
+            n += 1
+        else:
+            td = encode_long(d)
+            n += len(td)
+        c = group.count
+        if c >= 63 and (c == 63 or c >= 8191):  # count varints grow at 64 and 8192 items
+            n += 5 * (varint_size((c + 1) << 1) - varint_size(c << 1))
+        n += self.size
+        if n > limit and self.records:
             return False
-        if new is not None:
-            group = self._groups[gk] = new
-        assert group is not None
+        self.size = n
+        self.records += 1
+        group.count = c + 1
         group.od += od
         group.td += td
+        keys = group.keys
+        keys += kprefix
+        if key:
+            keys += key
+        values = group.values
+        values += vprefix
+        if value:
+            values += value
+        group.headers += headers_blob
+        if offset > group.high:  # noqa: PLR1730  per record: a compare is cheaper than max()
+            group.high = offset
+        return True
+
+    def _try_add_group(  # noqa: PLR0917  the first record of a new group
+        self,
+        topic: str,
+        partition: int,
+        ts_type: int,
+        offset: int,
+        timestamp: int,
+        kprefix: bytes,
+        key: bytes | None,
+        vprefix: bytes,
+        value: bytes | None,
+        headers_blob: bytes,
+        n: int,
+        limit: int,
+    ) -> bool:
+        group = _Group(topic, partition, ts_type, offset, timestamp)
+        groups = len(self._groups)
+        # the head, two 1-byte zero deltas, five 1-byte counts and five end markers
+        n += len(group.head) + 12
+        if groups:
+            n += varint_size((groups + 1) << 1) - varint_size(groups << 1)
+        else:
+            n += 1  # the groups count (the end marker is in the empty size already)
+        n += self.size
+        if n > limit and self.records:
+            return False
+        self._groups[topic, partition, ts_type] = group
+        self.size = n
+        self.records += 1
+        group.count = 1
+        group.od += _NULL
+        group.td += _NULL
         group.keys += kprefix
         if key:
             group.keys += key
@@ -161,13 +270,6 @@ class BatchBuilder:
         if value:
             group.values += value
         group.headers += headers_blob
-        group.count += 1
-        self.records += 1
-        self.size += n
-        tp = (topic, partition)
-        high = self.completes.get(tp)
-        if high is None or offset > high:
-            self.completes[tp] = offset
         return True
 
     def encode(self) -> bytes:
@@ -182,171 +284,276 @@ class BatchBuilder:
 
 
 # -- decoding ---------------------------------------------------------------------------------
+#
+# Speed: the decoder works column by column over the payload bytes with the common cases done
+# by C-level operations on a whole column: offset/timestamp deltas that are all one-byte varints
+# (``bytes.isascii``) become ints through a lookup table, consecutive deltas (0, 1, 2, ...) are
+# recognised by one bytes comparison, and a column of empty header arrays by another. Only keys
+# and values need a Python step per item. Anything unusual falls back to the general reader,
+# which accepts every valid Avro encoding (several blocks, negative counts with a byte size).
 
 _new = object.__new__
-# Record is frozen; its slot descriptors set fields without the frozen __setattr__ (2x faster).
-(_s_topic, _s_partition, _s_offset, _s_ts, _s_ts_type, _s_key, _s_value, _s_headers) = (
-    getattr(Record, name).__set__ for name in Record.__slots__
+(_g_topic, _g_partition, _g_ts_type, _g_offsets, _g_timestamps, _g_keys, _g_values, _g_headers) = (
+    getattr(RecordGroup, name).__set__ for name in RecordGroup.__slots__
 )
+
+#: The value of each one-byte Avro long (bytes 0x00-0x7f).
+_ZIGZAG: Final = tuple((b >> 1) ^ -(b & 1) for b in range(0x80))
+#: ``_RUNS[n]``: the deltas 0, 1, ..., n-1 as one-byte longs (consecutive offsets or timestamps).
+_RUNS: Final = tuple(bytes(range(0, 2 * n, 2)) for n in range(64))
+_NO_HEADERS: Final[Headers] = ()
 
 
 def _bad(detail: str) -> RemoteProtocolError:
     return RemoteProtocolError(DropReason.MALFORMED, detail)
 
 
-class _Reader:
-    """Bounds-checked Avro primitives over one payload."""
+def _read_long(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Any Avro long at ``pos``; returns ``(value, next pos)``."""
+    b = data[pos]
+    if b < 0x80:
+        return _ZIGZAG[b], pos + 1
+    acc = b & 0x7F
+    shift = 7
+    for i in range(pos + 1, min(end, pos + 10)):
+        b = data[i]
+        acc |= (b & 0x7F) << shift
+        if b < 0x80:
+            value = (acc >> 1) ^ -(acc & 1)
+            if not _INT64_MIN <= value <= _INT64_MAX:
+                raise _bad("long out of 64-bit range")
+            return value, i + 1
+        shift += 7
+    raise _bad("truncated or overlong varint")
 
-    __slots__ = ("data", "end", "pos")
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.pos = 0
-        self.end = len(data)
+def _block(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Item count of the array block at ``pos`` (0 ends the array), checked against the bytes
+    left (every item of our arrays takes at least one byte); returns ``(count, next pos)``."""
+    b = data[pos]
+    if b < 0x80:
+        n = _ZIGZAG[b]
+        pos += 1
+    else:
+        n, pos = _read_long(data, pos, end)
+    if n < 0:
+        n = -n
+        _, pos = _read_long(data, pos, end)  # block size in bytes, allowed by Avro; not needed
+    if n > end - pos:
+        raise _bad("array count larger than the bytes left")
+    return n, pos
 
-    def long(self) -> int:
-        data = self.data
-        pos = self.pos
-        if pos < self.end:
+
+def _read_raw(data: bytes, pos: int, end: int) -> tuple[bytes, int]:
+    n, pos = _read_long(data, pos, end)
+    nxt = pos + n
+    if n < 0 or nxt > end:
+        raise _bad("bytes length out of range")
+    return data[pos:nxt], nxt
+
+
+def _read_string(data: bytes, pos: int, end: int) -> tuple[str, int]:
+    raw, pos = _read_raw(data, pos, end)
+    try:
+        return raw.decode("utf-8"), pos
+    except UnicodeDecodeError:
+        raise _bad("string is not UTF-8") from None
+
+
+def _read_nullable(data: bytes, pos: int, end: int) -> tuple[bytes | None, int]:
+    branch = data[pos]
+    if branch == 0:
+        return None, pos + 1
+    if branch != 2:
+        raise _bad("bad union branch")
+    return _read_raw(data, pos + 1, end)
+
+
+def _longs(data: bytes, pos: int, end: int, base: int) -> tuple[tuple[int, ...], int]:
+    """An ``array<long>`` column of deltas, returned added to ``base``."""
+    b = data[pos]
+    if 0 < b < 0x80 and not b & 1:  # one block of n < 64 items, the usual case
+        n = b >> 1
+        start = pos + 1
+        nxt = start + n
+        if nxt < end and data[nxt] == 0:  # ...followed by the end of the array
+            chunk = data[start:nxt]
+            if chunk == _RUNS[n]:
+                return tuple(range(base, base + n)), nxt + 1
+            if chunk.isascii():  # every delta a one-byte long
+                return tuple(map(base.__add__, map(_ZIGZAG.__getitem__, chunk))), nxt + 1
+    out: list[int] = []
+    while True:
+        n, pos = _block(data, pos, end)
+        if not n:
+            return tuple(out), pos
+        for _ in range(n):
             b = data[pos]
             if b < 0x80:
-                self.pos = pos + 1
-                return (b >> 1) ^ -(b & 1)
-        shift = 0
-        acc = 0
-        for i in range(pos, min(self.end, pos + 10)):
-            b = data[i]
-            acc |= (b & 0x7F) << shift
-            if b < 0x80:
-                self.pos = i + 1
-                value = (acc >> 1) ^ -(acc & 1)
-                if not _INT64_MIN <= value <= _INT64_MAX:
-                    raise _bad("long out of 64-bit range")
-                return value
-            shift += 7
-        raise _bad("truncated or overlong varint")
+                out.append(base + _ZIGZAG[b])
+                pos += 1
+            else:
+                value, pos = _read_long(data, pos, end)
+                out.append(base + value)
 
-    def raw(self) -> bytes:
-        n = self.long()
-        pos = self.pos
-        if n < 0 or pos + n > self.end:
-            raise _bad("bytes length out of range")
-        self.pos = pos + n
-        return self.data[pos : pos + n]
 
-    def string(self) -> str:
-        try:
-            return self.raw().decode("utf-8")
-        except UnicodeDecodeError:
-            raise _bad("string is not UTF-8") from None
-
-    def nullable(self) -> bytes | None:
-        pos = self.pos
-        if pos >= self.end:
-            raise _bad("truncated union")
-        branch = self.data[pos]
-        self.pos = pos + 1
-        if branch == 0:
-            return None
-        if branch != 2:
-            raise _bad("bad union branch")
-        return self.raw()
-
-    def block(self) -> int:
-        """Item count of the next array block (0 ends the array); checked against what remains."""
-        n = self.long()
-        if n < 0:
-            n = -n
-            self.long()  # block size in bytes, allowed by the Avro spec; not needed
-        if n > self.end - self.pos:
-            raise _bad("array count larger than the bytes left")
-        return n
-
-    def longs(self) -> list[int]:
-        out: list[int] = []
-        while n := self.block():
-            data = self.data
-            pos = self.pos
-            end = self.end
-            for _ in range(n):
-                if pos < end and (b := data[pos]) < 0x80:
-                    out.append((b >> 1) ^ -(b & 1))
-                    pos += 1
+def _nullables(data: bytes, pos: int, end: int) -> tuple[tuple[bytes | None, ...], int]:
+    """An ``array<union{null, bytes}>`` column (keys or values)."""
+    out: list[bytes | None] = []
+    append = out.append
+    b = data[pos]
+    if 0 < b < 0x80 and not b & 1:  # one block of n < 64 items: a lying n only over-reads
+        n = b >> 1
+        pos += 1
+    else:
+        n, pos = _block(data, pos, end)
+    while n:
+        for _ in range(n):
+            branch = data[pos]
+            if branch == 2:
+                b = data[pos + 1]
+                if b < 0x80:  # length < 64
+                    if b & 1:
+                        raise _bad("negative bytes length")
+                    pos += 2
+                    nxt = pos + (b >> 1)
                 else:
-                    self.pos = pos
-                    out.append(self.long())
-                    pos = self.pos
-            self.pos = pos
-        return out
-
-    def nullables(self) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        while n := self.block():
-            for _ in range(n):
-                out.append(self.nullable())
-        return out
-
-    def headers(self) -> list[tuple[tuple[str, bytes | None], ...]]:
-        out: list[tuple[tuple[str, bytes | None], ...]] = []
-        empty: tuple[tuple[str, bytes | None], ...] = ()
-        while n := self.block():
-            for _ in range(n):
-                pos = self.pos
-                if pos < self.end and self.data[pos] == 0:
-                    self.pos = pos + 1
-                    out.append(empty)
-                    continue
-                items: list[tuple[str, bytes | None]] = []
-                while m := self.block():
-                    for _ in range(m):
-                        items.append((self.string(), self.nullable()))
-                out.append(tuple(items))
-        return out
+                    c = data[pos + 2]
+                    if c < 0x80:  # length < 8192
+                        if b & 1:
+                            raise _bad("negative bytes length")
+                        pos += 3
+                        nxt = pos + (((b & 0x7F) | (c << 7)) >> 1)
+                    else:
+                        n, pos = _read_long(data, pos + 1, end)
+                        if n < 0:
+                            raise _bad("negative bytes length")
+                        nxt = pos + n
+                if nxt > end:
+                    raise _bad("bytes length past the end")
+                append(data[pos:nxt])
+                pos = nxt
+            elif branch == 0:
+                append(None)
+                pos += 1
+            else:
+                raise _bad("bad union branch")
+        if data[pos] == 0:  # the end of the array
+            return tuple(out), pos + 1
+        n, pos = _block(data, pos, end)
+    return tuple(out), pos
 
 
-def decode_record_batch(data: bytes) -> tuple[Record, ...]:
-    """Records of a record-batch payload, in order.
+def _headers(data: bytes, pos: int, end: int) -> tuple[tuple[Headers, ...], int]:
+    """The ``array<array<Header>>`` column."""
+    b = data[pos]
+    if 0 < b < 0x80 and not b & 1:  # one block of n < 64 items...
+        n = b >> 1
+        nxt = pos + 1 + n
+        if data[pos + 1 : nxt + 1] == bytes(n + 1):  # ...all empty, then the end of the array
+            return (_NO_HEADERS,) * n, nxt + 1
+    out: list[Headers] = []
+    while True:
+        n, pos = _block(data, pos, end)
+        if not n:
+            return tuple(out), pos
+        for _ in range(n):
+            items: list[tuple[str, bytes | None]] = []
+            while True:
+                m, pos = _block(data, pos, end)
+                if not m:
+                    break
+                for _ in range(m):
+                    name, pos = _read_string(data, pos, end)
+                    value, pos = _read_nullable(data, pos, end)
+                    items.append((name, value))
+            out.append(tuple(items) if items else _NO_HEADERS)
 
-    Raises:
-        RemoteProtocolError: MALFORMED (bad Avro, inconsistent columns, out-of-range values) or
-            TRAILING_BYTES.
-    """
-    r = _Reader(data)
-    records: list[Record] = []
-    append = records.append
-    while g := r.block():
+
+def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
+    end = len(data)
+    groups: list[RecordGroup] = []
+    total = 0
+    zigzag = _ZIGZAG
+    g, pos = _block(data, 0, end)
+    while g:
         for _ in range(g):
-            topic = r.string()
-            partition = r.long()
-            ts_type = r.long()
-            base_offset = r.long()
-            base_ts = r.long()
-            od = r.longs()
-            td = r.longs()
-            keys = r.nullables()
-            values = r.nullables()
-            headers = r.headers()
-            n = len(od)
-            if not (len(td) == len(keys) == len(values) == len(headers) == n):
+            b = data[pos]
+            if b < 0x80 and not b & 1:  # a topic name of fewer than 64 bytes
+                nxt = pos + 1 + (b >> 1)
+                if nxt > end:
+                    raise _bad("string length past the end")
+                topic = data[pos + 1 : nxt].decode("utf-8")  # UnicodeDecodeError: see caller
+                pos = nxt
+            else:
+                topic, pos = _read_string(data, pos, end)
+            # partition and timestamp type: one byte each unless the partition is >= 64
+            partition = data[pos]
+            if partition < 0x80:
+                partition = zigzag[partition]
+                pos += 1
+            else:
+                partition, pos = _read_long(data, pos, end)
+            ts_type = data[pos]
+            if ts_type < 0x80:
+                ts_type = zigzag[ts_type]
+                pos += 1
+            else:
+                ts_type, pos = _read_long(data, pos, end)
+            base_offset, pos = _read_long(data, pos, end)
+            base_ts, pos = _read_long(data, pos, end)
+            offsets, pos = _longs(data, pos, end, base_offset)
+            timestamps, pos = _longs(data, pos, end, base_ts)
+            keys, pos = _nullables(data, pos, end)
+            values, pos = _nullables(data, pos, end)
+            headers, pos = _headers(data, pos, end)
+            n = len(offsets)
+            if not (len(timestamps) == len(keys) == len(values) == len(headers) == n):
                 raise _bad("record batch columns differ in length")
             if not 0 <= partition <= 0x7FFFFFFF or not 0 <= ts_type <= 2:
                 raise _bad("partition or timestamp type out of range")
-            if n and (base_offset + min(od) < 0 or base_offset + max(od) > _INT64_MAX):
+            if n and (min(offsets) < 0 or max(offsets) > _INT64_MAX):
                 raise _bad("offset out of range")
-            for i in range(n):
-                rec = _new(Record)
-                _s_topic(rec, topic)
-                _s_partition(rec, partition)
-                _s_offset(rec, base_offset + od[i])
-                _s_ts(rec, base_ts + td[i])
-                _s_ts_type(rec, ts_type)
-                _s_key(rec, keys[i])
-                _s_value(rec, values[i])
-                _s_headers(rec, headers[i])
-                append(rec)
-    if r.pos != r.end:
+            group = _new(RecordGroup)
+            _g_topic(group, topic)
+            _g_partition(group, partition)
+            _g_ts_type(group, ts_type)
+            _g_offsets(group, offsets)
+            _g_timestamps(group, timestamps)
+            _g_keys(group, keys)
+            _g_values(group, values)
+            _g_headers(group, headers)
+            groups.append(group)
+            total += n
+        g, pos = _block(data, pos, end)
+    if pos != end:
         raise RemoteProtocolError(DropReason.TRAILING_BYTES, "bytes after the record batch")
-    return tuple(records)
+    return tuple(groups), total
+
+
+def decode_record_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
+    """The groups of a record-batch payload (columns, no per-record objects) and the number of
+    records in them.
+
+    Raises:
+        RemoteProtocolError: MALFORMED (bad Avro, inconsistent columns, out-of-range values) or
+            TRAILING_BYTES. Nothing else: a read past the end (IndexError) is MALFORMED.
+    """
+    try:
+        return _decode_groups(data)
+    except IndexError:
+        raise _bad("truncated record batch") from None
+    except UnicodeDecodeError:
+        raise _bad("string is not UTF-8") from None
+
+
+def decode_record_batch(data: bytes) -> tuple[Record, ...]:
+    """Records of a record-batch payload, in order (see :func:`decode_record_groups`).
+
+    Raises:
+        RemoteProtocolError: as :func:`decode_record_groups`.
+    """
+    return records_of(decode_record_groups(data)[0])
 
 
 def encode_control(schema: Any, datum: dict[str, Any]) -> bytes:

@@ -32,7 +32,7 @@ from common.wire.batch import (
     HEARTBEAT_SCHEMA,
     RESEND_MARKER_SCHEMA,
     decode_control,
-    decode_record_batch,
+    decode_record_groups,
 )
 from common.wire.config import WireConfig
 from common.wire.crypto import SessionCipher
@@ -64,6 +64,11 @@ from common.wire.keyring import KeyRing
 from common.wire.replay import ReplayGuard
 
 _KNOWN_KINDS = frozenset((KIND_RECORD_BATCH, KIND_HEARTBEAT, KIND_RESEND_MARKER))
+_new = object.__new__
+# RecordBatch is frozen; its slot descriptors set fields without the frozen __setattr__.
+_set_session, _set_sequence, _set_groups, _set_count, _set_records = (
+    getattr(RecordBatch, name).__set__ for name in RecordBatch.__slots__
+)
 
 
 class Decoder:
@@ -143,21 +148,29 @@ class Decoder:
                 count,
                 total,
             ) = HEADER.unpack_from(data)
+            if magic != MAGIC:
+                raise RemoteProtocolError(DropReason.BAD_MAGIC, magic.hex())
+            if version != VERSION:
+                raise RemoteProtocolError(DropReason.UNSUPPORTED_VERSION, f"version {version}")
+            # the payload length prefix: two bytes for every payload of 64 to 8191 bytes
+            end = len(data)
+            b = data[HEADER_SIZE]
+            if b >= 0x80 and end > HEADER_SIZE + 1 and data[HEADER_SIZE + 1] < 0x80 and not b & 1:
+                length = ((b & 0x7F) | (data[HEADER_SIZE + 1] << 7)) >> 1
+                pos = HEADER_SIZE + 2
+            else:
+                try:
+                    length, pos = decode_long(data, HEADER_SIZE, end)
+                except ValueError:
+                    raise RemoteProtocolError(DropReason.MALFORMED, "bad payload length") from None
+            if length < 0 or pos + length > end:
+                raise RemoteProtocolError(DropReason.MALFORMED, "payload length past the end")
+            if pos + length < end:
+                raise RemoteProtocolError(DropReason.TRAILING_BYTES, "bytes after the envelope")
             self._receive(
-                data,
-                magic,
-                version,
-                kind,
-                compression,
-                cipher_code,
-                session_id,
-                sequence,
-                key_id,
-                index,
-                count,
-                total,
-                now,
-            )
+                data, pos, length, kind, compression, cipher_code, session_id, sequence, key_id,
+                index, count, total, now,
+            )  # fmt: skip
         except RemoteProtocolError as exc:
             reason = exc.reason if isinstance(exc.reason, DropReason) else DropReason.MALFORMED
             self._drop(reason, exc.detail, session_id)
@@ -170,8 +183,8 @@ class Decoder:
     def _receive(  # noqa: PLR0917  private, called once per datagram with the unpacked header
         self,
         data: bytes,
-        magic: bytes,
-        version: int,
+        pos: int,
+        length: int,
         kind: int,
         compression: int,
         cipher_code: int,
@@ -184,18 +197,6 @@ class Decoder:
         now: float,
     ) -> None:
         config = self._config
-        if magic != MAGIC:
-            raise RemoteProtocolError(DropReason.BAD_MAGIC, magic.hex())
-        if version != VERSION:
-            raise RemoteProtocolError(DropReason.UNSUPPORTED_VERSION, f"version {version}")
-        try:
-            length, pos = decode_long(data, HEADER_SIZE, len(data))
-        except ValueError:
-            raise RemoteProtocolError(DropReason.MALFORMED, "bad payload length") from None
-        if length < 0 or pos + length > len(data):
-            raise RemoteProtocolError(DropReason.MALFORMED, "payload length past the end")
-        if pos + length < len(data):
-            raise RemoteProtocolError(DropReason.TRAILING_BYTES, "bytes after the envelope")
         if cipher_code not in (CIPHER_NONE, CIPHER_AES_256_GCM):
             raise RemoteProtocolError(DropReason.UNKNOWN_CIPHER, f"cipher {cipher_code}")
         if cipher_code == CIPHER_NONE and not config.allow_cleartext:
@@ -264,7 +265,14 @@ class Decoder:
         if compression == COMPRESSION_GZIP:
             payload = gzip_codec.decompress(payload, self._config.max_decompressed_size)
         if kind == KIND_RECORD_BATCH:
-            self._events.append(RecordBatch(session_id, sequence, decode_record_batch(payload)))
+            groups, count = decode_record_groups(payload)
+            batch = _new(RecordBatch)
+            _set_session(batch, session_id)
+            _set_sequence(batch, sequence)
+            _set_groups(batch, groups)
+            _set_count(batch, count)
+            _set_records(batch, None)
+            self._events.append(batch)
         elif kind == KIND_HEARTBEAT:
             d = decode_control(HEARTBEAT_SCHEMA, payload)
             self._events.append(

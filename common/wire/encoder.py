@@ -27,9 +27,12 @@ from dataclasses import dataclass
 from common.errors import ConfigError, LocalProtocolError
 from common.wire import compression as gzip_codec
 from common.wire.batch import (
+    BYTES_ITEMS,
     HEARTBEAT_SCHEMA,
+    NULL_ITEM,
     RESEND_MARKER_SCHEMA,
     BatchBuilder,
+    bytes_item,
     encode_control,
     encode_headers,
 )
@@ -83,6 +86,15 @@ class OutgoingDatagram:
     """``(topic, partition, offset)``: per partition the highest offset whose last byte is here."""
 
 
+_new = object.__new__
+# OutgoingDatagram is frozen; its slot descriptors set fields without the frozen __setattr__.
+_set_data, _set_sequence, _set_completes = (
+    getattr(OutgoingDatagram, name).__set__ for name in OutgoingDatagram.__slots__
+)
+_SMALL = len(SMALL_LONGS)
+_NO_HEADERS = b"\x00"  # an empty Avro array
+_TABLE = len(BYTES_ITEMS)
+
 _MIN_RATIO = 1.0
 _MAX_RATIO = 8.0
 _RATIO_SAFETY = 0.85
@@ -116,6 +128,9 @@ class Encoder:
         if not 0 <= first_sequence <= MAX_SEQUENCE:
             raise LocalProtocolError("first_sequence must be a uint64")
         self._config = config
+        self._max_record_size = config.max_record_size
+        self._max_message_size = config.max_message_size
+        self._linger = config.linger
         self._keyring = keyring
         self._session_id = session_id
         self._next_sequence = first_sequence
@@ -176,39 +191,52 @@ class Encoder:
             RecordTooLarge: key + value + headers over ``max_record_size`` (nothing was added).
             LocalProtocolError: a field out of range (negative offset, bad timestamp type, ...).
         """
-        size = (0 if key is None else len(key)) + (0 if value is None else len(value))
+        if key is None:
+            kprefix, n = NULL_ITEM
+            size = 0
+        else:
+            size = len(key)
+            kprefix, n = BYTES_ITEMS[size] if size < _TABLE else bytes_item(size)
+        if value is None:
+            vprefix, vn = NULL_ITEM
+        else:
+            vn = len(value)
+            size += vn
+            vprefix, vn = BYTES_ITEMS[vn] if vn < _TABLE else bytes_item(vn)
         if headers:
             for name, hval in headers:
                 size += len(name) + (0 if hval is None else len(hval))
-        if size > self._config.max_record_size:
-            raise RecordTooLarge(topic, partition, offset, size, self._config.max_record_size)
+            headers_blob = encode_headers(headers)
+            n += len(headers_blob)
+        else:
+            headers_blob = _NO_HEADERS
+            n += 1
+        n += vn
+        if size > self._max_record_size:
+            raise RecordTooLarge(topic, partition, offset, size, self._max_record_size)
         if not (
             0 <= partition <= 0x7FFFFFFF and 0 <= offset < (1 << 63) and 0 <= timestamp_type <= 2
         ):
             raise LocalProtocolError(
                 f"record {topic}:{partition}:{offset} has a field out of range"
             )
-        headers_blob = encode_headers(headers) if headers else b"\x00"
         builder = self._builder
-        out: list[OutgoingDatagram] = []
-        if not builder.try_add(
-            topic,
-            partition,
-            timestamp_type,
-            offset,
-            timestamp,
-            key,
-            value,
-            headers_blob,
-            self._target,
-        ):
-            out = self._seal()
-            builder = self._builder
-            builder.try_add(
-                topic, partition, timestamp_type, offset, timestamp, key, value, headers_blob, 0
-            )
-        if builder.records == 1:
-            self._deadline = now + self._config.linger
+        if builder.append(
+            topic, partition, timestamp_type, offset, timestamp, kprefix, key, vprefix, value,
+            headers_blob, n, self._target,
+        ):  # fmt: skip
+            if builder.records == 1:
+                self._deadline = now + self._linger
+            if builder.size < self._target:
+                return []
+            return self._seal()
+        out = self._seal()
+        builder = self._builder
+        builder.append(
+            topic, partition, timestamp_type, offset, timestamp, kprefix, key, vprefix, value,
+            headers_blob, n, 0,
+        )  # fmt: skip
+        self._deadline = now + self._linger
         if builder.size >= self._target:
             out += self._seal()
         return out
@@ -233,8 +261,7 @@ class Encoder:
             return []
         self._builder = BatchBuilder()
         self._deadline = None
-        completes = tuple((t, p, o) for (t, p), o in builder.completes.items())
-        return self._message(KIND_RECORD_BATCH, builder.encode(), completes)
+        return self._message(KIND_RECORD_BATCH, builder.encode(), builder.completed())
 
     # -- control messages -------------------------------------------------------------------
 
@@ -317,7 +344,7 @@ class Encoder:
                 self._ratio = _MIN_RATIO
                 self._retarget()
         total = len(payload)
-        if total > self._config.max_message_size:
+        if total > self._max_message_size:
             raise LocalProtocolError(
                 f"message of {total} bytes over max_message_size {self._config.max_message_size}"
             )
@@ -331,6 +358,23 @@ class Encoder:
                 cipher = self._cipher = SessionCipher(key, self._session_id)
             cipher_code, key_id = CIPHER_AES_256_GCM, key.key_id
         first = self._next_sequence
+        if count == 1:  # the usual case: one datagram, no slicing
+            if first > MAX_SEQUENCE:
+                raise SequenceExhaustedError("sequence numbers exhausted; start a new session")
+            self._next_sequence = first + 1
+            header = HEADER.pack(
+                MAGIC, VERSION, kind, compression, cipher_code, self._session_id, first, key_id,
+                0, 1, total,
+            )  # fmt: skip
+            body = payload if cipher is None else cipher.seal(first, payload, header)
+            n = len(body)
+            datagram = _new(OutgoingDatagram)
+            _set_data(
+                datagram, b"".join((header, SMALL_LONGS[n] if n < _SMALL else encode_long(n), body))
+            )
+            _set_sequence(datagram, first)
+            _set_completes(datagram, completes)
+            return [datagram]
         if first + count - 1 > MAX_SEQUENCE:
             raise SequenceExhaustedError("sequence numbers exhausted; start a new session")
         self._next_sequence = first + count

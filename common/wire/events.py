@@ -8,7 +8,7 @@ Prometheus label values, so they never change within a protocol version.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 
@@ -73,17 +73,98 @@ class Record:
     """Record headers in order, duplicates allowed; a header value may be null."""
 
 
+Headers = tuple[tuple[str, bytes | None], ...]
+"""One record's headers: ``(name, value)`` pairs in order; a value may be null."""
+
+
+@dataclass(frozen=True, slots=True)
+class RecordGroup:
+    """The records of one (topic, partition, timestamp type) in one batch, as parallel columns.
+
+    This is the wire layout itself (docs/protocol.md §4): the fast way to consume a batch without
+    building one :class:`Record` per record. All five columns have ``len(group)`` items; item
+    ``i`` of each column belongs to the same record.
+    """
+
+    topic: str
+    """Source topic name."""
+    partition: int
+    """Source partition."""
+    timestamp_type: int
+    """Kafka's timestamp type of every record here: 0 not available, 1 create, 2 log-append."""
+    offsets: tuple[int, ...]
+    """Source offsets, in the order the sender added the records."""
+    timestamps: tuple[int, ...]
+    """Timestamps (ms since the epoch)."""
+    keys: tuple[bytes | None, ...]
+    """Keys; ``None`` (null) and ``b""`` are different and both preserved."""
+    values: tuple[bytes | None, ...]
+    """Values; ``None`` is a tombstone."""
+    headers: tuple[Headers, ...]
+    """Headers of each record."""
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+_new = object.__new__
+# Record is frozen; its slot descriptors set fields without the frozen __setattr__ (2x faster).
+(_s_topic, _s_partition, _s_offset, _s_ts, _s_ts_type, _s_key, _s_value, _s_headers) = (
+    getattr(Record, name).__set__ for name in Record.__slots__
+)
+
+
+def records_of(groups: tuple[RecordGroup, ...]) -> tuple[Record, ...]:
+    """One :class:`Record` per record of ``groups``, group after group."""
+    out: list[Record] = []
+    append = out.append
+    for g in groups:
+        topic = g.topic
+        partition = g.partition
+        ts_type = g.timestamp_type
+        for offset, ts, key, value, headers in zip(
+            g.offsets, g.timestamps, g.keys, g.values, g.headers, strict=True
+        ):
+            rec = _new(Record)
+            _s_topic(rec, topic)
+            _s_partition(rec, partition)
+            _s_offset(rec, offset)
+            _s_ts(rec, ts)
+            _s_ts_type(rec, ts_type)
+            _s_key(rec, key)
+            _s_value(rec, value)
+            _s_headers(rec, headers)
+            append(rec)
+    return tuple(out)
+
+
 @dataclass(frozen=True, slots=True)
 class RecordBatch:
-    """The records of one complete message (one datagram, or one reassembled fragmented message)."""
+    """The records of one complete message (one datagram, or one reassembled fragmented message).
+
+    ``groups`` is the columnar form (no per-record objects: what a hot loop should read);
+    ``records`` builds :class:`Record` objects on first access and keeps them.
+    """
 
     session_id: bytes
     """16-byte id of the sending session (random per sender start)."""
     sequence: int
     """Sequence number of the message's first datagram."""
-    records: tuple[Record, ...]
-    """Records grouped by (topic, partition, timestamp type) in order of first appearance; within
-    a group in the order the sender added them."""
+    groups: tuple[RecordGroup, ...]
+    """The records per (topic, partition, timestamp type), in order of first appearance."""
+    count: int
+    """Number of records in all groups."""
+    _records: tuple[Record, ...] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def records(self) -> tuple[Record, ...]:
+        """Records grouped by (topic, partition, timestamp type) in order of first appearance;
+        within a group in the order the sender added them. Built on first access."""
+        records = self._records
+        if records is None:
+            records = records_of(self.groups)
+            object.__setattr__(self, "_records", records)  # a cache: frozen for the caller
+        return records
 
 
 @dataclass(frozen=True, slots=True)

@@ -187,7 +187,7 @@ class Receiver:
             kind = type(event)
             if kind is RecordBatch:
                 assert isinstance(event, RecordBatch)
-                stats.records += len(event.records)
+                stats.records += event.count  # not len(records): builds no Records
                 sink.write_batch(event)
             elif kind is Dropped:
                 assert isinstance(event, Dropped)

@@ -10,7 +10,13 @@ import pytest
 from fastavro import schemaless_reader, schemaless_writer
 
 from common.wire import Record
-from common.wire.batch import RECORD_BATCH_SCHEMA, BatchBuilder, decode_record_batch, encode_headers
+from common.wire.batch import (
+    RECORD_BATCH_SCHEMA,
+    BatchBuilder,
+    decode_record_batch,
+    decode_record_groups,
+    encode_headers,
+)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -68,3 +74,22 @@ def test_try_add_respects_the_limit_but_always_takes_the_first_record() -> None:
     assert builder.try_add("t", 0, 1, 0, 0, None, b"x" * 100, b"\x00", 10)
     assert not builder.try_add("t", 0, 1, 1, 0, None, b"x", b"\x00", 10)
     assert builder.records == 1
+
+
+@pytest.mark.parametrize("step", [1, 3, 100, -1])  # a run, one-byte deltas, wider, negative
+def test_columnar_groups_agree_with_records_on_every_delta_path(step: int) -> None:
+    builder = BatchBuilder()
+    for i in range(40):
+        offset = 1000 + i * step
+        builder.try_add("t", i % 2, 1, offset, 7 + i * step, b"k", None, b"\x00", 1 << 20)
+    data = builder.encode()
+    groups, count = decode_record_groups(data)
+    assert count == 40
+    assert [len(g) for g in groups] == [20, 20]
+    flat = [
+        Record(g.topic, g.partition, o, ts, g.timestamp_type, k, v, h)
+        for g in groups
+        for o, ts, k, v, h in zip(g.offsets, g.timestamps, g.keys, g.values, g.headers, strict=True)
+    ]
+    assert flat == list(decode_record_batch(data))
+    assert groups[0].offsets == tuple(range(1000, 1000 + 40 * step, 2 * step))

@@ -52,6 +52,7 @@ from pyspark.sql.types import (
 
 from dedup import gaps, spark_compat
 from dedup.config import DedupConfig
+from dedup.raw_record import CONTROL_HEADER, KEY_PATTERN, PROVENANCE
 
 if TYPE_CHECKING:
     from dedup.writer import TransactionalBatchWriter
@@ -61,8 +62,6 @@ spark_compat.apply()
 
 #: Input kinds computed in SQL (a tinyint column, cheap across Arrow).
 KIND_DATA, KIND_HEARTBEAT, KIND_RESET, KIND_MALFORMED = 0, 1, 2, 3
-PROVENANCE = ("diode.key", "diode.timestamp", "diode.timestamp-type", "diode.session")
-CONTROL_HEADER = "diode.control"
 #: Group key of raw records whose key does not parse (counted as malformed).
 UNPARSED_TOPIC, UNPARSED_PARTITION = "", -1
 
@@ -124,7 +123,7 @@ def classify(raw: DataFrame) -> DataFrame:
         + [f"try_element_at(headers, {i - 4}).key = '{name}'" for i, name in enumerate(PROVENANCE)]
     )
     control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
-    pattern = r"'^(.+):([0-9]{1,10}):(-?[0-9]{1,19})$'"
+    pattern = f"'{KEY_PATTERN}'"
     parsed = raw.select(
         F.expr(f"regexp_extract(cast(key as string), {pattern}, 1)").alias("src_topic"),
         F.expr(f"try_cast(regexp_extract(cast(key as string), {pattern}, 2) as int)").alias(

@@ -129,10 +129,17 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path)
     records.append(heartbeat(2, 99))
     # malformed: provenance headers out of order -> counted, never forwarded
     records.append(
-        Record(key=f"{SOURCE}:0:500".encode(), value=b"bad",
-               headers=(("diode.timestamp", b"1"), ("diode.key", b"k"),
-                        ("diode.timestamp-type", b"1"), ("diode.session", SESSION)),
-               partition=0)  # fmt: skip
+        Record(
+            key=f"{SOURCE}:0:500".encode(),
+            value=b"bad",
+            headers=(
+                ("diode.timestamp", b"1"),
+                ("diode.key", b"k"),
+                ("diode.timestamp-type", b"1"),
+                ("diode.session", SESSION),
+            ),
+            partition=0,
+        )  # fmt: skip
     )
     produce_records(downstream_kafka, raw, records)
 

@@ -1,0 +1,122 @@
+"""Dedup configuration and raw-key parsing, without Spark or Kafka."""
+
+import pytest
+
+from common.errors import ConfigError
+from dedup.config import DedupConfig, environment_help, from_sources
+from dedup.raw_record import PROVENANCE, parse_raw_key, restore
+
+BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
+
+
+def test_operator_names_and_pass_through() -> None:
+    cfg = from_sources(
+        {
+            **BASE,
+            "RAW_TOPICS": "raw.a, raw.b",
+            "WINDOW_SIZE": "1000",
+            "MAX_WINDOWS": "20",
+            "CLEAN_TOPIC": "{topic}",
+            "GAP_EMIT_INTERVAL_SEC": "2.5",
+            "PERSIST_INTERVAL_MS": "250",
+            "SPARK_CONF_SPARK_EXECUTOR_MEMORY": "4g",
+            "SPARK_CONF_spark_executor_memoryOverhead": "1g",
+            "KAFKA_CONF_SECURITY_PROTOCOL": "SASL_SSL",
+            "KAFKA_SOURCE_KAFKA_SECURITY_PROTOCOL": "SSL",
+            "UNRELATED": "x",
+        }
+    )
+    assert cfg.raw_topics == ("raw.a", "raw.b")
+    assert (cfg.window_size, cfg.max_windows, cfg.persist_interval_ms) == (1000, 20, 250)
+    assert cfg.gap_emit_interval_sec == 2.5
+    assert cfg.clean_topic_for("orders") == "orders"
+    assert cfg.spark_conf == {
+        "spark.executor.memory": "4g",
+        "spark.executor.memoryOverhead": "1g",
+    }
+    assert cfg.kafka_conf == {"security.protocol": "SASL_SSL"}
+    assert cfg.kafka_source == {"kafka.security.protocol": "SSL"}
+
+
+def test_flags_override_environment() -> None:
+    cfg = from_sources({**BASE, "WINDOW_SIZE": "1000"}, {"window_size": "50"})
+    assert cfg.window_size == 50
+
+
+def test_transactional_id_is_stable_per_checkpoint() -> None:
+    a = from_sources(BASE)
+    b = from_sources(BASE)
+    c = from_sources({**BASE, "STATE_DIR_CONFIG": "/elsewhere"})
+    assert a.writer_transactional_id == b.writer_transactional_id != c.writer_transactional_id
+    assert from_sources({**BASE, "TRANSACTIONAL_ID": "t1"}).writer_transactional_id == "t1"
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"RAW_TOPICS": ""}, "RAW_TOPICS"),
+        ({"WINDOW_SIZE": "0"}, "WINDOW_SIZE"),
+        ({"WINDOW_SIZE": "many"}, "WINDOW_SIZE"),
+        ({"MAX_WINDOWS": "-1"}, "MAX_WINDOWS"),
+        ({"GAP_EMIT_INTERVAL_SEC": "0"}, "GAP_EMIT_INTERVAL_SEC"),
+        ({"PERSIST_INTERVAL_MS": "x"}, "PERSIST_INTERVAL_MS"),
+        ({"CLEAN_TOPIC": "clean.{source}"}, "CLEAN_TOPIC"),
+        ({"CLEAN_TOPIC": "raw"}, "CLEAN_TOPIC"),
+        ({"BOOTSTRAP_SERVERS": " "}, "BOOTSTRAP_SERVERS"),
+        ({"FAIL_ON_DATA_LOSS": "perhaps"}, "FAIL_ON_DATA_LOSS"),
+        ({"KAFKA_CONF_TRANSACTIONAL_ID": "x"}, "KAFKA_CONF_TRANSACTIONAL_ID"),
+    ],
+)
+def test_errors_name_the_variable_and_the_fix(env: dict[str, str], named: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        from_sources({**BASE, **env})
+    assert named in info.value.key
+
+
+def test_missing_required_names_env_and_flag() -> None:
+    with pytest.raises(ConfigError) as info:
+        from_sources({"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:1"})
+    assert info.value.key == "STATE_DIR_CONFIG"
+    assert "--state-dir-config" in str(info.value)
+
+
+def test_help_lists_every_variable() -> None:
+    text = environment_help()
+    for name in DedupConfig.__dataclass_fields__:
+        if name not in ("spark_conf", "kafka_conf", "kafka_source"):
+            assert name.upper() in text
+    assert "SPARK_CONF_<NAME>" in text
+    assert "KAFKA_CONF_<NAME>" in text
+
+
+@pytest.mark.parametrize(
+    ("key", "parsed"),
+    [
+        (b"orders:3:1048576", ("orders", 3, 1048576)),
+        (b"a.b-c_d:0:0", ("a.b-c_d", 0, 0)),
+        (b"weird:name:1:2", ("weird:name", 1, 2)),  # split on the LAST two ':'
+        (b"t:0:-1", ("t", 0, -1)),
+        (b"t:0", None),
+        (b":0:1", None),
+        (b"t:x:1", None),
+        (b"t:1:", None),
+        (b"t:99999999999:1", None),
+        (b"t:0:1 ", None),
+        (None, None),
+        (b"\xff:0:1", None),
+    ],
+)
+def test_parse_raw_key(key: bytes | None, parsed: tuple[str, int, int] | None) -> None:
+    assert parse_raw_key(key) == parsed
+
+
+def test_restore_strips_exactly_the_trailing_provenance() -> None:
+    source = [("h", None), ("diode.key", b"user header")]
+    prov = [("diode.key", None), ("diode.timestamp", b"1700"), ("diode.timestamp-type", b"1"),
+            ("diode.session", b"ab" * 16)]  # fmt: skip
+    assert restore(source + prov) == (None, 1700, source)
+    assert restore(prov) == (None, 1700, [])
+    assert restore(prov[:3]) is None
+    assert restore(source + [prov[1], prov[0], *prov[2:]]) is None
+    assert restore([*prov[:1], ("diode.timestamp", b"soon"), *prov[2:]]) is None
+    assert tuple(n for n, _ in prov) == PROVENANCE

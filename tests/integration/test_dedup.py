@@ -139,7 +139,7 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path)
                 ("diode.session", SESSION),
             ),
             partition=0,
-        )  # fmt: skip
+        )
     )
     produce_records(downstream_kafka, raw, records)
 

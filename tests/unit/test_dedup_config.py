@@ -117,6 +117,6 @@ def test_restore_strips_exactly_the_trailing_provenance() -> None:
     assert restore(source + prov) == (None, 1700, source)
     assert restore(prov) == (None, 1700, [])
     assert restore(prov[:3]) is None
-    assert restore(source + [prov[1], prov[0], *prov[2:]]) is None
+    assert restore([*source, prov[1], prov[0], *prov[2:]]) is None
     assert restore([*prov[:1], ("diode.timestamp", b"soon"), *prov[2:]]) is None
     assert tuple(n for n, _ in prov) == PROVENANCE

@@ -1,0 +1,210 @@
+"""Dedup throughput: raw topic -> dedup job (effectively-once writer) vs a pass-through baseline.
+
+Pre-fills a raw topic (8 partitions, 10 % duplicates, 1 % gaps, 200-byte values), then in ONE
+SparkSession (local[2]) runs (a) the dedup query and (b) a pass-through query that reads the same
+topic and writes every record unchanged through the same transactional writer. Each rate is
+records read / seconds from query start to the last batch written (Spark start-up excluded).
+Needs a broker: ``--bootstrap`` (default: start one with the project's LocalBroker).
+Last line: one JSON object.
+
+    .venv/bin/python bench/dedup.py --records 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+from confluent_kafka import Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+from pyspark.sql import functions as F  # noqa: N812
+
+from dedup import job
+from dedup.cli import writer_settings
+from dedup.config import from_sources
+from dedup.writer import TransactionalBatchWriter, WriterSettings
+from kafka_diode.local_kafka.artifacts import spark_connector_jars
+from kafka_diode.local_kafka.broker import LocalBroker, free_port
+
+PARTITIONS = 8
+VALUE = b"v" * 200
+
+
+def prefill(bootstrap: str, topic: str, records: int, seed: int = 1) -> tuple[int, int]:
+    """Fill ``topic``; returns (raw records written, distinct offsets delivered)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+        future.result(30)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 50,
+            "batch.num.messages": 10_000,
+            "queue.buffering.max.messages": 1_000_000,
+            "compression.type": "lz4",
+        }
+    )
+    rng = random.Random(seed)
+    per_partition = records // PARTITIONS
+    now = int(time.time() * 1000)
+    written = distinct = 0
+    session = b"ab" * 16
+    for partition in range(PARTITIONS):
+        for offset in range(int(per_partition / 1.09)):
+            if rng.random() < 0.01:
+                continue  # a gap
+            distinct += 1
+            copies = 2 if rng.random() < 0.1 else 1  # 10 % duplicates
+            headers = [
+                ("diode.key", b"key-%d" % offset),
+                ("diode.timestamp", b"%d" % now),
+                ("diode.timestamp-type", b"1"),
+                ("diode.session", session),
+            ]
+            for _ in range(copies):
+                while True:
+                    try:
+                        producer.produce(
+                            topic,
+                            VALUE,
+                            b"src:%d:%d" % (partition, offset),
+                            partition,
+                            headers=headers,
+                            timestamp=now,
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+                written += 1
+    producer.flush(120)
+    return written, distinct
+
+
+class CountingWriter(TransactionalBatchWriter):
+    """Counts input rows of committed batches (stat rows; pass-through: records)."""
+
+    rows_in = 0
+    passthrough = False
+
+    def write_table(self, table, batch_id):
+        stats = table.filter(pc.equal(table.column("kind"), "stat"))
+        if stats.num_rows:
+            self.rows_in += sum(
+                pc.sum(stats.column(n)).as_py() or 0 for n in ("delivered", "duplicates")
+            )
+        result = super().write_table(table, batch_id)
+        if self.passthrough:
+            self.rows_in += result.records
+        return result
+
+
+def run_query(spark, config, writer, total: int, transform=None) -> float:
+    start = time.monotonic()
+    query = job.start_query(spark, config, writer, transform=transform)
+    try:
+        while writer.rows_in < total:
+            if not query.isActive:
+                raise RuntimeError(f"query stopped: {query.exception()}")
+            query.awaitTermination(0.2)
+        return time.monotonic() - start
+    finally:
+        query.stop()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--bootstrap", default=None)
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=500_000)
+    args = parser.parse_args()
+
+    broker = None
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        data_dir = Path(tempfile.mkdtemp(prefix="bench-dedup-"))
+        broker = LocalBroker("bench-dedup", free_port(), data_dir=data_dir, partitions=PARTITIONS)
+        broker.start()
+        bootstrap = broker.bootstrap
+    tag = f"bench{int(time.time())}"
+    raw = f"{tag}.raw"
+    t0 = time.monotonic()
+    written, distinct = prefill(bootstrap, raw, args.records)
+    prefill_s = time.monotonic() - t0
+    tmp = Path(tempfile.mkdtemp(prefix="bench-dedup-ck-"))
+
+    def config(name: str):
+        return from_sources(
+            {
+                "RAW_TOPICS": raw,
+                "BOOTSTRAP_SERVERS": bootstrap,
+                "STATE_DIR_CONFIG": str(tmp / name),
+                "CLEAN_TOPIC": f"{tag}.{name}.clean",
+                "GAP_TOPIC": f"{tag}.{name}.gaps",
+                "PROGRESS_TOPIC": f"{tag}.{name}.progress",
+                "CONTROL_TOPIC": f"{tag}.{name}.control",
+                "NEW_TOPIC_PARTITIONS": str(PARTITIONS),
+                "SPARK_MASTER": "local[2]",
+                "SHUFFLE_PARTITIONS": "2",
+                "PERSIST_INTERVAL_MS": "0",
+                "MAX_OFFSETS_PER_TRIGGER": str(args.max_offsets_per_trigger),
+            }
+        )
+
+    cfg = config("dedup")
+    t0 = time.monotonic()
+    spark = job.build_session(cfg, [str(p) for p in spark_connector_jars()])
+    spark_start_s = time.monotonic() - t0
+
+    def passthrough(raw_df):
+        return raw_df.where(F.col("topic") == raw).select(
+            F.lit("record").alias("kind"),
+            F.col("topic").alias("src_topic"),
+            F.col("partition").alias("src_partition"),
+            F.col("offset").alias("src_offset"),
+            F.col("key"),
+            F.col("value"),
+            F.expr("cast(unix_millis(timestamp) as bigint)").alias("timestamp"),
+            F.col("headers"),
+            *[F.lit(None).cast(f.dataType).alias(f.name) for f in job.OUTPUT_SCHEMA.fields[8:]],
+        )
+
+    results = {}
+    for name, transform in (("passthrough", passthrough), ("dedup", None)):
+        c = config(name)
+        writer = CountingWriter(writer_settings(c, WriterSettings))
+        writer.passthrough = transform is not None
+        seconds = run_query(spark, c, writer, written, transform)
+        results[name] = {"seconds": round(seconds, 2), "records_per_s": round(written / seconds)}
+        print(f"{name}: {written} records in {seconds:.1f} s", file=sys.stderr)
+    spark.stop()
+    if broker is not None:
+        broker.stop()
+    out = {
+        "bench": "dedup",
+        "master": "local[2]",
+        "raw_records": written,
+        "distinct_records": distinct,
+        "value_bytes": len(VALUE),
+        "partitions": PARTITIONS,
+        "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "prefill_s": round(prefill_s, 1),
+        "spark_start_s": round(spark_start_s, 1),
+        "dedup_records_per_s": results["dedup"]["records_per_s"],
+        "passthrough_records_per_s": results["passthrough"]["records_per_s"],
+        "ratio_to_passthrough": round(
+            results["dedup"]["records_per_s"] / results["passthrough"]["records_per_s"], 3
+        ),
+        "target_records_per_s": 150_000,
+    }
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -422,7 +422,8 @@ class LocalBroker:
         return state
 
     def _format(self, base: list[str], properties: Path, cluster_id: str) -> None:
-        command = [*base, "kafka.tools.StorageTool", "format", "-t", cluster_id, "-c"]
+        # "--cluster-id=" form: a base64 id may start with "-", which argparse would read as a flag
+        command = [*base, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c"]
         command.append(str(properties))
         try:
             result = subprocess.run(

@@ -21,6 +21,7 @@ import pytest
 from confluent_kafka import Producer
 
 from kafka_diode.local_kafka import artifacts, cli
+from kafka_diode.local_kafka import broker as broker_module
 from kafka_diode.local_kafka.broker import (
     CMDLINE_NAME_PROP,
     LocalBroker,
@@ -133,6 +134,20 @@ def test_restart_reuses_storage_and_keeps_records(tmp_path: Path) -> None:
     finally:
         broker.stop()
     assert not broker.is_running()
+
+
+@pytest.mark.kafka
+def test_cluster_id_starting_with_a_dash_formats(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # base64 ids start with "-" one time in 64; the storage tool must not read it as a flag
+    monkeypatch.setattr(broker_module, "new_cluster_id", lambda: "-" + "A" * 21)
+    env = dict(os.environ, KAFKA_DIODE_RUN_DIR=str(tmp_path / "run"))
+    broker = LocalBroker("dash-id", free_port(), data_dir=tmp_path / "data", env=env)
+    try:
+        assert broker.start().cluster_id == "-" + "A" * 21
+    finally:
+        broker.stop()
 
 
 @pytest.mark.kafka

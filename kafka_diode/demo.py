@@ -286,7 +286,10 @@ def _drive(pipeline: Pipeline, args: argparse.Namespace, console: Console) -> in
                 view.phase = f"resend pass {passes}: bundle -> resend"
                 pipeline.resend_pass()
                 verdict = pipeline.wait_settled(
-                    timeout=max(30.0, min(180.0, deadline - time.monotonic())), want_ok=True
+                    timeout=max(30.0, min(180.0, deadline - time.monotonic())),
+                    want_ok=True,
+                    # two gap scans plus a few micro-batches without change: another pass is due
+                    stable_for=3 * pipeline.spec.gap_emit_interval + 10,
                 )
             view.phase = "done"
             live.update(view.table())
@@ -296,5 +299,6 @@ def _drive(pipeline: Pipeline, args: argparse.Namespace, console: Console) -> in
     if verdict.examples and not verdict.ok:
         for example in verdict.examples[:10]:
             console.print(f"  {example}")
+    console.print()
     console.print(verdict.line(), markup=False, highlight=False)
     return 0 if verdict.ok else 1

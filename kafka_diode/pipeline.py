@@ -314,22 +314,34 @@ class Pipeline:
             gap_topic=self.ep.gap_topic,
         )
 
-    def wait_settled(self, *, timeout: float, want_ok: bool = False) -> Verdict:
+    def wait_settled(
+        self, *, timeout: float, want_ok: bool = False, stable_for: float | None = None
+    ) -> Verdict:
         """Wait until every produced record is accounted for: delivered or inside an open gap.
 
-        With ``want_ok``, wait for every record delivered and no gap open. Returns the last
-        verdict either way (the caller asserts on it); fails early if a component died.
+        With ``want_ok``, wait for every record delivered and no gap open, or, with
+        ``stable_for``, until the accounted-for verdict has not changed for that many seconds (a
+        resend that itself crossed a lossy link leaves gaps that only another pass fills). Returns
+        the last verdict either way (the caller asserts on it); fails early if a component died.
         """
         last: list[Verdict] = []
         alive = [p for p in self.group.processes.values() if p.name in _LONG_RUNNING]
+        since = time.monotonic()
+        figures: dict[str, object] = {}
 
         def settled() -> bool:
+            nonlocal since, figures
             v = self.verdict()
             last[:] = [v]
-            if want_ok:
-                return v.ok
-            accounted = v.exactly_once + v.missing_reported
-            return v.promise_kept and accounted >= v.produced > 0
+            accounted = v.promise_kept and v.exactly_once + v.missing_reported >= v.produced > 0
+            if not want_ok:
+                return accounted
+            if v.ok:
+                return True
+            if v.as_dict() != figures:
+                since, figures = time.monotonic(), v.as_dict()
+            quiet = time.monotonic() - since
+            return stable_for is not None and accounted and quiet >= stable_for
 
         try:
             wait_until(

@@ -8,6 +8,7 @@ byte, without trusting any counter of ours.
 
 from __future__ import annotations
 
+import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -55,6 +56,9 @@ def produce(
             "linger.ms": 20,
             "batch.size": 1_000_000,
             "compression.type": "lz4",
+            # librdkafka's own warnings (e.g. "coordinator load in progress" while a fresh
+            # broker settles) go to our logger instead of raw onto the terminal
+            "logger": logging.getLogger(__name__),
         }
     )
     acked = 0

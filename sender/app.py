@@ -41,6 +41,7 @@ from sender.transport import UdpSender
 log = logging.getLogger(__name__)
 
 _METRICS_INTERVAL = 1.0
+_RESUME_SLACK_SECONDS = 3.0
 
 
 class SenderApp:
@@ -82,6 +83,18 @@ class SenderApp:
         self.errors: dict[str, int] = {}
         """Errors by kind counted here (``record_too_large``, ``message``); see ``all_errors``."""
 
+    @property
+    def max_backlog_bytes(self) -> int:
+        """The backlog bound in force: ``max_backlog_bytes``, raised to 3 s of the byte rate.
+
+        Resuming paused partitions takes librdkafka 0.5-1 s here (the fetch restarts), so the
+        low-water mark (half the bound) must hold more than that at the paced rate, or the link
+        idles while Kafka wakes up (measured: docs/sender.md, "Backpressure").
+        """
+        cfg = self.config
+        by_rate = max(cfg.rate_bytes, cfg.rate_datagrams * cfg.max_datagram_size)
+        return max(cfg.max_backlog_bytes, int(_RESUME_SLACK_SECONDS * by_rate))
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def __aenter__(self) -> SenderApp:
@@ -115,7 +128,7 @@ class SenderApp:
             loop=loop,
             copies=cfg.copies,
             copy_spacing=cfg.copy_spacing,
-            max_backlog_bytes=cfg.max_backlog_bytes,
+            max_backlog_bytes=self.max_backlog_bytes,
             on_pressure=self._on_pressure,
             clock=self._clock,
         )
@@ -191,9 +204,12 @@ class SenderApp:
                 clean = await self._commit() and clean
             self.sync_metrics()
         finally:
-            await self._close_resources()
-            self._stopped.set()
-            self._done.set()
+            try:
+                await self._close_resources()
+            finally:
+                # Always released, so a second stop() (or wait()) never hangs on a failed first.
+                self._stopped.set()
+                self._done.set()
         return clean
 
     async def _close_resources(self) -> None:

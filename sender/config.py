@@ -87,7 +87,7 @@ class SenderConfig:
     """Pacing: bytes per second on the wire, every copy counted; 0 is unlimited."""
     rate_datagrams: float = 0.0
     """Pacing: datagrams per second, every copy counted; 0 is unlimited."""
-    burst_seconds: float = 0.005
+    burst_seconds: float = 0.02
     """Pacing: how far sending may run ahead of the rate after an idle spell, in seconds."""
     copies: int = 1
     """Send each datagram this many times (redundancy against loss)."""

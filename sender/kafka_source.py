@@ -190,8 +190,10 @@ class KafkaSource:
             return True
         return bool(await self._call(self._commit, dict(offsets)))
 
-    def _commit(self, offsets: dict[tuple[str, int], int]) -> bool:
-        consumer = self._require()
+    def _commit(
+        self, offsets: dict[tuple[str, int], int], consumer: Consumer | None = None
+    ) -> bool:
+        consumer = consumer or self._require()
         with self._lock:
             owned = {tp: o for tp, o in offsets.items() if tp in self._assigned}
         todo = {tp: o for tp, o in owned.items() if self._committed.get(tp) != o}
@@ -233,11 +235,13 @@ class KafkaSource:
     async def close(self) -> None:
         """Leave the group and stop the thread (idempotent; commits nothing by itself)."""
         if self._consumer is not None:
-            consumer, self._consumer = self._consumer, None
+            consumer = self._consumer
             try:
+                # Revocation callbacks run inside close() and still need the consumer.
                 await self._call(consumer.close)
             except (KafkaException, RuntimeError) as exc:
                 log.warning("consumer close: %s", exc)
+            self._consumer = None
         self._executor.shutdown(wait=True)
 
     # -- callbacks (consumer thread) ------------------------------------------------------------
@@ -302,7 +306,7 @@ class KafkaSource:
         revoked = {(tp.topic, tp.partition) for tp in partitions}
         offsets = {tp: o + 1 for tp, o in sent.items() if tp in revoked}
         if offsets:
-            self._commit(offsets)
+            self._commit(offsets, consumer)
         with self._lock:
             self._assigned -= revoked
         consumer.unassign()

@@ -10,7 +10,10 @@ Each bucket holds up to ``burst`` tokens and refills at ``rate`` tokens per seco
 least ``min(n, burst)`` tokens (so a datagram larger than the burst is not blocked forever); taking
 it may leave the bucket in debt, which later refills pay back. Over any interval ``t`` the pacer
 therefore lets through at most ``burst + rate * t`` tokens plus one datagram: the long-run average
-is exactly ``rate``. Every copy of a redundant datagram is paced like any other datagram.
+is exactly ``rate``. A busy event loop wakes the sender late; while datagrams were waiting for
+tokens (not idle), that lateness is credited back up to ``catch_up_seconds`` instead of being cut
+off at ``burst``, or the average would fall below ``rate`` whenever the loop is slow. Every copy
+of a redundant datagram is paced like any other datagram.
 
 Pure (STYLE.md §1): the caller passes ``now`` (seconds, monotonic); nothing here sleeps or reads a
 clock, so tests drive it with a fake clock.
@@ -41,16 +44,21 @@ class TokenBucket:
         self._tokens = burst
         self._last = now
 
-    def _refill(self, now: float) -> None:
+    def _refill(self, now: float, cap: float) -> None:
         if now > self._last:
-            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._tokens = min(cap, self._tokens + (now - self._last) * self.rate)
             self._last = now
 
-    def delay(self, amount: float, now: float) -> float:
-        """Seconds from ``now`` until ``amount`` tokens may be taken (0.0: at once)."""
+    def delay(self, amount: float, now: float, *, catch_up: float = 0.0) -> float:
+        """Seconds from ``now`` until ``amount`` tokens may be taken (0.0: at once).
+
+        ``catch_up`` (seconds) raises the cap for this refill: a sender that was waiting for
+        tokens with data queued, and was woken late by a busy event loop, gets up to that much
+        lost time back, so the long-run average stays at ``rate``.
+        """
         if self.rate == 0:
             return 0.0
-        self._refill(now)
+        self._refill(now, self.burst + self.rate * catch_up)
         need = min(amount, self.burst)
         # A millionth of a token of tolerance: float rounding must not leave a shortfall so small
         # that adding it to ``now`` changes nothing (an endless zero-length wait).
@@ -62,7 +70,7 @@ class TokenBucket:
         """Take ``amount`` tokens (the bucket may go into debt; see the module docstring)."""
         if self.rate == 0:
             return
-        self._refill(now)
+        self._refill(now, max(self.burst, self._tokens))
         self._tokens -= amount
 
 
@@ -74,10 +82,12 @@ class PacingConfig:
     """Byte rate limit, UDP payload bytes per second, every copy counted; 0 is unlimited."""
     datagrams_per_s: float = 0.0
     """Datagram rate limit per second, every copy counted; 0 is unlimited."""
-    burst_seconds: float = 0.005
+    burst_seconds: float = 0.02
     """How much sending may run ahead of the rate after an idle spell, in seconds of rate."""
     max_datagram_size: int = 1472
     """Largest datagram; the byte burst is never smaller than this."""
+    catch_up_seconds: float = 0.25
+    """Lateness of the event loop credited back while datagrams wait for pacing (seconds)."""
 
     def __post_init__(self) -> None:
         for key in ("bytes_per_s", "datagrams_per_s"):
@@ -86,6 +96,10 @@ class PacingConfig:
                 raise ConfigError(key, f"is {value}", "use 0 (unlimited) or a positive number")
         if not 0 < self.burst_seconds <= 10:
             raise ConfigError("burst_seconds", f"is {self.burst_seconds}", "use 0 < value <= 10")
+        if not 0 <= self.catch_up_seconds <= 10:
+            raise ConfigError(
+                "catch_up_seconds", f"is {self.catch_up_seconds}", "use 0 <= value <= 10"
+            )
         if self.max_datagram_size <= 0:
             raise ConfigError("max_datagram_size", "must be positive")
 
@@ -93,21 +107,31 @@ class PacingConfig:
 class Pacer:
     """Both buckets together: a datagram leaves only when both allow it."""
 
-    __slots__ = ("_bytes", "_datagrams", "unlimited")
+    __slots__ = ("_bytes", "_catch_up", "_datagrams", "unlimited")
 
     def __init__(self, config: PacingConfig, now: float) -> None:
         byte_burst = max(float(config.max_datagram_size), config.bytes_per_s * config.burst_seconds)
         dgram_burst = max(1.0, config.datagrams_per_s * config.burst_seconds)
         self._bytes = TokenBucket(config.bytes_per_s, byte_burst, now)
         self._datagrams = TokenBucket(config.datagrams_per_s, dgram_burst, now)
+        self._catch_up = config.catch_up_seconds
         self.unlimited = config.bytes_per_s == 0 and config.datagrams_per_s == 0
         """True when no limit is set: callers may skip the bookkeeping entirely."""
 
-    def delay(self, size: int, now: float) -> float:
-        """Seconds from ``now`` until a datagram of ``size`` bytes may be sent."""
+    def delay(self, size: int, now: float, *, backlogged: bool = False) -> float:
+        """Seconds from ``now`` until a datagram of ``size`` bytes may be sent.
+
+        ``backlogged``: the caller has been holding datagrams back since its last send (it was
+        waiting for this pacer, not idle). Then a late wake-up is credited, up to
+        ``catch_up_seconds``, instead of being lost to the burst cap.
+        """
         if self.unlimited:
             return 0.0
-        return max(self._bytes.delay(size, now), self._datagrams.delay(1, now))
+        catch_up = self._catch_up if backlogged else 0.0
+        return max(
+            self._bytes.delay(size, now, catch_up=catch_up),
+            self._datagrams.delay(1, now, catch_up=catch_up),
+        )
 
     def take(self, size: int, now: float) -> None:
         """Account for a datagram of ``size`` bytes handed to the socket at ``now``."""

@@ -10,7 +10,8 @@ and put ``sent_high`` in heartbeats, so neither ever runs ahead of what left the
 Backpressure: the backlog is measured in bytes (every pending copy counted). Above
 ``max_backlog_bytes`` the pipeline reports pressure (``on_pressure(True)``) and the caller stops
 feeding it (the sender pauses its Kafka partitions); below half of it, pressure is released. The
-caller feeds at most one consumer batch after pressure is reported, so memory stays bounded
+caller feeds at most two more consumer batches (the one in hand, the prefetched one) after
+pressure is reported, so memory stays bounded
 whatever the input rate.
 
 The pump is synchronous (no task per datagram): it sends until the backlog is empty, the pacer
@@ -81,6 +82,8 @@ class SendPipeline:
         self._delayed: list[tuple[float, int, _Item]] = []  # (due, tie-break, item)
         self._tie = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
+        self._timer_due = 0.0
+        self._held = False  # datagrams have been waiting for the pacer since the last send
         self._linger: asyncio.TimerHandle | None = None
         self._waiting_writable = False
         self._emitted_records = 0  # records the encoder has put into datagrams so far
@@ -217,8 +220,16 @@ class SendPipeline:
         self._pump()
 
     def _pump(self) -> None:
-        if self._timer is not None or self._waiting_writable or self._closed:
+        if self._waiting_writable or self._closed:
             return
+        if self._timer is not None:
+            # Called from ``add`` while encoding a long batch keeps the loop busy: a pacing timer
+            # that is already due would fire late and the idle bucket would cap the lost time at
+            # one burst, so the average would fall short of the rate. Send now instead.
+            if self._clock() < self._timer_due:
+                return
+            self._timer.cancel()
+            self._timer = None
         self._send_some()
         if self.congested and self.backlog_bytes <= self._max_backlog // 2:
             self.congested = False
@@ -239,9 +250,11 @@ class SendPipeline:
                 break
             size = len(item.data)
             if not pacer.unlimited:
-                wait = pacer.delay(size, now)
+                wait = pacer.delay(size, now, backlogged=self._held)
                 if wait > 0:
+                    self._held = True
                     self.pacing_delay += wait
+                    self._timer_due = now + wait
                     self._timer = self._loop.call_later(wait, self._on_timer)
                     return
             result = udp.send(item.data)
@@ -271,8 +284,10 @@ class SendPipeline:
                 self._complete(item)
             now = self._clock()
         if delayed:
+            self._timer_due = delayed[0][0]
             self._timer = self._loop.call_later(max(0.0, delayed[0][0] - now), self._on_timer)
         elif not queue:
+            self._held = False
             self._idle.set()
 
     def _complete(self, item: _Item) -> None:

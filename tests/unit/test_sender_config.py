@@ -1,0 +1,161 @@
+"""SenderConfig: layering, validation naming the key, secrets masked, key loading."""
+
+import argparse
+import json
+
+import pytest
+
+from common import settings
+from common.errors import ConfigError
+from common.wire import Key, KeyRing
+from sender import cli
+from sender.config import ENV_PREFIX, SenderConfig, load_keyring
+
+BASE = {
+    "bootstrap_servers": "127.0.0.1:9092",
+    "target": "127.0.0.1:9000",
+    "topics": ["a"],
+    "insecure_cleartext": True,
+}
+
+
+def make(**overrides):
+    values = {**BASE, **overrides}
+    return settings.build(SenderConfig, file_values=values)
+
+
+def test_layers_file_env_flags() -> None:
+    cfg = settings.build(
+        SenderConfig,
+        file_values={**BASE, "copies": 2, "linger": 0.01},
+        env={
+            "DIODE_SENDER_COPIES": "3",
+            "DIODE_SENDER_KAFKA__SECURITY_PROTOCOL": "SSL",
+            "OTHER": "x",
+        },
+        env_prefix=ENV_PREFIX,
+        flags={"copies": "4"},
+    )
+    assert cfg.copies == 4
+    assert cfg.linger == 0.01
+    assert cfg.kafka == {"security.protocol": "SSL"}
+    assert cfg.consumer_properties()["security.protocol"] == "SSL"
+    assert cfg.consumer_properties()["enable.auto.commit"] is False
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"topcs": ["a"]}, "topcs"),
+        ({"target": "nohost"}, "target"),
+        ({"target": "h:70000"}, "target"),
+        ({"bind": "[::1"}, "bind"),
+        ({"topics": []}, "topics"),
+        ({"topics": ["^(("]}, "topics"),
+        ({"exclude_topics": "(("}, "exclude_topics"),
+        ({"copies": 0}, "copies"),
+        ({"rate_bytes": -5}, "rate_bytes"),
+        ({"start_position": "middle"}, "start_position"),
+        ({"start_position": "timestamp"}, "start_timestamp"),
+        ({"start_position": "timestamp", "start_timestamp": "yesterday"}, "start_timestamp"),
+        ({"insecure_cleartext": False}, "key_file"),
+        ({"kafka": {"enable.auto.commit": "true"}}, "kafka.enable.auto.commit"),
+        ({"max_datagram_size": 100}, "max_datagram_size"),
+        ({"heartbeat_interval": 0}, "heartbeat_interval"),
+        ({"password": "pw", "insecure_cleartext": False}, "salt"),
+    ],
+)
+def test_bad_values_name_the_key(overrides: dict, key: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        make(**overrides)
+    assert info.value.key == key
+
+
+def test_timestamp_start_accepts_iso_and_millis() -> None:
+    iso = make(start_position="timestamp", start_timestamp="2024-05-01T00:00:00Z")
+    assert iso.start_timestamp_ms() == 1714521600000
+    assert make(start_position="timestamp", start_timestamp="123").start_timestamp_ms() == 123
+
+
+def test_targets_include_extra_ports() -> None:
+    cfg = make(target_ports=[9001, 9002])
+    assert cfg.targets() == [("127.0.0.1", 9000), ("127.0.0.1", 9001), ("127.0.0.1", 9002)]
+
+
+def test_key_file_missing_unreadable_or_malformed_names_key_file(tmp_path) -> None:
+    missing = make(insecure_cleartext=False, key_file=str(tmp_path / "nope.json"))
+    with pytest.raises(ConfigError) as info:
+        load_keyring(missing)
+    assert info.value.key == "key_file"
+    assert "does not exist" in str(info.value)
+
+    unreadable = tmp_path / "dir.json"
+    unreadable.mkdir()  # a directory cannot be read as a file, even by root
+    with pytest.raises(ConfigError) as info:
+        load_keyring(make(insecure_cleartext=False, key_file=str(unreadable)))
+    assert info.value.key == "key_file"
+
+    junk = tmp_path / "junk.json"
+    junk.write_text("not json")
+    with pytest.raises(ConfigError) as info:
+        load_keyring(make(insecure_cleartext=False, key_file=str(junk)))
+    assert info.value.key == "key_file"
+
+
+def test_key_file_and_password_load(tmp_path) -> None:
+    key = Key.generate()
+    path = tmp_path / "k.json"
+    KeyRing([key], active=key.key_id).write(path)
+    ring = load_keyring(make(insecure_cleartext=False, key_file=str(path)))
+    assert ring is not None
+    assert ring.active.key_id == key.key_id
+
+
+def test_check_config_masks_secrets_and_exits_0(tmp_path, capsys, monkeypatch) -> None:
+    toml = tmp_path / "s.toml"
+    toml.write_text(
+        'bootstrap_servers = "127.0.0.1:9092"\ntarget = "127.0.0.1:9000"\ntopics = ["a", "^b.*"]\n'
+        '[kafka]\n"sasl.password" = "hunter2"\n'
+    )
+    monkeypatch.setenv("DIODE_SENDER_PASSWORD", "s3cret")
+    monkeypatch.setenv("DIODE_SENDER_SALT", "00" * 16)
+    assert cli.main(["--config", str(toml), "--check-config"]) == 0
+    out = capsys.readouterr().out
+    assert "s3cret" not in out
+    assert "hunter2" not in out
+    shown = json.loads(out)
+    assert shown["password"] == "***"
+    assert shown["topics"] == ["a", "^b.*"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "env", "needle"),
+    [
+        (["--topics", "a", "--copies", "x"], {}, "--copies"),
+        (["--topics", "a", "--key-file", "/nonexistent/key.json"], {}, "key_file"),
+        (
+            ["--topics", "a", "--insecure-cleartext", "true"],
+            {"DIODE_SENDER_COPYS": "2"},
+            "DIODE_SENDER_COPYS",
+        ),
+        (
+            ["--topics", "a", "--insecure-cleartext", "true", "--target", "no-such.invalid:1"],
+            {},
+            "target",
+        ),
+    ],
+)
+def test_cli_config_errors_exit_2_naming_the_key(argv, env, needle, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("DIODE_SENDER_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
+    monkeypatch.setenv("DIODE_SENDER_TARGET", "127.0.0.1:9000")
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert cli.main(argv) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_help_documents_every_field() -> None:
+    text = cli.build_parser("kafka-diode send").format_help()
+    for name in settings.field_docs(SenderConfig):
+        assert settings.flag_name(name) in text
+    assert isinstance(cli.build_parser("x"), argparse.ArgumentParser)

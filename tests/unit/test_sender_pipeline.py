@@ -1,0 +1,204 @@
+"""SendPipeline on a real loopback socket with the real wire Encoder/Decoder (no Kafka)."""
+
+import asyncio
+import os
+import socket
+
+import pytest
+
+from common.wire import (
+    Decoder,
+    DropReason,
+    Encoder,
+    Heartbeat,
+    Key,
+    KeyRing,
+    RecordBatch,
+    WireConfig,
+)
+from sender.pacing import Pacer, PacingConfig
+from sender.pipeline import SendPipeline
+from sender.transport import UdpSender
+
+WIRE = WireConfig(max_datagram_size=1452, linger=0.002)
+
+
+def ring() -> KeyRing:
+    key = Key.generate()
+    return KeyRing([key], active=key.key_id)
+
+
+class Rig:
+    """A pipeline sending to a loopback socket that the test drains and decodes."""
+
+    def __init__(
+        self,
+        *,
+        copies: int = 1,
+        spacing: float = 0.0,
+        pacing: PacingConfig | None = None,
+        max_backlog: int = 1 << 20,
+    ) -> None:
+        self.keys = ring()
+        self.rx = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.rx.bind(("127.0.0.1", 0))
+        self.rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+        self.rx.setblocking(False)
+        self.udp = UdpSender([("127.0.0.1", self.rx.getsockname()[1])])
+        self.pressure: list[bool] = []
+        loop = asyncio.get_running_loop()
+        self.pipeline = SendPipeline(
+            encoder=Encoder(WIRE, self.keys, session_id=os.urandom(16)),
+            pacer=Pacer(pacing or PacingConfig(), loop.time()),
+            udp=self.udp,
+            loop=loop,
+            copies=copies,
+            copy_spacing=spacing,
+            max_backlog_bytes=max_backlog,
+            on_pressure=self.pressure.append,
+        )
+        self.decoder = Decoder(WIRE, self.keys)
+        self.datagrams = 0
+
+    def receive(self) -> list[object]:
+        events: list[object] = []
+        while True:
+            try:
+                data = self.rx.recv(65536)
+            except BlockingIOError:
+                break
+            self.datagrams += 1
+            self.decoder.receive_datagram(data, 0.0)
+            while (event := self.decoder.next_event()) is not None:
+                events.append(event)
+        return events
+
+    def close(self) -> None:
+        self.pipeline.close()
+        self.udp.close()
+        self.rx.close()
+
+
+def run(coro):
+    with asyncio.Runner() as runner:
+        return runner.run(coro)
+
+
+def test_records_arrive_intact_and_sent_high_follows() -> None:
+    async def scenario() -> None:
+        rig = Rig()
+        try:
+            for p in range(3):
+                for o in range(100):
+                    rig.pipeline.add(
+                        "t",
+                        p,
+                        o,
+                        1_700_000_000_000 + o,
+                        1,
+                        None if o % 7 == 0 else f"k{o}".encode(),
+                        None if o % 5 == 0 else b"v" * 200,
+                        [("h", b"x"), ("n", None)] if o % 3 == 0 else None,
+                    )
+            assert await rig.pipeline.drain(5.0)
+            records = [r for e in rig.receive() if isinstance(e, RecordBatch) for r in e.records]
+            assert len(records) == 300
+            got = {(r.partition, r.offset): r for r in records}
+            r = got[(1, 21)]
+            assert (r.key, r.value, r.headers, r.timestamp, r.timestamp_type) == (
+                None,
+                b"v" * 200,
+                (("h", b"x"), ("n", None)),
+                1_700_000_000_021,
+                1,
+            )
+            assert got[(2, 10)].value is None
+            assert rig.pipeline.sent_high == {("t", 0): 99, ("t", 1): 99, ("t", 2): 99}
+            assert rig.pipeline.records_sent == 300
+            assert rig.pipeline.backlog_bytes == 0
+        finally:
+            rig.close()
+
+    run(scenario())
+
+
+def test_linger_emits_a_lone_record_without_flush() -> None:
+    async def scenario() -> None:
+        rig = Rig()
+        try:
+            rig.pipeline.add("t", 0, 5, 0, 1, b"k", b"v", None)
+            async with asyncio.timeout(5):
+                while rig.pipeline.sent_high.get(("t", 0)) != 5:  # noqa: ASYNC110  a deadline-bounded poll
+                    await asyncio.sleep(0.005)
+            assert rig.pipeline.records_sent == 1
+        finally:
+            rig.close()
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("spacing", [0.0, 0.01])
+def test_copies_are_sent_and_the_receiver_drops_them_as_duplicates(spacing: float) -> None:
+    async def scenario() -> None:
+        rig = Rig(copies=3, spacing=spacing)
+        try:
+            for o in range(50):
+                rig.pipeline.add("t", 0, o, 0, 1, None, b"v" * 100, None)
+            assert await rig.pipeline.drain(5.0)
+            events = rig.receive()
+            records = [r for e in events if isinstance(e, RecordBatch) for r in e.records]
+            assert sorted(r.offset for r in records) == list(range(50))
+            unique = rig.pipeline.datagrams_sent // 3
+            assert rig.pipeline.copies_sent == 2 * unique
+            assert rig.decoder.drops[DropReason.DUPLICATE] == 2 * unique
+            assert rig.pipeline.sent_high == {("t", 0): 49}
+        finally:
+            rig.close()
+
+    run(scenario())
+
+
+def test_pacing_holds_back_reports_pressure_and_releases_it() -> None:
+    async def scenario() -> None:
+        # 200 kB/s, backlog bound 20 kB: 100 kB of records must raise pressure, then release it.
+        rig = Rig(pacing=PacingConfig(bytes_per_s=200_000), max_backlog=20_000)
+        try:
+            for o in range(500):
+                rig.pipeline.add("t", 0, o, 0, 1, None, b"v" * 200, None)
+            assert rig.pressure == [True]
+            assert rig.pipeline.sent_high.get(("t", 0), -1) < 499  # held back by pacing
+            assert await rig.pipeline.drain(10.0)
+            assert rig.pressure == [True, False]
+            assert rig.pipeline.pacing_delay > 0
+            assert rig.pipeline.sent_high == {("t", 0): 499}
+        finally:
+            rig.close()
+
+    run(scenario())
+
+
+def test_heartbeat_jumps_the_queue_and_names_only_sent_offsets() -> None:
+    async def scenario() -> None:
+        rig = Rig(pacing=PacingConfig(bytes_per_s=100_000), max_backlog=1 << 20)
+        try:
+            for o in range(300):
+                rig.pipeline.add("t", 0, o, 0, 1, None, b"v" * 200, None)
+            rig.pipeline.flush()
+            high = tuple((t, p, o) for (t, p), o in rig.pipeline.sent_high.items())
+            hb = rig.pipeline.encoder.heartbeat(
+                sender_id="s", started_at_ms=1, sent_at_ms=2, high_offsets=high, counters=()
+            )
+            rig.pipeline.enqueue(hb, front=True)
+            async with asyncio.timeout(5):
+                while True:
+                    events = [e for e in rig.receive() if isinstance(e, Heartbeat)]
+                    if events:
+                        break
+                    await asyncio.sleep(0.01)
+            assert rig.pipeline.pending_datagrams > 0  # records still queued behind it
+            assert events[0].high_offsets == high
+            assert all(o < 299 for _, _, o in events[0].high_offsets)
+        finally:
+            rig.close()
+
+    run(scenario())

@@ -132,8 +132,8 @@ class Pipeline:
                 data_dir=self.work_dir / f"kafka-{side}",
                 partitions=self.spec.partitions,
             )
+            self.brokers.append(broker)  # before start: an interrupted start is stopped too
             broker.start()
-            self.brokers.append(broker)
             setattr(self.ep, side, broker.bootstrap)
 
     def create_topics(self) -> None:

@@ -12,25 +12,31 @@ Last line: one JSON object.
 
 from __future__ import annotations
 
-import argparse
-import json
-import random
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-import pyarrow.compute as pc
-from confluent_kafka import Producer
-from confluent_kafka.admin import AdminClient, NewTopic
-from pyspark.sql import functions as F  # noqa: N812
+# Run as a script, this file's directory comes first on sys.path and its name would shadow the
+# ``dedup`` package; drop it before importing the package.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
-from dedup import job
-from dedup.cli import writer_settings
-from dedup.config import from_sources
-from dedup.writer import TransactionalBatchWriter, WriterSettings
-from kafka_diode.local_kafka.artifacts import spark_connector_jars
-from kafka_diode.local_kafka.broker import LocalBroker, free_port
+import argparse  # noqa: E402
+import json  # noqa: E402
+import random  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import pyarrow.compute as pc  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402, N812
+
+from dedup import job  # noqa: E402
+from dedup.cli import writer_settings  # noqa: E402
+from dedup.config import from_sources  # noqa: E402
+from dedup.writer import TransactionalBatchWriter, WriterSettings  # noqa: E402
+from kafka_diode.local_kafka.artifacts import spark_connector_jars  # noqa: E402
+from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 
 PARTITIONS = 8
 VALUE = b"v" * 200

@@ -1,10 +1,10 @@
 """Child processes for the demo, the chaos suite and the end-to-end benchmark.
 
 A ``ManagedProcess`` runs one ``kafka-diode`` command (or any argv) in its own process group with
-its output in a log file, and stops it the way systemd would: SIGTERM, a deadline, then SIGKILL of
-the whole group, so nothing is left behind. ``kill()`` is the crash (SIGKILL) that chaos
-scenarios use. A ``ProcessGroup`` stops everything it started, in reverse order, also when the
-caller fails half-way.
+its output in a log file, and stops it the way our systemd units do (``KillMode=mixed``): SIGTERM
+to the main process, a deadline, then SIGKILL of the whole group, so nothing is left behind.
+``kill()`` is the crash (SIGKILL) that chaos scenarios use. A ``ProcessGroup`` stops everything
+it started, in reverse order, also when the caller fails half-way.
 """
 
 from __future__ import annotations
@@ -79,11 +79,14 @@ class ManagedProcess:
         return None if self.proc is None else self.proc.poll()
 
     def stop(self, timeout: float | None = None) -> int | None:
-        """SIGTERM, wait up to ``timeout``, then SIGKILL the group; returns the exit code."""
+        """SIGTERM the main process, wait up to ``timeout``, SIGKILL the group; returns the code."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self._signal(signal.SIGTERM)
+            # Like systemd's KillMode=mixed (our units use it): SIGTERM to the main process only,
+            # so a child such as the dedup's JVM stays up while the main process shuts it down.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(self.stop_timeout if timeout is None else timeout)
             except subprocess.TimeoutExpired:

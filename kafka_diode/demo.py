@@ -257,7 +257,7 @@ def _drive(pipeline: Pipeline, args: argparse.Namespace, console: Console) -> in
     console.print("starting two Kafka brokers (upstream, downstream)…")
     pipeline.setup()
     console.print(f"upstream {pipeline.ep.upstream}, downstream {pipeline.ep.downstream}")
-    pipeline.start_components()
+    pipeline.start_components(receiver_first=True)
     produced = [0]
     view = LiveView(pipeline, lambda: produced[0])
     deadline = time.monotonic() + args.timeout

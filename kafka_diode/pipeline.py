@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 import uuid
@@ -261,12 +262,28 @@ class Pipeline:
         """``kafka-diode dedup`` for this run."""
         return diode_command("dedup", "--metrics-port", self._metrics_port("dedup"))
 
-    def start_components(self) -> None:
-        """Receiver, relay, sender and dedup, each its own process."""
+    def start_components(self, *, receiver_first: bool = False) -> None:
+        """Receiver, relay, sender and dedup, each its own process.
+
+        With ``receiver_first``, the sender starts only once the receiver and relay serve their
+        metrics (as in production, where the low side runs before the high side starts);
+        without it the sender's first datagrams may find nobody listening, which the chaos
+        suite wants to exercise.
+        """
         env = self._env()
-        self.group.add("receiver", self.receiver_argv(), env=env)
+        receiver = self.group.add("receiver", self.receiver_argv(), env=env)
+        ready = [("receiver", receiver)]
         if self.spec.profile is not None:
-            self.group.add("relay", self.relay_argv(), env=env)
+            ready.append(("relay", self.group.add("relay", self.relay_argv(), env=env)))
+        if receiver_first:
+            for name, proc in ready:
+                port = self.ep.metrics[name]
+                wait_until(
+                    lambda port=port: _serves(port),  # type: ignore[misc]
+                    timeout=120,
+                    what=f"{name} to listen",
+                    alive=[proc],
+                )
         self.group.add("sender", self.sender_argv(), env=env)
         if self.spec.run_dedup:
             self.group.add("dedup", self.dedup_argv(), env=self.dedup_env(), stop_timeout=60)
@@ -399,6 +416,15 @@ class Pipeline:
 
 
 _LONG_RUNNING = ("receiver", "relay", "sender", "dedup")
+
+
+def _serves(port: int) -> bool:
+    """Whether a metrics endpoint answers on ``port`` (the process is up and serving)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
 
 
 def _run_to_end(proc: ManagedProcess, *, timeout: float) -> None:

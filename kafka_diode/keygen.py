@@ -2,7 +2,9 @@
 
 A key is 256 random bits, or derived from a password and salt with scrypt (both sides derive the
 same key from the same password and salt). ``--add`` appends a key to an existing ring and makes
-it active, for rotation (docs/protocol.md §7).
+it active, for rotation (docs/protocol.md §7). It rewrites the file atomically with the existing
+file's owner, group and mode, so the service user that reads it keeps access, and refuses a file
+that other users can access (mode bits for "others") rather than carry that on.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -64,6 +67,25 @@ def _read_password() -> str:
     return first
 
 
+def _keep_access(path: Path) -> tuple[int, tuple[int, int]]:
+    """Mode and ``(uid, gid)`` of the key file ``--add`` rewrites, so it stays as it was.
+
+    Raises:
+        KeyRingError: the file cannot be examined, or others may access it.
+    """
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise KeyRingError(f"cannot examine {path}: {exc.strerror}") from exc
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o007:
+        raise KeyRingError(
+            f"{path} is accessible to other users (mode {mode:04o}); "
+            f"run 'chmod o-rwx {path}' first, then rotate"
+        )
+    return mode & 0o770, (st.st_uid, st.st_gid)
+
+
 def main(argv: Sequence[str], prog: str = "kafka-diode keygen") -> int:
     """Entry point; returns the exit code (0 ok, 1 error, 2 usage)."""
     args = _parser(prog).parse_args(list(argv))
@@ -72,6 +94,9 @@ def main(argv: Sequence[str], prog: str = "kafka-diode keygen") -> int:
         if args.add and args.force:
             raise KeyRingError("--add and --force exclude each other")
         ring = KeyRing.from_file(args.out) if args.add else KeyRing()
+        mode, owner = 0o600, None
+        if args.add:
+            mode, owner = _keep_access(args.out)
         if not args.add and args.out.exists() and not args.force:
             raise KeyRingError(f"{args.out} exists; use --force to overwrite or --add to rotate")
         if args.password:
@@ -87,7 +112,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode keygen") -> int:
         else:
             key = Key.generate(created=created)
         ring.add(key, activate=True)
-        ring.write(args.out, overwrite=args.add or args.force)
+        ring.write(args.out, overwrite=args.add or args.force, mode=mode, owner=owner)
     except KeyRingError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

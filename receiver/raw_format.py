@@ -4,8 +4,9 @@ Guarantee: every decoded source record maps to exactly one raw record whose key 
 ``<topic>:<partition>:<offset>``, whose value is the source value byte for byte (null stays null),
 and whose headers are the source headers in order followed by exactly the four provenance headers
 ``diode.key``, ``diode.timestamp``, ``diode.timestamp-type``, ``diode.session``. A heartbeat maps
-to one control record per ``(topic, partition, high_offset)`` with the single header
-``diode.control: heartbeat``. Changing anything here is a protocol version change.
+to one control record per ``(topic, partition, high_offset)``, its JSON value also carrying that
+partition's ``low_offset``, with the single header ``diode.control: heartbeat``. Changing
+anything here is a protocol version change.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ def session_hex(session_id: bytes) -> bytes:
 def heartbeat_records(beat: Heartbeat) -> Iterator[tuple[str, int, str, bytes]]:
     """``(source topic, source partition, raw key, JSON value)`` per partition in ``beat``."""
     session = beat.session_id.hex()
+    # The decoder guarantees low_offsets names exactly the partitions of high_offsets.
+    lows = {(topic, partition): low for topic, partition, low in beat.low_offsets}
     for topic, partition, high in beat.high_offsets:
         value = json.dumps(
             {
@@ -69,6 +72,7 @@ def heartbeat_records(beat: Heartbeat) -> Iterator[tuple[str, int, str, bytes]]:
                 "started_at_ms": beat.started_at_ms,
                 "sent_at_ms": beat.sent_at_ms,
                 "high_offset": high,
+                "low_offset": lows[topic, partition],
             },
             separators=(",", ":"),
         ).encode()

@@ -53,6 +53,7 @@ def build(name: str, config: WireConfig, ring: KeyRing | None, what: str) -> dic
             started_at_ms=1_700_000_000_000,
             sent_at_ms=1_700_000_060_000,
             high_offsets=[("orders", 0, 42), ("a_b.c-d", 3, 7)],
+            low_offsets=[("orders", 0, 41), ("a_b.c-d", 3, 7)],
             counters=[("records_sent", 3)],
         )
     return {

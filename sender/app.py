@@ -8,9 +8,19 @@ Delivery order (the guarantee, docs/sender.md):
    (every ``commit_interval``, on revocation, and at shutdown).
 
 So a crash at any point re-reads from the last commit: every record is sent at least once, and
-duplicates are the dedup's job. ``stop()`` (SIGTERM) stops consuming, processes the batch in hand,
-flushes the encoder, sends everything (bounded by ``shutdown_timeout``), sends a last heartbeat,
-commits, closes the consumer and the sockets. ``stop()`` is idempotent; ``async with`` calls
+duplicates are the dedup's job. Every heartbeat names, per partition it reports, the highest offset
+sent and the lowest offset this process has read and handed to the encoder (``low_offsets``, kept
+for the life of the process, across revocations), so the far side can report the loss of a
+session's first records too (docs/protocol.md §5).
+
+Keys: the key file is reloaded on SIGHUP (``reload_keys``) and when its mtime changes (checked
+every ``key_check_interval``); the encoder uses the ring's active key from its next message on,
+in the same session (sequence numbers continue; docs/protocol.md §7.2 says why that is safe). A
+file that fails to load leaves the previous ring in use.
+
+``stop()`` (SIGTERM) stops consuming, processes the batch in hand, flushes the encoder, sends
+everything (bounded by ``shutdown_timeout``), sends a last heartbeat, commits, closes the
+consumer and the sockets. ``stop()`` is idempotent; ``async with`` calls
 ``start()`` and ``stop()``. A background task that dies sets ``failure`` and wakes ``wait()``
 instead of hanging the process.
 """
@@ -23,12 +33,13 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from common.errors import LocalProtocolError
+from common.errors import KeyRingError, LocalProtocolError
 from common.logging import RateLimitedLog
 from common.wire import Encoder, KeyRing, RecordTooLarge
 from sender.config import SenderConfig, load_keyring
@@ -82,6 +93,13 @@ class SenderApp:
         self.commits = 0
         self.errors: dict[str, int] = {}
         """Errors by kind counted here (``record_too_large``, ``message``); see ``all_errors``."""
+        self.low_offsets: dict[tuple[str, int], int] = {}
+        """Per partition, the lowest offset read and handed to the encoder in this process (kept
+        for the process's life, also after a revocation): the heartbeats' ``low_offsets``."""
+        self.keyring: KeyRing | None = None
+        """The ring the encoder uses (``None`` in cleartext); ``reload_keys`` swaps it in place."""
+        self.keyring_reloads = 0
+        self._key_mtime: int | None = None
 
     @property
     def max_backlog_bytes(self) -> int:
@@ -117,7 +135,10 @@ class SenderApp:
         """
         loop = asyncio.get_running_loop()
         cfg = self.config
+        if cfg.key_file is not None:
+            self._key_mtime = _mtime(cfg.key_file)  # before reading: a change meanwhile reloads
         keyring = self._keyring if self._keyring is not None else load_keyring(cfg)
+        self.keyring = keyring
         self._udp = UdpSender(cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer)
         encoder = Encoder(cfg.wire_config(), keyring, session_id=self.session_id)
         self._pressure = asyncio.Event()
@@ -151,6 +172,8 @@ class SenderApp:
         self._consume_task = self._spawn(self._consume_loop(), "consume")
         self._spawn(self._heartbeat_loop(), "heartbeat")
         self._spawn(self._commit_loop(), "commit")
+        if cfg.key_file is not None and cfg.key_check_interval > 0 and keyring is not None:
+            self._spawn(self._key_check_loop(cfg.key_file, cfg.key_check_interval), "key-check")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
@@ -270,8 +293,11 @@ class SenderApp:
 
     def _process(self, batch: Sequence[Any], pipeline: SendPipeline) -> None:
         add = pipeline.add
+        low = self.low_offsets
         nbytes = 0
         good = 0
+        run_topic: str | None = None
+        run_partition = -1
         for msg in batch:
             if msg.error() is not None:
                 self._message_error(msg)
@@ -279,11 +305,22 @@ class SenderApp:
             value = msg.value()
             key = msg.key()
             ts_type, ts = msg.timestamp()
+            topic = msg.topic()
+            partition = msg.partition()
+            offset = msg.offset()
+            if partition != run_partition or topic != run_topic:
+                # A consumed batch holds runs of one partition in increasing offset order, so the
+                # first record of each run is enough to keep the per-partition minimum. Skipped
+                # records (too large, bad) count too: their offsets then surface as gaps.
+                run_topic, run_partition = topic, partition
+                known = low.get((topic, partition))
+                if offset >= 0 and (known is None or offset < known):
+                    low[topic, partition] = offset
             try:
                 add(
-                    msg.topic(),
-                    msg.partition(),
-                    msg.offset(),
+                    topic,
+                    partition,
+                    offset,
                     ts,
                     ts_type,
                     key,
@@ -361,11 +398,16 @@ class SenderApp:
             for (topic, partition), offset in sorted(pipeline.sent_high.items())
             if (topic, partition) in assigned or self._stopping
         )
+        # Every sent offset was read first, so each partition of ``high`` has a low <= its high.
+        low = tuple(
+            (topic, partition, self.low_offsets[topic, partition]) for topic, partition, _ in high
+        )
         datagrams = pipeline.encoder.heartbeat(
             sender_id=self.config.sender_id,
             started_at_ms=self.started_at_ms,
             sent_at_ms=int(time.time() * 1000),
             high_offsets=high,
+            low_offsets=low,
             counters=tuple(sorted(self.counters().items())),
         )
         pipeline.enqueue(datagrams, front=True)
@@ -375,6 +417,50 @@ class SenderApp:
         while True:
             self._send_heartbeat()
             await asyncio.sleep(self.config.heartbeat_interval)
+
+    # -- keys -------------------------------------------------------------------------------------
+
+    def reload_keys(self, why: str = "SIGHUP") -> bool:
+        """Re-read the key file and swap the ring in place; keep the old ring on failure.
+
+        The encoder reads the ring's active key per message, so datagrams built from now on use
+        the new active key; datagrams already queued keep theirs. The session (and its sequence
+        numbers) continues: nonces are per (key, session) and sequences never repeat in a session.
+
+        Returns:
+            True when a new ring is in use.
+        """
+        path = self.config.key_file
+        if path is None or self.keyring is None:
+            log.info("%s: no key file configured, nothing to reload", why)
+            return False
+        self._key_mtime = _mtime(path)
+        try:
+            ring = KeyRing.from_file(path)
+        except KeyRingError as exc:
+            self.errors["keyring_reload"] = self.errors.get("keyring_reload", 0) + 1
+            log.error(  # noqa: TRY400  the reason is in the message; a traceback adds nothing
+                "%s: key ring NOT reloaded, the previous one stays in use: %s", why, exc
+            )
+            return False
+        old = self.keyring.active.key_id
+        self.keyring.replace(ring)
+        self.keyring_reloads += 1
+        log.info(
+            "%s: key ring reloaded, %d keys, active key %08x (was %08x)",
+            why,
+            len(ring),
+            ring.active.key_id,
+            old,
+        )
+        return True
+
+    async def _key_check_loop(self, path: Path, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            mtime = _mtime(path)
+            if mtime is not None and mtime != self._key_mtime:
+                self.reload_keys("key file changed")
 
     async def _commit(self) -> bool:
         if self.source is None or self.pipeline is None:
@@ -416,6 +502,7 @@ class SenderApp:
             "bytes_read": self.bytes_read,
             "heartbeats_sent": self.heartbeats,
             "commits": self.commits,
+            "keyring_reloads": self.keyring_reloads,
             "paused": 1.0 if self._paused else 0.0,
         }
         if p is not None:
@@ -428,3 +515,10 @@ class SenderApp:
                 backlog_bytes=p.backlog_bytes,
             )
         self.metrics.sync(totals, self.all_errors())
+
+
+def _mtime(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None

@@ -137,6 +137,7 @@ async def _serve(config: SenderConfig) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, on_signal, signum)
+    loop.add_signal_handler(signal.SIGHUP, app.reload_keys, "SIGHUP")
     await app.start()
     stopper = asyncio.ensure_future(stop_requested.wait())
     failed = asyncio.ensure_future(app.wait())

@@ -66,7 +66,10 @@ class SenderConfig:
     send_buffer: int = 4 * 1024 * 1024
     """SO_SNDBUF in bytes (capped by net.core.wmem_max)."""
     key_file: Path | None = None
-    """Key ring file written by 'kafka-diode keygen' (the active key encrypts)."""
+    """Key ring file written by 'kafka-diode keygen' (the active key encrypts); reloaded on
+    SIGHUP or when its mtime changes."""
+    key_check_interval: float = 2.0
+    """Seconds between checks of the key file's modification time (0: only reload on SIGHUP)."""
     password: str | None = field(default=None, repr=False)
     """Derive the key from this password (with salt) instead of a key file. Secret."""
     salt: str = ""
@@ -158,6 +161,10 @@ class SenderConfig:
                 "no key configured",
                 "set key_file (kafka-diode keygen) or password + salt; "
                 "insecure_cleartext = true only for tests and demos",
+            )
+        if not (math.isfinite(self.key_check_interval) and 0 <= self.key_check_interval <= 3600):
+            raise ConfigError(
+                "key_check_interval", f"is {self.key_check_interval}", "use 0 (off) .. 3600 s"
             )
         if self.password is not None and not self.salt:
             raise ConfigError("salt", "is required with password", "use the receiver's salt")

@@ -65,6 +65,9 @@ class SenderMetrics:
             registry=r,
         )
         self.commits = Counter(f"{_PREFIX}_commits", "Successful offset commits", registry=r)
+        self.keyring_reloads = Counter(
+            f"{_PREFIX}_keyring_reloads", "Key file reloads that took effect", registry=r
+        )
         self._last: dict[str, float] = {}
 
     def _add(self, name: str, counter: Counter, total: float) -> None:
@@ -85,6 +88,7 @@ class SenderMetrics:
             "heartbeats_sent",
             "pacing_delay",
             "commits",
+            "keyring_reloads",
         ):
             if name in totals:
                 self._add(name, getattr(self, name), totals[name])

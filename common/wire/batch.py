@@ -556,6 +556,36 @@ def decode_record_batch(data: bytes) -> tuple[Record, ...]:
     return records_of(decode_record_groups(data)[0])
 
 
+def heartbeat_offsets_problem(
+    high_offsets: Sequence[tuple[str, int, int]], low_offsets: Sequence[tuple[str, int, int]]
+) -> str | None:
+    """Why a heartbeat's offset lists are inconsistent, or None when they are fine.
+
+    Rules (docs/protocol.md §5): partitions in ``0 .. 2^31-1``, offsets in ``0 .. 2^63-1``, no
+    (topic, partition) twice in a list, ``low_offsets`` names exactly the partitions of
+    ``high_offsets``, and each low is at most its high. Both lists came from a bounded payload,
+    so the work here is bounded by the message size.
+    """
+    highs: dict[tuple[str, int], int] = {}
+    for name, items in (("high", high_offsets), ("low", low_offsets)):
+        seen: dict[tuple[str, int], int] = {}
+        for topic, partition, offset in items:
+            if not (0 <= partition <= 0x7FFFFFFF and 0 <= offset <= _INT64_MAX):
+                return f"{name} offset {topic}:{partition}:{offset} out of range"
+            if (topic, partition) in seen:
+                return f"{name} offsets list {topic}:{partition} twice"
+            seen[topic, partition] = offset
+        if name == "high":
+            highs = seen
+            continue
+        if seen.keys() != highs.keys():
+            return "low offsets do not name the same partitions as high offsets"
+        for tp, low in seen.items():
+            if low > highs[tp]:
+                return f"low offset {low} above high offset {highs[tp]} for {tp[0]}:{tp[1]}"
+    return None
+
+
 def encode_control(schema: Any, datum: dict[str, Any]) -> bytes:
     """A control message payload with fastavro."""
     out = io.BytesIO()

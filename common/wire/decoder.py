@@ -33,6 +33,7 @@ from common.wire.batch import (
     RESEND_MARKER_SCHEMA,
     decode_control,
     decode_record_groups,
+    heartbeat_offsets_problem,
 )
 from common.wire.config import WireConfig
 from common.wire.crypto import SessionCipher
@@ -275,6 +276,11 @@ class Decoder:
             self._events.append(batch)
         elif kind == KIND_HEARTBEAT:
             d = decode_control(HEARTBEAT_SCHEMA, payload)
+            high = tuple((h["topic"], h["partition"], h["offset"]) for h in d["high_offsets"])
+            low = tuple((h["topic"], h["partition"], h["offset"]) for h in d["low_offsets"])
+            problem = heartbeat_offsets_problem(high, low)
+            if problem is not None:
+                raise RemoteProtocolError(DropReason.MALFORMED, f"heartbeat: {problem}")
             self._events.append(
                 Heartbeat(
                     session_id,
@@ -282,7 +288,8 @@ class Decoder:
                     d["sender_id"],
                     d["started_at_ms"],
                     d["sent_at_ms"],
-                    tuple((h["topic"], h["partition"], h["offset"]) for h in d["high_offsets"]),
+                    high,
+                    low,
                     tuple((c["name"], c["value"]) for c in d["counters"]),
                 )
             )

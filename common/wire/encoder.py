@@ -35,6 +35,7 @@ from common.wire.batch import (
     bytes_item,
     encode_control,
     encode_headers,
+    heartbeat_offsets_problem,
 )
 from common.wire.config import WireConfig, fragment_capacity
 from common.wire.crypto import SessionCipher
@@ -272,9 +273,20 @@ class Encoder:
         started_at_ms: int,
         sent_at_ms: int,
         high_offsets: Sequence[tuple[str, int, int]],
+        low_offsets: Sequence[tuple[str, int, int]],
         counters: Sequence[tuple[str, int]],
     ) -> list[OutgoingDatagram]:
-        """Pending records first (so every offset it reports precedes it), then a heartbeat."""
+        """Pending records first (so every offset it reports precedes it), then a heartbeat.
+
+        ``high_offsets`` and ``low_offsets`` are ``(topic, partition, offset)``: per partition the
+        highest and the lowest offset this session has sent; both name the same partitions.
+
+        Raises:
+            LocalProtocolError: the offset lists break the rules of docs/protocol.md §5.
+        """
+        problem = heartbeat_offsets_problem(high_offsets, low_offsets)
+        if problem is not None:
+            raise LocalProtocolError(f"heartbeat: {problem}")
         payload = encode_control(
             HEARTBEAT_SCHEMA,
             {
@@ -283,6 +295,9 @@ class Encoder:
                 "sent_at_ms": sent_at_ms,
                 "high_offsets": [
                     {"topic": t, "partition": p, "offset": o} for t, p, o in high_offsets
+                ],
+                "low_offsets": [
+                    {"topic": t, "partition": p, "offset": o} for t, p, o in low_offsets
                 ],
                 "counters": [{"name": n, "value": v} for n, v in counters],
             },

@@ -36,7 +36,7 @@ class DropReason(StrEnum):
     TOO_LARGE = "too_large"
     """A declared or decompressed size is above the configured limit."""
     TOO_MANY_FRAGMENTS = "too_many_fragments"
-    """The fragment count is above ``max_fragments`` (or the index is not below the count)."""
+    """The fragment count is above ``max_fragments`` (an index not below the count is MALFORMED)."""
     REASSEMBLY_OVERFLOW = "reassembly_overflow"
     """A partial message was evicted because too many (or too large) reassemblies were in flight."""
     REASSEMBLY_TIMEOUT = "reassembly_timeout"
@@ -169,7 +169,7 @@ class RecordBatch:
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    """A sender's periodic status: tells the far side where every partition's tail is."""
+    """A sender's periodic status: where every partition's stream starts and ends in the session."""
 
     session_id: bytes
     """16-byte id of the sending session."""
@@ -183,6 +183,10 @@ class Heartbeat:
     """When this heartbeat was built (ms since the epoch)."""
     high_offsets: tuple[tuple[str, int, int], ...]
     """``(topic, partition, highest offset sent)`` for every partition the sender reads."""
+    low_offsets: tuple[tuple[str, int, int], ...]
+    """``(topic, partition, lowest offset sent)``: per partition of ``high_offsets`` (the same
+    partitions, in any order), the lowest offset this session has sent, so the far side knows
+    where the session started and reports loss of its first records (docs/protocol.md §5)."""
     counters: tuple[tuple[str, int], ...]
     """Free-form sender counters (records sent, skipped, ...), name -> value."""
 

@@ -11,7 +11,8 @@ Key id
     key)``. It is derived, never chosen, so both sides agree without coordination; id 0 is
     reserved for cipher ``none`` and such a key is refused (probability 2**-32).
 
-Key file (JSON, mode 0600)::
+Key file (JSON, mode 0600 when new; a rewrite may keep an existing file's owner, group and a
+mode without access for others)::
 
     {"kafka_diode_keyring": 1,
      "active": "9f86d081",
@@ -298,21 +299,44 @@ class KeyRing:
         doc["keys"] = keys
         return doc
 
-    def write(self, path: str | os.PathLike[str], *, overwrite: bool = False) -> None:
-        """Write the key file atomically with mode 0600.
+    def write(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        overwrite: bool = False,
+        mode: int = 0o600,
+        owner: tuple[int, int] | None = None,
+    ) -> None:
+        """Write the key file atomically (a temporary file renamed over ``path``).
+
+        Args:
+            path: the key file.
+            overwrite: replace an existing file.
+            mode: permission bits; only owner and group bits are allowed (default 0600).
+            owner: ``(uid, gid)`` to give the file, e.g. those of the file being replaced, so a
+                service user keeps access (needs root, or the same owner and one of its groups).
 
         Raises:
-            KeyRingError: the file exists and ``overwrite`` is false, or it cannot be written.
+            KeyRingError: the file exists and ``overwrite`` is false, ``mode`` grants access to
+                others (or special bits), the owner cannot be set, or the file cannot be written.
+                On any error the existing file is left as it was.
         """
         target = Path(path)
+        if mode & ~0o770:
+            raise KeyRingError(
+                f"refusing to write key file {target} with mode {mode:04o}: key files must not be "
+                "accessible to other users (use owner and group bits only, e.g. 0600 or 0640)"
+            )
         if target.exists() and not overwrite:
             raise KeyRingError(f"{target} exists; refusing to overwrite it")
         text = json.dumps(self.to_dict(), indent=2) + "\n"
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
             try:
-                os.fchmod(fd, 0o600)
                 with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                    os.fchmod(fd, 0o600)  # mkstemp's mode, stated: nothing is ever wider
+                    _set_owner(fd, owner, target)
+                    os.fchmod(fd, mode)
                     fh.write(text)
                     fh.flush()
                     os.fsync(fh.fileno())
@@ -324,3 +348,24 @@ class KeyRing:
                 raise
         except OSError as exc:
             raise KeyRingError(f"cannot write key file {target}: {exc}") from exc
+
+
+def _set_owner(fd: int, owner: tuple[int, int] | None, target: Path) -> None:
+    """Give the open file ``fd`` the ``(uid, gid)`` ``owner`` (no-op when already so).
+
+    Raises:
+        KeyRingError: not permitted (another user's file while not root).
+    """
+    if owner is None:
+        return
+    st = os.fstat(fd)
+    if (st.st_uid, st.st_gid) == owner:
+        return
+    try:
+        os.fchown(fd, *owner)
+    except PermissionError as exc:
+        raise KeyRingError(
+            f"cannot give the new {target} the owner uid {owner[0]} gid {owner[1]} of the file "
+            f"it replaces ({exc.strerror}); run as root or as that user so the service keeps "
+            "access; nothing was changed"
+        ) from exc

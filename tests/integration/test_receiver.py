@@ -123,6 +123,7 @@ def test_records_and_heartbeats_reach_the_raw_topic(downstream_kafka, kafka_topi
                 started_at_ms=1,
                 sent_at_ms=1_700_000_001_000,
                 high_offsets=(("orders.eu", 4, 599), ("orders.eu", 0, 595)),
+                low_offsets=(("orders.eu", 0, 0), ("orders.eu", 4, 4)),
                 counters=(("sent", 600),),
             )
         ]
@@ -146,6 +147,7 @@ def test_records_and_heartbeats_reach_the_raw_topic(downstream_kafka, kafka_topi
         assert value["type"] == "heartbeat"
         assert value["session"] == link.session.hex()
         assert value["sender_id"] == "s1"
+        assert value["low_offset"] == {0: 0, 4: 4}[int(r.key.decode().split(":")[1])]
 
 
 def _bomb(ring: KeyRing) -> bytes:

@@ -37,6 +37,9 @@ class Receiver:
         self.heartbeats: list[Heartbeat] = []
         self.bytes = 0
         self.arrivals: list[tuple[float, int]] = []
+        self.key_of_sequence: dict[tuple[bytes, int], int] = {}
+        self.record_keys: dict[tuple[str, int, int], int] = {}
+        """Key id of the datagram that carried each record (the last copy received)."""
 
     @property
     def port(self) -> int:
@@ -50,12 +53,17 @@ class Receiver:
                 return
             self.bytes += len(data)
             self.arrivals.append((time.monotonic(), len(data)))
+            if len(data) >= 44:  # docs/protocol.md §3: session id at 8, sequence 24, key id 32
+                sequence = int.from_bytes(data[24:32], "big")
+                self.key_of_sequence[data[8:24], sequence] = int.from_bytes(data[32:36], "big")
             self.decoder.receive_datagram(data, time.monotonic())
             while (event := self.decoder.next_event()) is not None:
                 if isinstance(event, RecordBatch):
+                    key_id = self.key_of_sequence.get((event.session_id, event.sequence), -1)
                     for r in event.records:
                         self.count += 1
                         self.records[(r.topic, r.partition, r.offset)] = r
+                        self.record_keys[(r.topic, r.partition, r.offset)] = key_id
                 elif isinstance(event, Heartbeat):
                     self.heartbeats.append(event)
 
@@ -205,16 +213,17 @@ def test_pacing_holds_the_byte_rate_and_pauses_partitions(
     )  # + the batch in hand and the prefetched one
 
 
-def _spawn_sender(broker, topic, group, port, log_path, extra=()):
+def _spawn_sender(broker, topic, group, port, log_path, extra=(), *, keyed=False):
     env = {
         **os.environ,
         "DIODE_SENDER_BOOTSTRAP_SERVERS": broker.bootstrap,
         "DIODE_SENDER_TARGET": f"127.0.0.1:{port}",
         "DIODE_SENDER_TOPICS": topic,
         "DIODE_SENDER_GROUP_ID": group,
-        "DIODE_SENDER_INSECURE_CLEARTEXT": "true",
         "DIODE_SENDER_COMMIT_INTERVAL": "0.2",
     }
+    if not keyed:
+        env["DIODE_SENDER_INSECURE_CLEARTEXT"] = "true"
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "kafka_diode", "send", *extra],
@@ -265,3 +274,188 @@ def test_sigkill_then_restart_sends_everything_and_sigterm_commits(
         ends[partition] = max(ends.get(partition, 0), offset + 1)
     assert committed(upstream_kafka, group_id, topic, 3) == ends
     assert rx.count >= n  # at least once: re-sent records after the kill are duplicates
+
+
+def _ends(positions) -> dict[int, int]:
+    ends: dict[int, int] = {}
+    for partition, offset in positions:
+        ends[partition] = max(ends.get(partition, 0), offset + 1)
+    return ends
+
+
+def test_heartbeat_low_offsets_are_the_first_offsets_read_also_after_a_restart(
+    upstream_kafka, kafka_topic, group_id
+) -> None:
+    topic = kafka_topic(upstream_kafka, partitions=3)
+    first = produce_records(
+        upstream_kafka, topic, [Record(None, b"a%d" % i, partition=i % 3) for i in range(300)]
+    )
+    rx = Receiver(None)
+
+    def beats_of(app: SenderApp) -> list[Heartbeat]:
+        return [h for h in rx.heartbeats if h.session_id == app.session_id and h.high_offsets]
+
+    async def session(start_position: str, expected: int) -> SenderApp:
+        cfg = sender_config(upstream_kafka, topic, group_id, rx.port, start_position=start_position)
+        app = SenderApp(cfg)
+        await run_until(app, rx, lambda: len(rx.records) >= expected)
+        return app
+
+    with asyncio.Runner() as runner:
+        one = runner.run(session("earliest", 300))
+    starts = {p: min(o for q, o in first if q == p) for p in range(3)}
+    assert set(one.low_offsets.values()) == {0}
+    assert one.low_offsets == {(topic, p): o for p, o in starts.items()}
+    for beat in beats_of(one):
+        lows = {(t, p): o for t, p, o in beat.low_offsets}
+        assert lows == {(t, p): one.low_offsets[t, p] for t, p, _ in beat.high_offsets}
+    last = beats_of(one)[-1]  # the shutdown heartbeat names every partition
+    assert {(t, p): o for t, p, o in last.low_offsets} == one.low_offsets
+    assert {(t, p): o for t, p, o in last.high_offsets} == {
+        (topic, p): e - 1 for p, e in _ends(first).items()
+    }
+
+    # A restart resumes at the committed position: its first record is the new session's low.
+    resume = committed(upstream_kafka, group_id, topic, 3)
+    assert resume == _ends(first)
+    produce_records(
+        upstream_kafka, topic, [Record(None, b"b%d" % i, partition=i % 3) for i in range(150)]
+    )
+    with asyncio.Runner() as runner:
+        two = runner.run(session("committed", 450))
+    rx.close()
+    assert two.session_id != one.session_id
+    assert two.low_offsets == {(topic, p): o for p, o in resume.items()}
+    last = beats_of(two)[-1]
+    assert {(t, p): o for t, p, o in last.low_offsets} == {(topic, p): o for p, o in resume.items()}
+
+
+def _keygen_add(path: Path) -> int:
+    out = subprocess.run(
+        [sys.executable, "-m", "kafka_diode", "keygen", "--out", str(path), "--add"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    return int(out.stdout.strip(), 16)
+
+
+def test_key_file_change_is_picked_up_while_sending(
+    upstream_kafka, kafka_topic, group_id, tmp_path
+) -> None:
+    topic = kafka_topic(upstream_kafka, partitions=2)
+    key_file = tmp_path / "link.key"
+    old = Key.generate()
+    KeyRing([old], active=old.key_id).write(key_file)
+    rx_ring = KeyRing.from_file(key_file)
+    rx = Receiver(rx_ring)
+    cfg = sender_config(
+        upstream_kafka,
+        topic,
+        group_id,
+        rx.port,
+        key_file=str(key_file),
+        key_check_interval=0.1,
+        start_position="earliest",
+    )
+    before = produce_records(upstream_kafka, topic, [b"before-%d" % i for i in range(200)])
+    new_id: list[int] = []
+    after_holder: list[list[tuple[int, int]]] = []
+
+    async def scenario() -> SenderApp:
+        app = SenderApp(cfg)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(rx.sock.fileno(), rx.drain)
+        try:
+            await app.start()
+            await _until(app, lambda: len(rx.records) >= 200)
+            sequence_at_rotation = app.pipeline.encoder.next_sequence
+            new_id.append(await asyncio.to_thread(_keygen_add, key_file))
+            rx_ring.replace(KeyRing.from_file(key_file))  # the receiver holds both keys
+            await _until(app, lambda: app.keyring_reloads >= 1)
+            after = await asyncio.to_thread(
+                produce_records, upstream_kafka, topic, [b"after-%d" % i for i in range(200)]
+            )
+            after_holder.append(after)
+            await _until(app, lambda: all((topic, p, o) in rx.records for p, o in after))
+            assert app.pipeline.encoder.session_id == app.session_id  # same session
+            assert app.pipeline.encoder.next_sequence > sequence_at_rotation
+            assert await app.stop()
+            return app
+        finally:
+            await app.stop()
+            loop.remove_reader(rx.sock.fileno())
+            rx.drain()
+
+    with asyncio.Runner() as runner:
+        app = runner.run(scenario())
+    rx.close()
+    (new,) = new_id
+    assert new != old.key_id
+    assert app.keyring is not None
+    assert app.keyring.active.key_id == new
+    assert not rx.decoder.drops
+    by_key = {}
+    for (_, p, o), key_id in rx.record_keys.items():
+        by_key.setdefault(key_id, set()).add((p, o))
+    assert by_key[old.key_id] >= set(before)  # the first records under the old key
+    (after,) = after_holder
+    assert len(after) == 200
+    # every record read after the reload went under the new key, none under the old one
+    assert {rx.record_keys[topic, p, o] for p, o in after} == {new}
+    # Datagrams are sequential within one session across the rotation.
+    assert {sid for sid, _ in rx.key_of_sequence} == {app.session_id}
+
+
+async def _until(app: SenderApp, done, timeout: float = 60.0) -> None:  # noqa: ASYNC109
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert app.failure is None, app.failure
+        assert time.monotonic() < deadline, "timeout"
+        await asyncio.sleep(0.02)
+
+
+def test_sighup_reloads_the_key_file_of_a_running_sender(
+    upstream_kafka, kafka_topic, group_id, tmp_path
+) -> None:
+    topic = kafka_topic(upstream_kafka, partitions=1)
+    key_file = tmp_path / "link.key"
+    old = Key.generate()
+    KeyRing([old], active=old.key_id).write(key_file)
+    rx_ring = KeyRing.from_file(key_file)
+    rx = Receiver(rx_ring)
+    produce_records(upstream_kafka, topic, [b"before-%d" % i for i in range(50)])
+    log_path = tmp_path / "sender.log"
+    env_extra = ["--key-file", str(key_file), "--key-check-interval", "0"]
+    proc = _spawn_sender(upstream_kafka, topic, group_id, rx.port, log_path, env_extra, keyed=True)
+    try:
+        wait_until(lambda: (rx.drain(), len(rx.records) >= 50)[1], 60, 0.02, "first records")
+        new = _keygen_add(key_file)
+        rx_ring.replace(KeyRing.from_file(key_file))
+        proc.send_signal(signal.SIGHUP)
+        wait_until(
+            lambda: "key ring reloaded" in log_path.read_text(errors="replace"),
+            30,
+            0.05,
+            "reload logged",
+        )
+        after = produce_records(upstream_kafka, topic, [b"after-%d" % i for i in range(50)])
+        wait_until(
+            lambda: (rx.drain(), all((topic, p, o) in rx.records for p, o in after))[1],
+            60,
+            0.02,
+            "records after the reload",
+        )
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        assert proc.returncode == 0, log_path.read_text(errors="replace")[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    rx.drain()
+    rx.close()
+    assert not rx.decoder.drops
+    assert {rx.record_keys[topic, p, o] for p, o in after} == {new}

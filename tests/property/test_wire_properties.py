@@ -164,7 +164,12 @@ def mutated_cleartext(draw) -> bytes:
         out += add(enc, r)
     out += enc.flush()
     out += enc.heartbeat(
-        sender_id="s", started_at_ms=1, sent_at_ms=2, high_offsets=[("t", 1, 2)], counters=[]
+        sender_id="s",
+        started_at_ms=1,
+        sent_at_ms=2,
+        high_offsets=[("t", 1, 2)],
+        low_offsets=[("t", 1, 0)],
+        counters=[],
     )
     data = bytearray(draw(st.sampled_from(out)).data)
     for _ in range(draw(st.integers(1, 4))):
@@ -192,3 +197,40 @@ def test_fuzz_mutated_cleartext_reaches_payload_decoders_and_never_escapes(blob:
     assert all(isinstance(e, Dropped | RecordBatch | Heartbeat) for e in events)
     dec.handle_timer(1e9)
     assert all(isinstance(e, Dropped) for e in drain(dec))
+
+
+@st.composite
+def heartbeat_offsets(draw) -> tuple[list[tuple[str, int, int]], list[tuple[str, int, int]]]:
+    partitions = draw(st.sets(st.tuples(topics, st.integers(0, 2**31 - 1)), max_size=60))
+    highs, lows = [], []
+    for topic, partition in partitions:
+        high = draw(st.integers(0, 2**63 - 1))
+        highs.append((topic, partition, high))
+        lows.append((topic, partition, draw(st.integers(0, high))))
+    return highs, draw(st.permutations(lows))
+
+
+@SETTINGS
+@given(heartbeat_offsets(), configs, st.randoms(use_true_random=False))
+def test_heartbeat_low_and_high_offsets_round_trip_in_any_order(offsets, config, rnd) -> None:
+    highs, lows = offsets
+    enc = Encoder(config, ring(), session_id=SESSION)
+    out = [
+        d.data
+        for d in enc.heartbeat(
+            sender_id="s",
+            started_at_ms=1,
+            sent_at_ms=2,
+            high_offsets=highs,
+            low_offsets=lows,
+            counters=[],
+        )
+    ]
+    rnd.shuffle(out)
+    dec = Decoder(config, ring())
+    for data in out:
+        dec.receive_datagram(data, 0.0)
+    (hb,) = drain(dec)
+    assert isinstance(hb, Heartbeat)
+    assert hb.high_offsets == tuple(highs)
+    assert hb.low_offsets == tuple(lows)

@@ -66,6 +66,7 @@ def test_heartbeat_records() -> None:
         started_at_ms=1,
         sent_at_ms=2,
         high_offsets=(("a", 0, 10), ("b:x", 5, 7)),
+        low_offsets=(("b:x", 5, 0), ("a", 0, 3)),
         counters=(),
     )
     rows = list(heartbeat_records(beat))
@@ -77,7 +78,9 @@ def test_heartbeat_records() -> None:
         "started_at_ms": 1,
         "sent_at_ms": 2,
         "high_offset": 10,
+        "low_offset": 3,
     }
+    assert json.loads(rows[1][3])["low_offset"] == 0
 
 
 def test_loss_report_merges_ranges() -> None:

@@ -185,8 +185,14 @@ def test_heartbeat_jumps_the_queue_and_names_only_sent_offsets() -> None:
                 rig.pipeline.add("t", 0, o, 0, 1, None, b"v" * 200, None)
             rig.pipeline.flush()
             high = tuple((t, p, o) for (t, p), o in rig.pipeline.sent_high.items())
+            low = tuple((t, p, 0) for t, p, _ in high)
             hb = rig.pipeline.encoder.heartbeat(
-                sender_id="s", started_at_ms=1, sent_at_ms=2, high_offsets=high, counters=()
+                sender_id="s",
+                started_at_ms=1,
+                sent_at_ms=2,
+                high_offsets=high,
+                low_offsets=low,
+                counters=(),
             )
             rig.pipeline.enqueue(hb, front=True)
             async with asyncio.timeout(5):
@@ -197,6 +203,7 @@ def test_heartbeat_jumps_the_queue_and_names_only_sent_offsets() -> None:
                     await asyncio.sleep(0.01)
             assert rig.pipeline.pending_datagrams > 0  # records still queued behind it
             assert events[0].high_offsets == high
+            assert events[0].low_offsets == low
             assert all(o < 299 for _, _, o in events[0].high_offsets)
         finally:
             rig.close()

@@ -24,7 +24,7 @@ from common.wire import (
     WireConfig,
     fragment_capacity,
 )
-from common.wire.batch import BatchBuilder, encode_headers
+from common.wire.batch import HEARTBEAT_SCHEMA, BatchBuilder, encode_control, encode_headers
 from common.wire.envelope import ENVELOPE_SCHEMA, HEADER_SIZE, KIND_HEARTBEAT
 from tests.wire_support import (
     KEY,
@@ -195,6 +195,7 @@ def test_control_messages_round_trip_after_pending_records() -> None:
         started_at_ms=1,
         sent_at_ms=2,
         high_offsets=[("orders", 0, 1), ("a.b", 7, 1 << 40)],
+        low_offsets=[("a.b", 7, 0), ("orders", 0, 1)],
         counters=[("records_sent", 1)],
     )
     out += enc.resend_marker(
@@ -204,6 +205,7 @@ def test_control_messages_round_trip_after_pending_records() -> None:
     assert [type(e) for e in events] == [RecordBatch, Heartbeat, ResendMarker]
     hb = events[1]
     assert hb.high_offsets == (("orders", 0, 1), ("a.b", 7, 1 << 40))
+    assert hb.low_offsets == (("a.b", 7, 0), ("orders", 0, 1))
     assert hb.counters == (("records_sent", 1),)
     assert hb.session_id == SESSION
     assert events[2].phase == "end"
@@ -215,12 +217,67 @@ def test_control_messages_round_trip_after_pending_records() -> None:
 def test_a_heartbeat_larger_than_a_datagram_is_fragmented() -> None:
     enc, dec = endpoints()
     highs = [(f"topic-{i}", p, 10**12) for i in range(50) for p in range(20)]
+    lows = [(t, p, o - p) for t, p, o in highs]
     out = enc.heartbeat(
-        sender_id="s", started_at_ms=0, sent_at_ms=0, high_offsets=highs, counters=[]
+        sender_id="s",
+        started_at_ms=0,
+        sent_at_ms=0,
+        high_offsets=highs,
+        low_offsets=lows,
+        counters=[],
     )
     assert len(out) > 1
     (hb,) = feed(dec, out)
     assert hb.high_offsets == tuple(highs)
+    assert hb.low_offsets == tuple(lows)
+
+
+BAD_HEARTBEAT_OFFSETS = [
+    pytest.param([("t", 0, 5)], [], id="low-missing"),
+    pytest.param([("t", 0, 5)], [("t", 0, 1), ("t", 1, 1)], id="low-extra-partition"),
+    pytest.param([("t", 0, 5)], [("t", 0, 6)], id="low-above-high"),
+    pytest.param([("t", 0, 5), ("t", 0, 6)], [("t", 0, 1)], id="high-twice"),
+    pytest.param([("t", 0, 5)], [("t", 0, 1), ("t", 0, 2)], id="low-twice"),
+    pytest.param([("t", 0, 5)], [("t", 0, -1)], id="negative-low"),
+    pytest.param([("t", -1, 5)], [("t", -1, 1)], id="negative-partition"),
+]
+
+
+@pytest.mark.parametrize(("highs", "lows"), BAD_HEARTBEAT_OFFSETS)
+def test_inconsistent_heartbeat_offsets_are_refused_by_both_sides(highs, lows) -> None:
+    enc, dec = endpoints()
+    with pytest.raises(LocalProtocolError, match="heartbeat"):
+        enc.heartbeat(
+            sender_id="s",
+            started_at_ms=0,
+            sent_at_ms=0,
+            high_offsets=highs,
+            low_offsets=lows,
+            counters=[],
+        )
+    # The same lists written by another (buggy or hostile) sender: dropped as malformed.
+    payload = encode_control(
+        HEARTBEAT_SCHEMA,
+        {
+            "sender_id": "s",
+            "started_at_ms": 0,
+            "sent_at_ms": 0,
+            "high_offsets": [{"topic": t, "partition": p, "offset": o} for t, p, o in highs],
+            "low_offsets": [{"topic": t, "partition": p, "offset": o} for t, p, o in lows],
+            "counters": [],
+        },
+    )
+    assert _assert_drop_only(dec, craft(payload, kind=KIND_HEARTBEAT)) is DropReason.MALFORMED
+
+
+def test_a_heartbeat_without_partitions_round_trips() -> None:
+    enc, dec = endpoints()
+    out = enc.heartbeat(
+        sender_id="s", started_at_ms=0, sent_at_ms=0, high_offsets=(), low_offsets=(), counters=()
+    )
+    (hb,) = feed(dec, out)
+    assert hb.high_offsets == ()
+    assert hb.low_offsets == ()
 
 
 @pytest.mark.parametrize("compressible", [True, False])

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import stat
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -155,3 +158,75 @@ def test_config_validation_names_the_key(kwargs, key) -> None:
         WireConfig(**kwargs)
     assert info.value.key == key
     assert info.value.fix
+
+
+def test_keygen_add_keeps_the_owner_group_and_mode_of_the_key_file(tmp_path, capsys) -> None:
+    path = tmp_path / "ring.json"
+    assert keygen.main(["--out", str(path)]) == 0
+    os.chmod(path, 0o640)  # read by the service user's group
+    owner = (os.getuid(), os.getgid())
+    if os.geteuid() == 0:
+        owner = (54321, 54322)  # a service user other than the one running keygen
+        os.chown(path, *owner)
+    assert keygen.main(["--out", str(path), "--add"]) == 0
+    st = path.stat()
+    assert stat.S_IMODE(st.st_mode) == 0o640
+    assert (st.st_uid, st.st_gid) == owner
+    assert len(KeyRing.from_file(path)) == 2
+    assert not [p for p in tmp_path.iterdir() if p.name != "ring.json"]  # no temporary left
+
+
+def test_keygen_add_refuses_a_key_file_others_can_read_and_changes_nothing(
+    tmp_path, capsys
+) -> None:
+    path = tmp_path / "ring.json"
+    assert keygen.main(["--out", str(path)]) == 0
+    capsys.readouterr()
+    os.chmod(path, 0o644)
+    before = path.read_bytes()
+    assert keygen.main(["--out", str(path), "--add"]) == 1
+    assert "chmod o-rwx" in capsys.readouterr().err
+    assert path.read_bytes() == before
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+
+
+def test_key_ring_write_refuses_modes_for_others_and_unpermitted_owners(tmp_path) -> None:
+    ring = KeyRing([Key.generate()])
+    with pytest.raises(KeyRingError, match="other users"):
+        ring.write(tmp_path / "a.json", mode=0o644)
+    assert not (tmp_path / "a.json").exists()
+    if os.geteuid() != 0:
+        with pytest.raises(KeyRingError, match="nothing was changed"):
+            ring.write(tmp_path / "b.json", owner=(0, 0))
+        assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_keygen_add_by_a_user_who_cannot_keep_the_owner_changes_nothing(capsys) -> None:
+    # The file belongs to a service user; "nobody" may read it through the group and write the
+    # directory, but cannot give a new file that owner: keygen must fail, not lock the owner out.
+    with tempfile.TemporaryDirectory() as tmp:  # pytest's tmp_path is not traversable by others
+        _keygen_as_nobody(Path(tmp), capsys)
+
+
+def _keygen_as_nobody(workdir: Path, capsys) -> None:
+    os.chmod(workdir, 0o777)
+    path = workdir / "ring.json"
+    KeyRing([Key.generate()]).write(path, mode=0o640, owner=(54321, 65534))
+    before = path.read_bytes()
+    groups = os.getgroups()
+    os.setgroups([])
+    os.setegid(65534)
+    os.seteuid(65534)  # effective ids only: root gets them back below
+    try:
+        code = keygen.main(["--out", str(path), "--add"])
+    finally:
+        os.seteuid(0)
+        os.setegid(0)
+        os.setgroups(groups)
+    assert code == 1
+    assert "nothing was changed" in capsys.readouterr().err
+    assert path.read_bytes() == before
+    st = path.stat()
+    assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (54321, 65534, 0o640)
+    assert [p.name for p in workdir.iterdir()] == ["ring.json"]

@@ -82,6 +82,7 @@ def test_encoder_reproduces_the_vector(vector) -> None:
             started_at_ms=1_700_000_000_000,
             sent_at_ms=1_700_000_060_000,
             high_offsets=[("orders", 0, 42), ("a_b.c-d", 3, 7)],
+            low_offsets=[("orders", 0, 41), ("a_b.c-d", 3, 7)],
             counters=[("records_sent", 3)],
         )
     assert [d.data.hex() for d in out] == vector["datagrams"]
@@ -111,6 +112,7 @@ def test_decoder_reads_the_vector_and_fastavro_reads_the_envelope(vector) -> Non
         (hb,) = events
         assert isinstance(hb, Heartbeat)
         assert hb.high_offsets == (("orders", 0, 42), ("a_b.c-d", 3, 7))
+        assert hb.low_offsets == (("orders", 0, 41), ("a_b.c-d", 3, 7))
     else:
         (batch,) = events
         assert batch.records[0].value == b"\xab" * 600

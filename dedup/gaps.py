@@ -9,7 +9,8 @@ Theory of operation
 -------------------
 State per partition::
 
-    first      the first offset ever seen: the low end of what the state vouches for
+    first      the low end of what the state vouches for: the first offset seen, lowered by a
+               heartbeat's low_offset (the lowest offset the sending session sent)
     next       nextExpected = highest offset seen + 1
     high       highest offset the sender's heartbeat says it sent (tail gaps)
     windows    [lo_w, hi_w]: window indices, each WINDOW_SIZE offsets aligned to multiples of
@@ -30,6 +31,8 @@ The floor is ``lo_w * WINDOW_SIZE``. For an offset ``o``:
   drop: a duplicate if the state still remembers every gap down there, else ``below_window``.
 - ``o`` below ``first`` before any eviction: the sender may have started there, so these offsets
   are never a gap; they are delivered once (the window range grows down if it fits MAX_WINDOWS).
+- A heartbeat's ``low_offset`` below ``first`` lowers ``first`` (and the windows) to it, so a
+  session's lost first records become gaps; see :meth:`PartitionDetector.heartbeat`.
 
 Gaps are never stored twice: inside the windows they are the clear bits between ``max(first,
 floor)`` and ``max(next - 1, high)`` (so missing tails and whole empty windows are gaps), below the
@@ -65,6 +68,7 @@ __all__ = [
     "GapState",
     "GapStateError",
     "PartitionDetector",
+    "WindowSizeMismatchError",
     "gap_key",
     "gap_value",
     "parse_gap",
@@ -84,6 +88,19 @@ _MAX_WARNINGS = 16
 
 class GapStateError(DiodeError):
     """Serialised detector state is unreadable, truncated, of another version or another config."""
+
+
+class WindowSizeMismatchError(GapStateError):
+    """The state was saved with another WINDOW_SIZE (the window layout would not match)."""
+
+    def __init__(self, saved: int, configured: int) -> None:
+        self.saved = saved
+        """WINDOW_SIZE the state was written with."""
+        self.configured = configured
+        """WINDOW_SIZE of the running configuration."""
+        super().__init__(
+            f"state was written with WINDOW_SIZE={saved}, but WINDOW_SIZE={configured} is set"
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -164,21 +181,32 @@ class GapReport:
 
 # -- serialisation layout (version 1) --------------------------------------------------------
 _MAGIC = b"KDGD"
-_VERSION = 1
+_VERSION = 2
 _NONE = -1
 # window_size, first, next, high, lo_w, hi_w, evicted_any, delivered, duplicates, below_window,
 # budget_evictions, forgotten_max, topic length
-_HEADER = struct.Struct("<QqqqqqBQQQQqH")
+_HEADER_V1 = struct.Struct("<QqqqqqBQQQQqH")
+# version 2 adds (before the topic length): reset_at, lows_ignored
+_HEADER = struct.Struct("<QqqqqqBQQQQqqQH")
 _SECTION = struct.Struct("<QQ")  # (entry count or bitmap bytes, compressed bytes)
 
 
 class PartitionDetector:
     """Gap detector of one source (topic, partition). See the module docstring."""
 
-    def __init__(self, topic: str, partition: int, config: DetectorConfig) -> None:
+    def __init__(
+        self,
+        topic: str,
+        partition: int,
+        config: DetectorConfig,
+        *,
+        reset_at_ms: int | None = None,
+    ) -> None:
+        """A detector with no state; ``reset_at_ms``: it replaces state cleared by a reset then."""
         self.topic = topic
         self.partition = partition
         self.config = config
+        self._reset_at = reset_at_ms
         self._first: int | None = None
         self._next: int | None = None
         self._high: int | None = None
@@ -203,6 +231,8 @@ class PartitionDetector:
         """Offsets dropped because they are older than anything the state can vouch for."""
         self.budget_evictions = 0
         """Windows evicted early because of MAX_STATE_BYTES."""
+        self.lows_ignored = 0
+        """Heartbeat low offsets ignored because their session started before a reset."""
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -217,7 +247,8 @@ class PartitionDetector:
 
     @property
     def first_offset(self) -> int | None:
-        """The first offset ever seen (offsets below it are never a gap)."""
+        """The low end of what the state vouches for (offsets below it are never a gap): the
+        first offset seen, or a heartbeat's lower ``low_offset``."""
         return self._first
 
     @property
@@ -344,18 +375,86 @@ class PartitionDetector:
         self.duplicates += n - k
         return answers
 
-    def heartbeat(self, high_offset: int, now_ms: int) -> None:
-        """The sender says it has sent every offset up to ``high_offset``: missing ones are gaps.
+    def heartbeat(
+        self,
+        high_offset: int,
+        now_ms: int,
+        low_offset: int | None = None,
+        *,
+        session_started_ms: int | None = None,
+    ) -> None:
+        """The sender says it has sent every offset from ``low_offset`` up to ``high_offset``.
 
         Offsets between the last one received and ``high_offset`` become a (tail) gap at the next
-        scans even if nothing follows. Before the first record a heartbeat only sets the high mark
-        (the start is unknown, so nothing below the first record is ever a gap).
+        scans even if nothing follows. ``low_offset`` (the lowest offset the sending session sent;
+        None from older receivers) lowers the floor when it lies below the first offset seen, so
+        ``[low_offset, first seen - 1]`` (or ``[low_offset, high_offset]`` when nothing arrived)
+        become gaps under the usual two-scan rule: the loss of a session's first records is
+        reported. A higher ``low_offset`` later (a new session resuming from its commit) never
+        raises the floor. Window rules (docs/gaps.md "Heartbeat low offsets"): if the windows
+        cannot reach down to ``low_offset`` within MAX_WINDOWS, the part below them goes to the
+        expired list at once and is reported OPEN (as an eviction); after an eviction the floor is
+        lowered only down to the oldest window (the state no longer knows what was delivered
+        below it). After a reset (``reset_at_ms``), lows of sessions that started at or before
+        the reset (``session_started_ms``, the sender's clock; None counts as before) are
+        ignored: they would report records delivered before the reset as missing.
+
+        Raises:
+            LocalProtocolError: an offset outside 0..MAX_OFFSET, or ``low_offset > high_offset``.
         """
-        del now_ms
         if not 0 <= high_offset <= MAX_OFFSET:
             raise LocalProtocolError(f"heartbeat offset {high_offset} outside 0..{MAX_OFFSET}")
+        if low_offset is not None and not 0 <= low_offset <= high_offset:
+            raise LocalProtocolError(
+                f"heartbeat low offset {low_offset} outside 0..high offset {high_offset}"
+            )
         if self._high is None or high_offset > self._high:
             self._high = high_offset
+        if low_offset is None:
+            return
+        if self._reset_at is not None and (
+            session_started_ms is None or session_started_ms <= self._reset_at
+        ):
+            self.lows_ignored += 1
+            return
+        self._lower_floor(low_offset, now_ms)
+
+    def _lower_floor(self, low: int, now_ms: int) -> None:
+        ws = self.config.window_size
+        if self._next is None:
+            # Nothing arrived yet: the whole announced range is missing.
+            self._first = self._next = low
+            self._lo_w = self._hi_w = low // ws
+            return
+        assert self._first is not None
+        if low >= self._first:
+            return
+        if self._evicted_any:
+            # Below the oldest window the state no longer knows what was delivered (records
+            # there were dropped as below_window): lower the floor only down to that window.
+            low = max(low, self._lo_w * ws)
+            self._first = min(self._first, low)
+            return
+        window = low // ws
+        if self._hi_w - window < self.config.max_windows:
+            self._lo_w = min(self._lo_w, window)
+            self._first = low
+            return
+        # The windows cannot reach down to ``low``: what lies below them is evicted at once
+        # (reported OPEN now, its last report from the windows). Nothing below the current floor
+        # was ever delivered (before an eviction such records are dropped as below_window), and
+        # the expired list is still empty, so the range is exactly one gap.
+        new_lo = self._hi_w - self.config.max_windows + 1
+        top = new_lo * ws - 1
+        self._lo_w = new_lo
+        self._first = low
+        self._evicted_any = True
+        self._e_first.insert(0, low)
+        self._e_last.insert(0, top)
+        self._e_det.insert(0, now_ms)
+        self._reported[low] = (top, now_ms)
+        self._emit(low, top, GapState.OPEN, now_ms, now_ms)
+        self._trim_expired(now_ms)
 
     # -- windows and eviction -------------------------------------------------------------------
     def _tail(self) -> int:
@@ -407,6 +506,10 @@ class PartitionDetector:
             if prev is None or prev[0] != b:
                 self._reported[a] = (b, det)
                 self._emit(a, b, GapState.OPEN, det, now_ms)
+        self._trim_expired(now_ms)
+
+    def _trim_expired(self, now_ms: int) -> None:
+        """Forget the oldest expired gaps beyond MAX_EXPIRED_GAPS, reporting them EXPIRED."""
         overflow = len(self._e_first) - self.config.max_expired_gaps
         if overflow > 0:
             for a, b, det in zip(
@@ -539,7 +642,7 @@ class PartitionDetector:
     def to_bytes(self) -> bytes:
         """Serialise the whole state (including scan state and undrained reports' effect).
 
-        Layout v1: ``KDGD`` + version byte + fixed header + topic (UTF-8) + partition + the seen
+        Layout v2: ``KDGD`` + version byte + fixed header + topic (UTF-8) + partition + the seen
         bitmap in pyroaring's portable format + three zlib-compressed int64 tables (expired,
         reported, pending). Undrained reports are not part of the state: drain before saving.
         """
@@ -559,6 +662,8 @@ class PartitionDetector:
             self.below_window,
             self.budget_evictions,
             self._forgotten_max,
+            _opt(self._reset_at),
+            self.lows_ignored,
             len(topic),
         )
         parts = [_MAGIC, bytes([_VERSION]), header, topic, struct.pack("<q", self.partition)]
@@ -607,19 +712,26 @@ def _decode(cls: type[PartitionDetector], data: bytes, config: DetectorConfig) -
     view = memoryview(data)
     if bytes(view[:4]) != _MAGIC or len(view) < 5:
         raise GapStateError("not a gap detector state (bad magic)")
-    if view[4] != _VERSION:
+    if view[4] not in (1, _VERSION):
         raise GapStateError(f"gap detector state version {view[4]} is not supported")
     pos = 5
-    fields = _HEADER.unpack_from(view, pos)
-    pos += _HEADER.size
-    (ws, first, nxt, high, lo_w, hi_w, evicted, delivered, dups, below, budget, forgot, tlen) = (
-        fields
-    )
-    if ws != config.window_size:
-        raise GapStateError(
-            f"state was written with WINDOW_SIZE={ws}, config has {config.window_size}: keep "
-            "WINDOW_SIZE or reset this partition's state"
+    reset_at, lows_ignored = _NONE, 0
+    if view[4] == 1:  # states saved before heartbeat low offsets: no reset time
+        fields = _HEADER_V1.unpack_from(view, pos)
+        pos += _HEADER_V1.size
+        (ws, first, nxt, high, lo_w, hi_w, evicted, delivered, dups, below, budget, forgot) = (
+            fields[:-1]
         )
+    else:
+        fields = _HEADER.unpack_from(view, pos)
+        pos += _HEADER.size
+        (ws, first, nxt, high, lo_w, hi_w, evicted, delivered, dups, below, budget, forgot) = (
+            fields[:-3]
+        )
+        reset_at, lows_ignored = fields[-3], fields[-2]
+    tlen = fields[-1]
+    if ws != config.window_size:
+        raise WindowSizeMismatchError(ws, config.window_size)
     topic = bytes(view[pos : pos + tlen]).decode("utf-8")
     if len(topic.encode("utf-8")) != tlen:
         raise GapStateError("truncated topic")
@@ -661,6 +773,7 @@ def _decode(cls: type[PartitionDetector], data: bytes, config: DetectorConfig) -
         budget,
     )
     det._forgotten_max = forgot
+    det._reset_at, det.lows_ignored = _unopt(reset_at), lows_ignored
     det._seen = seen
     expired, reported, pending = tables
     det._e_first = list(expired[0::3])

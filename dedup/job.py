@@ -87,13 +87,26 @@ OUTPUT_SCHEMA = StructType(
         StructField("resets", LongType()),
         StructField("open_gaps", LongType()),
         StructField("state_bytes", LongType()),
+        StructField("below_window", LongType()),
+        StructField("budget_evictions", LongType()),
+        StructField("expired_gaps", LongType()),
     ]
 )
 STATE_SCHEMA = StructType(
     [StructField("detector", BinaryType()), StructField("last_scan_ms", LongType())]
 )
 _COLUMNS = [f.name for f in OUTPUT_SCHEMA.fields]
-_STAT_COLUMNS = ("delivered", "duplicates", "malformed", "heartbeats", "resets", "open_gaps")
+_STAT_COLUMNS = (
+    "delivered",
+    "duplicates",
+    "malformed",
+    "heartbeats",
+    "resets",
+    "open_gaps",
+    "below_window",
+    "budget_evictions",
+    "expired_gaps",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +148,10 @@ def classify(raw: DataFrame) -> DataFrame:
         F.col("value"),
         F.col("headers"),
         F.expr(f"cast({control} as string)").alias("control"),
+        # Heartbeat fields (docs/topics.md): absent (older receivers) or invalid -> -1. Never
+        # null: a nullable long column reaches pandas as float64, which rounds above 2^53.
+        F.expr(f"if({control} IS NULL, -1, {_json_long('low_offset')})").alias("hb_low"),
+        F.expr(f"if({control} IS NULL, -1, {_json_long('started_at_ms')})").alias("hb_started"),
         F.expr(prov_ok).alias("prov_ok"),
         F.expr("try_cast(cast(try_element_at(headers, -3).value as string) as bigint)").alias(
             "prov_ts"
@@ -158,7 +175,14 @@ def classify(raw: DataFrame) -> DataFrame:
         F.col("value"),
         F.col("prov_ts").alias("timestamp"),
         F.expr(f"if(prov_ok, slice(headers, 1, {n} - 4), null)").alias("headers"),
+        F.col("hb_low"),
+        F.col("hb_started"),
     )
+
+
+def _json_long(name: str) -> str:
+    """SQL: the integer field ``name`` of the (JSON) value, or -1."""
+    return f"coalesce(try_cast(get_json_object(cast(value as string), '$.{name}') as bigint), -1)"
 
 
 # -- step 3: the stateful per-partition function ---------------------------------------------
@@ -201,21 +225,24 @@ def detect_group(
         max_expired_gaps=params.max_expired_gaps,
         max_state_bytes=params.max_state_bytes,
     )
-    if state.exists:
+    kinds = batch["kind"].to_numpy() if batch is not None else np.empty(0, dtype=np.int8)
+    stats["resets"] = int(np.count_nonzero(kinds == KIND_RESET))
+    if stats["resets"]:
+        # docs/dedup.md "Reset": the reset applies before this batch's records, and before the
+        # saved state is read: it discards that state, which may be unreadable (WINDOW_SIZE).
+        log.warning("reset of %s:%d requested: state cleared", topic, partition)
+        detector = gaps.PartitionDetector(topic, partition, config, reset_at_ms=now)
+        last_scan = now
+    elif state.exists:
         blob, last_scan = state.get
-        detector = gaps.PartitionDetector.from_bytes(bytes(blob), config)
+        detector = load_detector(bytes(blob), config, topic, partition)
     else:
         detector, last_scan = gaps.PartitionDetector(topic, partition, config), now
+    below_before, budget_before = detector.below_window, detector.budget_evictions
 
     out: list[pd.DataFrame] = []
     if batch is not None:
-        kinds = batch["kind"].to_numpy()
         stats["malformed"] = int(np.count_nonzero(kinds == KIND_MALFORMED))
-        stats["resets"] = int(np.count_nonzero(kinds == KIND_RESET))
-        if stats["resets"]:
-            # docs/dedup.md "Reset": the reset applies before this batch's records.
-            log.warning("reset of %s:%d requested: state cleared", topic, partition)
-            detector, last_scan = gaps.PartitionDetector(topic, partition, config), now
         data = batch[kinds == KIND_DATA]
         if len(data):
             order = np.argsort(data["src_offset"].to_numpy(), kind="stable")
@@ -238,10 +265,10 @@ def detect_group(
                     headers=fresh["headers"].to_numpy(),
                 )
                 out.append(_frame(records, len(fresh)))
-        beats = batch["src_offset"].to_numpy()[kinds == KIND_HEARTBEAT]
+        beats = batch[kinds == KIND_HEARTBEAT]
         stats["heartbeats"] = len(beats)
         if len(beats):
-            detector.heartbeat(int(beats.max()), now)
+            apply_heartbeats(detector, beats, now)
 
     reports: list[gaps.GapReport] = []
     if now - last_scan >= params.scan_interval_ms:
@@ -260,8 +287,56 @@ def detect_group(
     state.update((blob, last_scan))
     state.setTimeoutDuration(params.scan_interval_ms)
     stats["open_gaps"] = len(detector.reported_open())
+    stats["below_window"] = detector.below_window - below_before
+    stats["budget_evictions"] = detector.budget_evictions - budget_before
+    stats["expired_gaps"] = sum(1 for r in reports if r.state is gaps.GapState.EXPIRED)
     out.append(_stat_frame(topic, partition, stats, len(blob)))
     yield from out
+
+
+def load_detector(
+    blob: bytes, config: gaps.DetectorConfig, topic: str, partition: int
+) -> gaps.PartitionDetector:
+    """The saved detector of ``topic:partition``; a WINDOW_SIZE change says how to recover.
+
+    Raises:
+        GapStateError: the state is unreadable, or was saved with another WINDOW_SIZE (the
+            message names the exact recovery steps, docs/dedup.md "Changing WINDOW_SIZE").
+    """
+    try:
+        return gaps.PartitionDetector.from_bytes(blob, config)
+    except gaps.WindowSizeMismatchError as exc:
+        old, new = exc.saved, exc.configured
+        raise gaps.GapStateError(
+            f"the dedup state of {topic}:{partition} was saved with WINDOW_SIZE={old}, but "
+            f"WINDOW_SIZE={new} is set. To keep the state: set WINDOW_SIZE={old} again and "
+            f"restart. To switch to {new} (each partition forgets which records it delivered "
+            f"and which gaps are open): start with WINDOW_SIZE={old}, stop the job once it has "
+            "caught up, run 'kafka-diode dedup reset --topic T --partition P --yes' for every "
+            f"source partition (here: --topic {topic} --partition {partition}), then start with "
+            f"WINDOW_SIZE={new}; a reset is applied before the saved state is read "
+            '(docs/dedup.md "Changing WINDOW_SIZE")'
+        ) from exc
+
+
+def apply_heartbeats(detector: gaps.PartitionDetector, beats: pd.DataFrame, now: int) -> None:
+    """Apply one batch's heartbeat rows: the highest offset, and each valid low offset."""
+    highs = beats["src_offset"].to_numpy()
+    detector.heartbeat(int(highs.max()), now)
+    if "hb_low" not in beats:
+        return
+    lows = beats["hb_low"].tolist()
+    started = beats["hb_started"].tolist()
+    seen: set[tuple[int, int | None]] = set()
+    for high, low, start in zip(highs.tolist(), lows, started, strict=True):
+        # -1: no low_offset (older receivers). A low the heartbeat cannot mean (above its own
+        # high) is ignored, not fatal: the raw topic is input we do not control.
+        if not 0 <= low <= high:
+            continue
+        key = (int(low), None if start < 0 else int(start))
+        if key not in seen:
+            seen.add(key)
+            detector.heartbeat(int(high), now, key[0], session_started_ms=key[1])
 
 
 def _stat_frame(

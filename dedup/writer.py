@@ -126,6 +126,24 @@ class DedupMetrics:
             "processed_records_per_second", "Processed rate of the last micro-batch",
             namespace=ns, subsystem=sub, registry=reg,
         )  # fmt: skip
+        # What the detector counts (docs/dedup.md "Metrics and logs").
+        self.below_window = Counter(
+            "below_window_dropped", "Raw records dropped as older than the detector's state "
+            "(below the oldest window, not in a remembered gap)", namespace=ns, subsystem=sub,
+            registry=reg,
+        )  # fmt: skip
+        self.budget_evictions = Counter(
+            "budget_evictions", "Windows evicted early because of MAX_STATE_BYTES", namespace=ns,
+            subsystem=sub, registry=reg,
+        )  # fmt: skip
+        self.gaps_expired = Counter(
+            "gaps_expired", "Gaps reported expired (forgotten beyond MAX_EXPIRED_GAPS)",
+            namespace=ns, subsystem=sub, registry=reg,
+        )  # fmt: skip
+        self.resets = Counter(
+            "resets_applied", "Partition state resets applied (kafka-diode dedup reset)",
+            namespace=ns, subsystem=sub, registry=reg,
+        )  # fmt: skip
         self._open: dict[tuple[str, int], int] = {}
         self._state: dict[tuple[str, int], int] = {}
 
@@ -137,6 +155,14 @@ class DedupMetrics:
             self.duplicates.inc(cols["duplicates"][i] or 0)
             self.malformed.inc(cols["malformed"][i] or 0)
             self.heartbeats.inc(cols["heartbeats"][i] or 0)
+            for counter, name in (
+                (self.below_window, "below_window"),
+                (self.budget_evictions, "budget_evictions"),
+                (self.gaps_expired, "expired_gaps"),
+                (self.resets, "resets"),
+            ):
+                if name in cols:
+                    counter.inc(cols[name][i] or 0)
             if topic:
                 self._open[(topic, partition)] = cols["open_gaps"][i] or 0
                 self._state[(topic, partition)] = cols["state_bytes"][i] or 0

@@ -1,9 +1,9 @@
 """The dedup job end to end: real broker, real Spark (``kafka-diode dedup`` as a subprocess).
 
 1. Duplicates, reordering, known missing offsets (middle and tail, the tail announced by a
-   heartbeat), null values/keys/header values and a malformed record: the clean topic holds every
-   delivered record exactly once and byte-identical; the gap topic names exactly the missing
-   offsets.
+   heartbeat; the head of a partition, announced by a heartbeat's ``low_offset``), null
+   values/keys/header values and a malformed record: the clean topic holds every delivered record
+   exactly once and byte-identical; the gap topic names exactly the missing offsets.
 2. Crash: SIGKILL the job mid-run, restart it from the checkpoint: no duplicate, nothing lost.
 
 Each Spark start costs 15-40 s here, so the module starts Spark three times in total.
@@ -52,8 +52,12 @@ def raw_record(partition: int, offset: int, *, key: bytes | None, value: bytes |
     )
 
 
-def heartbeat(partition: int, high: int) -> Record:
-    value = json.dumps({"type": "heartbeat", "high_offset": high}).encode()
+def heartbeat(partition: int, high: int, low: int | None = None) -> Record:
+    """A raw heartbeat record; ``low=None`` is what receivers before ``low_offset`` wrote."""
+    beat: dict[str, object] = {"type": "heartbeat", "high_offset": high}
+    if low is not None:
+        beat.update(session=SESSION.decode(), started_at_ms=BASE_TS, low_offset=low)
+    value = json.dumps(beat).encode()
     return Record(
         key=f"{SOURCE}:{partition}:{high}".encode(),
         value=value,
@@ -112,12 +116,15 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 400) -> None:
 def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path) -> None:
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
-    missing = {0: {17, *range(40, 45)}, 1: {60}, 2: set(range(95, 100))}
+    # partition 3: its first datagram (offsets 0..9) was lost; only the heartbeat's low_offset
+    # tells the dedup that the session started at 0
+    missing = {0: {17, *range(40, 45)}, 1: {60}, 2: set(range(95, 100)), 3: set(range(10))}
+    sent = {0: 100, 1: 100, 2: 100, 3: 30}
     rng = random.Random(6)
     records: list[Record] = []
     expected: dict[tuple[int, int], tuple] = {}
-    for partition in range(3):
-        present = [o for o in range(100) if o not in missing[partition]]
+    for partition in range(4):
+        present = [o for o in range(sent[partition]) if o not in missing[partition]]
         if partition == 2:
             present = [o for o in present if o < 95]  # lost tail, announced by the heartbeat
         order = present + rng.sample(present, 15)  # 15 duplicates
@@ -127,6 +134,7 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path)
             records.append(raw_record(partition, offset, key=key, value=value, headers=headers))
             expected[(partition, offset)] = (key, value, headers)
     records.append(heartbeat(2, 99))
+    records.append(heartbeat(3, 29, low=0))
     # malformed: provenance headers out of order -> counted, never forwarded
     records.append(
         Record(
@@ -143,7 +151,7 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path)
     )
     produce_records(downstream_kafka, raw, records)
 
-    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, tag), "NEW_TOPIC_PARTITIONS": "4"}
     finish(run_dedup(env, "--until-idle", "8"))
 
     clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)

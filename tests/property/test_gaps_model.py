@@ -1,7 +1,9 @@
 """Model-based tests: PartitionDetector against a plain reference (a set of seen offsets + rules).
 
-The reference implements DESIGN.md §7 and the documented below-window policy (docs/gaps.md) with
-Python sets and lists, one offset at a time, and no bitmaps.
+The reference implements DESIGN.md §7, the documented below-window policy and heartbeat low
+offsets (docs/gaps.md) with Python sets and lists, one offset at a time, and no bitmaps. The
+promise it checks: every offset from the lowest heartbeat ``low_offset`` (or the first offset seen)
+up to the highest heartbeat offset is delivered exactly once, open, or reported EXPIRED.
 """
 
 from __future__ import annotations
@@ -79,8 +81,26 @@ class Model:
             self.below_window += 1
         return False
 
-    def heartbeat(self, high: int) -> None:
+    def heartbeat(self, high: int, low: int | None = None) -> None:
         self.high = high if self.high is None else max(self.high, high)
+        if low is None:
+            return
+        if self.first is None:
+            self.first = self.next = low
+            self.lo = self.hi = low // self.ws
+        elif low >= self.first:
+            pass
+        elif self.evicted:
+            self.first = min(self.first, max(low, self.lo * self.ws))
+        elif self.hi - low // self.ws < self.mw:
+            self.lo, self.first = min(self.lo, low // self.ws), low
+        else:
+            new_lo = self.hi - self.mw + 1
+            assert self.expired == []
+            self.expired = [[low, new_lo * self.ws - 1]]
+            while len(self.expired) > self.mxe:
+                self.forgotten_max = max(self.forgotten_max, self.expired.pop(0)[1])
+            self.lo, self.first, self.evicted = new_lo, low, True
 
     def gaps(self) -> list[tuple[int, int]]:
         if self.first is None:
@@ -130,26 +150,40 @@ def scenarios(draw):
     arrived += [rnd.choice(arrived) for _ in range(len(arrived) // 5)] if arrived else []
     # local reordering plus a few far-late records
     arrived.sort(key=lambda o: o + rnd.uniform(0, draw(st.sampled_from([0, 3, 30, 400]))))
-    ops = []
+    # Heartbeat low offsets (None: an older receiver): the session's start, or a later session
+    # resuming from its commit (a higher low).
+    with_lows = draw(st.booleans())
+
+    def low() -> int | None:
+        if not with_lows:
+            return None
+        return start if rnd.random() < 0.7 else rnd.randint(start, start + length - 1)
+
+    ops: list[tuple[str, tuple[int, int | None] | int | None]] = []
+    if with_lows and draw(st.booleans()):  # a heartbeat before any record
+        ops.append(("hb", (start + rnd.randint(0, length - 1), start)))
     for o in arrived:
         ops.append(("obs", o))
         r = rnd.random()
         if r < 0.05:
             ops.append(("scan", None))
         elif r < 0.08:
-            ops.append(("hb", rnd.randint(start, start + length - 1)))
+            high = rnd.randint(start, start + length - 1)
+            lo = low()
+            ops.append(("hb", (high, None if lo is None else min(lo, high))))
         elif r < 0.09:
             ops.append(("roundtrip", None))
-    return ws, mw, mxe, start + length - 1, ops
+    return ws, mw, mxe, start + length - 1, ops, (start if with_lows else None)
 
 
-def run_both(ws, mw, mxe, last_sent, ops, *, batched: bool):
+def run_both(ws, mw, mxe, last_sent, ops, session_low, *, batched: bool):
     config = DetectorConfig(window_size=ws, max_windows=mw, max_expired_gaps=mxe)
     det = PartitionDetector("t", 0, config)
     model = Model(ws, mw, mxe)
     reports = []
     now = 0
     batch: list[int] = []
+    low_in_time = False  # the session's low reached the detector before any eviction
 
     def flush():
         nonlocal det
@@ -171,14 +205,19 @@ def run_both(ws, mw, mxe, last_sent, ops, *, batched: bool):
         if op == "scan":
             reports += det.scan(now)
         elif op == "hb":
-            det.heartbeat(arg, now)
-            model.heartbeat(arg)
+            high, low = arg
+            if low is not None and low == session_low and not model.evicted:
+                low_in_time = True
+            det.heartbeat(high, now, low)
+            model.heartbeat(high, low)
         else:
             reports += det.drain_reports()
             det = PartitionDetector.from_bytes(det.to_bytes(), config)
     flush()
-    det.heartbeat(last_sent, now + 1)
-    model.heartbeat(last_sent)
+    if session_low is not None and not model.evicted:
+        low_in_time = True
+    det.heartbeat(last_sent, now + 1, session_low)
+    model.heartbeat(last_sent, session_low)
     reports += det.scan(now + 2)
     reports += det.scan(now + 3)
     assert sorted(det.open_gaps()) == model.gaps()
@@ -198,6 +237,10 @@ def run_both(ws, mw, mxe, last_sent, ops, *, batched: bool):
     if model.first is not None:
         for o in range(model.first, last_sent + 1):
             assert o in delivered or o in open_offsets or o in expired, o
+    if low_in_time:
+        # Heartbeat lows (docs/gaps.md): the lost head of the session is accounted for as well.
+        assert model.first is not None
+        assert model.first <= session_low
     return reports
 
 
@@ -216,7 +259,7 @@ def test_observe_many_matches_the_reference_model(scenario) -> None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.data())
 def test_observe_many_equals_sequence_of_observe(scenario, data) -> None:
-    ws, mw, mxe, _last, ops = scenario
+    ws, mw, mxe, _last, ops, _low = scenario
     offsets = [arg for op, arg in ops if op == "obs"]
     config = DetectorConfig(window_size=ws, max_windows=mw, max_expired_gaps=mxe)
     one = PartitionDetector("t", 0, config)
@@ -234,7 +277,7 @@ def test_observe_many_equals_sequence_of_observe(scenario, data) -> None:
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios(), st.integers(0, 10_000))
 def test_round_trip_mid_stream_gives_identical_behaviour(scenario, cut_seed) -> None:
-    ws, mw, mxe, last_sent, ops = scenario
+    ws, mw, mxe, last_sent, ops, _low = scenario
     config = DetectorConfig(window_size=ws, max_windows=mw, max_expired_gaps=mxe)
     cut = cut_seed % (len(ops) + 1)
 
@@ -247,7 +290,7 @@ def test_round_trip_mid_stream_gives_identical_behaviour(scenario, cut_seed) -> 
             elif op == "scan":
                 out.append(det.scan(now))
             elif op == "hb":
-                det.heartbeat(arg, now)
+                det.heartbeat(arg[0], now, arg[1])
         det.heartbeat(last_sent, 10**6)
         out += [det.scan(10**6 + 1), det.scan(10**6 + 2)]
         return out
@@ -262,7 +305,7 @@ def test_round_trip_mid_stream_gives_identical_behaviour(scenario, cut_seed) -> 
             elif op == "scan":
                 det.scan(i)
             elif op == "hb":
-                det.heartbeat(arg, i)
+                det.heartbeat(arg[0], i, arg[1])
     assert a.drain_reports() == b.drain_reports()
     restored = PartitionDetector.from_bytes(b.to_bytes(), config)
     assert same_state(restored, a)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import array
 import logging
+import struct
 
 import pytest
 
@@ -15,6 +16,7 @@ from dedup.gaps import (
     GapState,
     GapStateError,
     PartitionDetector,
+    WindowSizeMismatchError,
 )
 
 
@@ -249,3 +251,122 @@ def test_gap_record_round_trip_and_schema() -> None:
     ]:
         with pytest.raises(GapRecordError):
             parse_gap(key, bad)
+
+
+# -- heartbeat low offsets (docs/gaps.md "Heartbeat low offsets") -------------------------------
+
+
+def test_lost_head_becomes_a_gap_when_the_heartbeat_names_the_session_low() -> None:
+    det = detector(ws=10, mw=4)
+    for o in range(7, 12):  # offsets 0..6 (the first datagram) were lost on the link
+        det.observe(o, 1)
+    assert det.open_gaps() == []  # without the low offset nothing below 7 is known
+    det.heartbeat(11, 2, low_offset=0)
+    assert det.first_offset == 0
+    assert det.low_watermark == 0
+    assert det.open_gaps() == [(0, 6)]
+    assert det.scan(3) == []  # the two-scan rule holds for head gaps too
+    assert states(det.scan(4)) == [(0, 6, "open")]
+    assert det.observe(3, 5) is True  # a resend fills it exactly once
+    assert det.observe(3, 5) is False
+    assert states(det.scan(6)) == [(0, 2, "open"), (4, 6, "open")]
+
+
+def test_whole_partition_lost_is_reported_from_heartbeats_alone() -> None:
+    det = detector(ws=10, mw=4)
+    det.heartbeat(332, 1, low_offset=0)  # not one record of the partition arrived
+    assert det.open_gaps() == [(0, 332)]
+    det.scan(2)
+    assert states(det.scan(3)) == [(0, 332, "open")]
+    assert det.observe(0, 4) is True  # the resend arrives
+    assert det.observe(1, 4) is True
+    assert states(det.scan(5)) == [(2, 332, "open"), (0, 1, "filled")]
+    restored = PartitionDetector.from_bytes(det.to_bytes(), det.config)
+    assert restored.open_gaps() == [(2, 332)]
+
+
+def test_a_restart_with_a_higher_low_neither_raises_the_floor_nor_forgets() -> None:
+    det = detector(ws=10, mw=8)
+    det.heartbeat(4, 1, low_offset=0)
+    for o in (2, 3, 4):
+        det.observe(o, 1)
+    det.scan(2)
+    assert states(det.scan(3)) == [(0, 1, "open")]
+    det.heartbeat(30, 4, low_offset=20)  # a new session resumed from its commit at 20
+    assert det.first_offset == 0
+    assert det.open_gaps() == [(0, 1), (5, 30)]
+    assert det.observe(3, 5) is False  # still a duplicate
+    det.scan(6)
+    assert states(det.scan(7)) == [(5, 30, "open")]
+    assert det.reported_open() == [(0, 1), (5, 30)]
+
+
+def test_a_low_below_what_the_windows_can_reach_is_evicted_at_once() -> None:
+    det = detector(ws=10, mw=2, mxe=10)
+    det.observe(45, 1)  # window 40..49; MAX_WINDOWS=2 reaches down to 30 at most
+    det.heartbeat(45, 2, low_offset=5)
+    assert states(det.drain_reports()) == [(5, 29, "open")]  # last report from the windows
+    assert det.low_watermark == 30
+    assert det.open_gaps() == [(5, 29), (30, 44)]
+    assert det.observe(7, 3) is True  # a resend below the floor is delivered once
+    assert det.observe(7, 3) is False
+    assert det.observe(2, 3) is False  # below the session's low: nothing vouches for it
+    assert det.below_window == 1
+
+
+def test_a_low_arriving_after_an_eviction_lowers_the_floor_only_to_the_oldest_window() -> None:
+    det = detector(ws=10, mw=2, mxe=10)
+    det.observe(25, 1)
+    det.observe(12, 1)  # grew down to window 10..19: delivered
+    det.observe(35, 2)  # evicts window 10..19 (whose gaps are below the first offset: none)
+    assert det.drain_reports() == []
+    det.heartbeat(35, 3, low_offset=0)  # records below 20 may have been delivered: not a gap
+    assert det.first_offset == 20
+    assert det.open_gaps() == [(20, 24), (26, 34)]
+
+
+def test_after_a_reset_lows_of_sessions_started_before_it_are_ignored() -> None:
+    config = DetectorConfig(window_size=10, max_windows=8)
+    det = PartitionDetector("orders", 3, config, reset_at_ms=1_000)
+    det.observe(50, 2_000)  # records delivered before the reset are 0..49
+    det.heartbeat(50, 2_001, low_offset=0, session_started_ms=500)
+    det.heartbeat(50, 2_002, low_offset=0)  # no start time (older receivers): as before
+    assert det.open_gaps() == []
+    assert det.lows_ignored == 2
+    again = PartitionDetector.from_bytes(det.to_bytes(), config)
+    again.heartbeat(60, 2_003, low_offset=40, session_started_ms=1_500)  # a new session
+    assert again.open_gaps() == [(40, 49), (51, 60)]
+
+
+def test_heartbeat_low_offset_is_validated() -> None:
+    det = detector()
+    with pytest.raises(LocalProtocolError):
+        det.heartbeat(10, 1, low_offset=11)
+    with pytest.raises(LocalProtocolError):
+        det.heartbeat(10, 1, low_offset=-1)
+
+
+def test_version_1_states_still_load() -> None:
+    det = detector()
+    det.observe_many([0, 3, 9], 1)
+    det.scan(2)
+    blob = det.to_bytes()
+    # v2 inserts reset_at (q) and lows_ignored (Q) before the topic length: strip them.
+    head = 5 + struct.calcsize("<QqqqqqBQQQQq")
+    v1 = b"KDGD\x01" + blob[5:head] + blob[head + 16 :]
+    old = PartitionDetector.from_bytes(v1, det.config)
+    assert (old.open_gaps(), old.reported_open(), old.delivered) == (
+        det.open_gaps(),
+        det.reported_open(),
+        det.delivered,
+    )
+    old.heartbeat(20, 3, low_offset=0)  # v1 states were never reset: lows apply
+    assert old.open_gaps() == [(1, 2), (4, 8), (10, 20)]
+
+
+def test_window_size_mismatch_error_names_both_sizes() -> None:
+    det = detector(ws=1000)
+    det.observe(1, 1)
+    with pytest.raises(WindowSizeMismatchError) as info:
+        PartitionDetector.from_bytes(det.to_bytes(), DetectorConfig(window_size=500))
+    assert (info.value.saved, info.value.configured) == (1000, 500)

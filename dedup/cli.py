@@ -23,7 +23,7 @@ from typing import Any
 from common import logging as diode_logging
 from common import settings
 from common.errors import ConfigError, DiodeError
-from dedup.config import PASS_THROUGH, DedupConfig, environment_help, from_sources
+from dedup.config import LOG_LEVELS, PASS_THROUGH, DedupConfig, environment_help, from_sources
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,21 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         epilog=environment_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    settings.add_flags(parser, DedupConfig)
+    settings.add_flags(parser, DedupConfig, skip=("log_json",))
+    parser.add_argument(
+        "--log-json",
+        dest="log_json",
+        nargs="?",
+        const="true",
+        default=None,
+        metavar="BOOL",
+        help="log one JSON object per line; alone means true [boolean; env LOG_JSON; default: "
+        "false]",
+    )
+    # Before --log-json existed the flag was --json-logs: kept, hidden, for old unit files.
+    parser.add_argument(
+        "--json-logs", dest="log_json", action="store_const", const="true", help=argparse.SUPPRESS
+    )
     run = parser.add_argument_group("run control")
     run.add_argument(
         "--until-idle",
@@ -54,8 +68,6 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     run.add_argument(
         "--max-batches", type=int, metavar="N", help="stop after N micro-batches (tests, demo)"
     )
-    run.add_argument("--log-level", default="INFO", help="log level [default: INFO]")
-    run.add_argument("--json-logs", action="store_true", help="log JSON lines")
     run.add_argument(
         "--check-config", action="store_true", help="print the effective settings and exit"
     )
@@ -88,12 +100,12 @@ def main(argv: Sequence[str], prog: str = "kafka-diode dedup") -> int:
     if args_list and args_list[0] == "reset":
         return _reset(args_list[1:], prog, os.environ)
     args = _parser(prog).parse_args(args_list)
-    diode_logging.configure(args.log_level, json_format=args.json_logs)
     try:
         config = from_sources(os.environ, args)
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    diode_logging.configure(config.log_level, json_format=config.log_json)
     if args.check_config:
         print(json.dumps(settings.describe(config), indent=2))
         return EXIT_OK
@@ -133,10 +145,40 @@ def run(
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return drive(query, writer, metrics, stop, until_idle=until_idle, max_batches=max_batches)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        writer.close()
+        stop_spark(spark, requested=stop.is_set())
+
+
+def _jvm_gone(exc: BaseException) -> bool:
+    """True if ``exc`` says Spark's JVM is no longer there (py4j cannot reach it)."""
+    from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]  # noqa: PLC0415
+
+    return isinstance(exc, ConnectionError | Py4JNetworkError)
+
+
+def drive(
+    query: Any,
+    writer: Any,
+    metrics: Any,
+    stop: threading.Event,
+    *,
+    until_idle: float | None = None,
+    max_batches: int | None = None,
+) -> int:
+    """Watch the query until it ends or ``stop`` is set; returns the exit code.
+
+    If the JVM is gone while a requested stop is under way (systemd's KillMode=control-group
+    signals the JVM too), the stop succeeded: exit 0. Gone without a request: exit 1.
+    """
     last_progress: Any = None
     try:
         while query.isActive:
-            query.awaitTermination(0.5)  # type: ignore[arg-type]
+            query.awaitTermination(0.5)
             progress = query.lastProgress
             if progress is not None and progress.get("id") and progress != last_progress:
                 metrics.observe_progress(progress)
@@ -152,15 +194,29 @@ def run(
                 _graceful_stop(query, writer)
                 break
         exception = query.exception()
-        if exception is not None:
-            log.error("the query failed: %s", exception)
-            return EXIT_FAILED
-        return EXIT_OK
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        writer.close()
+    except Exception as exc:
+        if not _jvm_gone(exc):
+            raise
+        if stop.is_set():
+            log.info("Spark's JVM had already exited during the requested stop (%s): stopped", exc)
+            return EXIT_OK
+        log.error("Spark's JVM exited unexpectedly: %s", exc)  # noqa: TRY400  the diagnosis
+        return EXIT_FAILED
+    if exception is not None:
+        log.error("the query failed: %s", exception)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+def stop_spark(spark: Any, *, requested: bool) -> None:
+    """``spark.stop()``; a JVM that already exited is not an error (logged, never raised)."""
+    try:
         spark.stop()
+    except Exception as exc:
+        if not _jvm_gone(exc):
+            raise
+        level = logging.INFO if requested else logging.WARNING
+        log.log(level, "Spark's JVM had already exited when stopping the session: %s", exc)
 
 
 def _graceful_stop(query: Any, writer: Any) -> None:
@@ -191,7 +247,11 @@ def writer_settings(config: DedupConfig, cls: Any) -> Any:
 
 def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
     args = _reset_parser(prog).parse_args(list(argv))
-    diode_logging.configure("INFO")
+    level = env.get("LOG_LEVEL", "INFO").upper()
+    diode_logging.configure(
+        level if level in LOG_LEVELS else "INFO",
+        json_format=env.get("LOG_JSON", "").strip().lower() in ("1", "true", "yes", "on"),
+    )
     bootstrap = args.bootstrap_servers or env.get("BOOTSTRAP_SERVERS", "")
     control = args.control_topic or env.get("CONTROL_TOPIC") or DedupConfig.control_topic
     if not bootstrap:

@@ -43,6 +43,7 @@ PASS_THROUGH = {
     "kafka_conf": "KAFKA_CONF_",
     "kafka_source": "KAFKA_SOURCE_",
 }
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 #: Bounds that keep one micro-batch and one state value within memory a single host has.
 MAX_WINDOW_SIZE = 1 << 30
 MAX_MAX_WINDOWS = 1 << 20
@@ -58,7 +59,11 @@ class DedupConfig:
     """Downstream Kafka bootstrap servers (host:port, comma-separated)."""
     state_dir_config: str
     """Checkpoint location of the query (offsets, commit log, RocksDB state): a local path or a
-    Hadoop URI (hdfs://, s3a://) that every Spark node can reach. Deleting it starts over."""
+    Hadoop URI (hdfs://, s3a://) that every Spark node can reach. Keep it: a new or deleted one
+    makes the job re-read the raw topic(s) from the earliest retained offset with empty state and
+    a new fence, so everything still retained is delivered to the clean topic(s) AGAIN. To drop
+    one partition's state use 'kafka-diode dedup reset'; to start over, also use new clean
+    topics (docs/dedup.md "Starting over")."""
     clean_topic: str = "clean.{topic}"
     """Clean topic: a fixed name, or a template where {topic} is the source topic name."""
     gap_topic: str = "kafka-diode.gaps"
@@ -104,6 +109,10 @@ class DedupConfig:
     """Port of the Prometheus endpoint (/metrics); 0 = off."""
     metrics_addr: str = "127.0.0.1"
     """Address the Prometheus endpoint binds."""
+    log_level: str = "INFO"
+    """DEBUG, INFO, WARNING or ERROR (Spark's JVM logging: SPARK_LOG_LEVEL, default WARN)."""
+    log_json: bool = False
+    """Log one JSON object per line (--log-json alone means true)."""
     spark_conf: dict[str, str] = field(default_factory=dict)
     """Extra Spark settings (SPARK_CONF_<NAME> or --spark-conf name=value)."""
     kafka_conf: dict[str, str] = field(default_factory=dict)
@@ -161,6 +170,8 @@ class DedupConfig:
         if self.new_topic_replication == 0 or self.new_topic_replication < -1:
             raise ConfigError("NEW_TOPIC_REPLICATION", "must be -1 or at least 1", "use -1 or 3")
         _check_range("METRICS_PORT", self.metrics_port, 0, 65_535)
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError("LOG_LEVEL", f"is {self.log_level!r}", "use DEBUG/INFO/WARNING/ERROR")
         if not self.spark_master.strip():
             raise ConfigError("SPARK_MASTER", "is empty", "use local[*] or spark://host:7077")
         if self.transactional_id is not None and not self.transactional_id.strip():

@@ -2,8 +2,9 @@
 
 Guarantee (DESIGN.md §1, §7): for one source (topic, partition), every offset passed to
 :meth:`PartitionDetector.observe` is answered *deliver* at most once, and every offset at or above
-the first one seen that has not been delivered is either inside a gap the detector reports OPEN,
-or was reported EXPIRED (a counted, reported loss). Nothing is lost or repeated silently.
+the first one seen (or the sending session's heartbeat ``low_offset``, when lower and known before
+an eviction) that has not been delivered is either inside a gap the detector reports OPEN, or was
+reported EXPIRED (a counted, reported loss). Nothing is lost or repeated silently.
 
 Theory of operation
 -------------------

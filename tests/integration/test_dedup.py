@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.kafka_helpers import Record, consume_all, produce_records, wait_until
+from tests.kafka_helpers import Record, consume_all, create_topic, produce_records, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
@@ -151,7 +151,9 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path)
     )
     produce_records(downstream_kafka, raw, records)
 
-    env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, tag), "NEW_TOPIC_PARTITIONS": "4"}
+    # four source partitions: the clean topic needs four (source partition p -> clean p mod n)
+    create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=4)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
     finish(run_dedup(env, "--until-idle", "8"))
 
     clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)

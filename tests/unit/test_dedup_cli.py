@@ -1,0 +1,126 @@
+"""``kafka-diode dedup`` command line without Spark: logging options, help text, stopping."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+import pytest
+from py4j.protocol import Py4JNetworkError
+
+from dedup import cli
+from dedup.config import from_sources
+
+BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
+
+
+def flags(*argv: str) -> Any:
+    return cli._parser("dedup").parse_args(list(argv))
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "level", "json_format"),
+    [
+        ({}, (), "INFO", False),
+        ({"LOG_LEVEL": "DEBUG", "LOG_JSON": "true"}, (), "DEBUG", True),
+        ({}, ("--log-json",), "INFO", True),  # alone means true
+        ({"LOG_JSON": "true"}, ("--log-json", "false"), "INFO", False),  # flags win
+        ({}, ("--json-logs", "--log-level", "warning"), "warning", True),  # the old flag
+    ],
+)
+def test_logging_options_like_the_other_components(
+    env: dict[str, str], argv: tuple[str, ...], level: str, json_format: bool
+) -> None:
+    cfg = from_sources({**BASE, **env}, flags(*argv))
+    assert (cfg.log_level, cfg.log_json) == (level, json_format)
+
+
+def test_a_bad_log_level_is_a_configuration_error(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for name, value in BASE.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["--check-config", "--log-level", "LOUD"], prog="dedup") == cli.EXIT_CONFIG
+    assert "LOG_LEVEL" in capsys.readouterr().err
+
+
+def test_help_names_the_logging_options_and_hides_the_old_flag() -> None:
+    text = cli._parser("dedup").format_help()
+    assert "--log-json" in text
+    assert "--log-level" in text
+    assert "LOG_JSON" in text
+    assert "--json-logs" not in text
+
+
+def test_help_says_what_a_new_checkpoint_really_does() -> None:
+    text = " ".join(cli._parser("dedup").format_help().split())
+    assert "Deleting it starts over" not in text
+    assert "AGAIN" in text
+    assert "dedup reset" in text
+
+
+class GoneSpark:
+    """A SparkSession whose JVM has exited: py4j cannot connect any more."""
+
+    def stop(self) -> None:
+        raise ConnectionRefusedError(111, "Connection refused")
+
+
+class GoneQuery:
+    """A query whose JVM exits once a stop was requested (systemd signalled the whole group)."""
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop_event = stop
+
+    @property
+    def isActive(self) -> bool:
+        if self.stop_event.is_set():
+            raise Py4JNetworkError("An error occurred while trying to connect to the Java server")
+        return True
+
+    @property
+    def status(self) -> dict[str, Any]:
+        raise Py4JNetworkError("An error occurred while trying to connect to the Java server")
+
+    def awaitTermination(self, _timeout: float) -> None:
+        self.stop_event.set()  # the SIGTERM arrives while we wait
+
+    lastProgress = None  # noqa: N815  pyspark's name
+
+
+class Writer:
+    last_input_at = 0.0
+    batches_seen = 0
+
+
+def test_stop_spark_after_a_requested_stop_with_the_jvm_gone_is_logged_at_info(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="dedup.cli"):
+        cli.stop_spark(GoneSpark(), requested=True)
+    (record,) = [r for r in caplog.records if "already exited" in r.getMessage()]
+    assert record.levelno == logging.INFO
+
+
+def test_a_requested_stop_that_finds_the_jvm_gone_exits_0() -> None:
+    stop = threading.Event()
+    assert cli.drive(GoneQuery(stop), Writer(), None, stop) == cli.EXIT_OK
+
+
+def test_the_jvm_gone_without_a_stop_request_is_a_failure() -> None:
+    class Crashed(GoneQuery):
+        @property
+        def isActive(self) -> bool:
+            raise ConnectionRefusedError(111, "Connection refused")
+
+    assert cli.drive(Crashed(threading.Event()), Writer(), None, threading.Event()) == 1
+
+
+def test_other_errors_from_spark_stop_are_not_swallowed() -> None:
+    class Broken:
+        def stop(self) -> None:
+            raise RuntimeError("bug")
+
+    with pytest.raises(RuntimeError):
+        cli.stop_spark(Broken(), requested=True)

@@ -34,12 +34,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from common.wire.decoder import Decoder
-
 from common import metrics as common_metrics
 from common.errors import KeyRingError
 from common.logging import RateLimitedLog
 from common.wire import Dropped, DropReason, Heartbeat, KeyRing, RecordBatch, ResendMarker
+from common.wire.decoder import Decoder
 from receiver.config import ReceiverConfig
 from receiver.kafka_sink import RawTopicSink
 from receiver.metrics import (

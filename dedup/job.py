@@ -27,6 +27,7 @@ value of a gap report) or ``stat`` (one per group and batch: counters for metric
 
 from __future__ import annotations
 
+import array
 import logging
 import os
 import sys
@@ -165,6 +166,7 @@ def classify(raw: DataFrame) -> DataFrame:
             f"""cast(CASE
                 WHEN src_topic = '' OR src_partition IS NULL OR src_offset IS NULL
                     THEN {KIND_MALFORMED}
+                WHEN src_offset < 0 OR src_offset > {gaps.MAX_OFFSET} THEN {KIND_MALFORMED}
                 WHEN control = 'heartbeat' THEN {KIND_HEARTBEAT}
                 WHEN control = 'reset' THEN {KIND_RESET}
                 WHEN control IS NOT NULL THEN {KIND_MALFORMED}
@@ -243,28 +245,28 @@ def detect_group(
     out: list[pd.DataFrame] = []
     if batch is not None:
         stats["malformed"] = int(np.count_nonzero(kinds == KIND_MALFORMED))
-        data = batch[kinds == KIND_DATA]
-        if len(data):
-            order = np.argsort(data["src_offset"].to_numpy(), kind="stable")
-            data = data.iloc[order]
+        offsets = batch["src_offset"].to_numpy()
+        rows = np.flatnonzero(kinds == KIND_DATA)
+        if len(rows):
+            # Row indices only: the payload columns (Python objects) are taken once, at the end.
+            rows = rows[np.argsort(offsets[rows], kind="stable")]
+            ordered = array.array("Q")
+            ordered.frombytes(offsets[rows].astype(np.uint64).tobytes())  # >= 0: classify
             delivered = np.fromiter(
-                detector.observe_many(data["src_offset"].tolist(), now),
-                dtype=bool,
-                count=len(data),
+                detector.observe_many(ordered, now), dtype=bool, count=len(rows)
             )
             stats["delivered"] = int(np.count_nonzero(delivered))
-            stats["duplicates"] = len(data) - stats["delivered"]
-            fresh = data[delivered]
-            if len(fresh):
-                records = _rows("record", topic, partition, len(fresh))
+            stats["duplicates"] = len(rows) - stats["delivered"]
+            take = rows[delivered]
+            if len(take):
+                records = _rows("record", topic, partition, len(take))
                 records.update(
-                    src_offset=fresh["src_offset"].to_numpy(),
-                    key=fresh["key"].to_numpy(),
-                    value=fresh["value"].to_numpy(),
-                    timestamp=fresh["timestamp"].to_numpy(),
-                    headers=fresh["headers"].to_numpy(),
+                    {
+                        name: batch[name].to_numpy()[take]
+                        for name in ("src_offset", "key", "value", "timestamp", "headers")
+                    }
                 )
-                out.append(_frame(records, len(fresh)))
+                out.append(_frame(records, len(take)))
         beats = batch[kinds == KIND_HEARTBEAT]
         stats["heartbeats"] = len(beats)
         if len(beats):

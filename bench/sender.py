@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -32,8 +33,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import uvloop
-from confluent_kafka import OFFSET_BEGINNING, Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import OFFSET_BEGINNING, Consumer, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
 
 from common import settings
 from common.wire import Key, KeyRing
@@ -43,6 +45,45 @@ from sender.config import SenderConfig
 
 VALUE = 200
 PARTITIONS = 6
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process by thread kind, from /proc.
+
+    ``loop``: the main thread (event loop, encoder, sockets); ``librdkafka``: the client's own
+    threads (``rdk:*``: fetch, decompression); ``other``: the rest (the consumer executor thread,
+    which builds the ``Message`` objects). ``loop_runqueue_wait``: seconds the loop thread was
+    ready to run but waited for a CPU (a busy machine), not CPU time.
+    """
+    out = {"loop": 0.0, "librdkafka": 0.0, "other": 0.0, "loop_runqueue_wait": 0.0}
+    me = os.getpid()
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        kind = (
+            "loop" if int(task.name) == me else "librdkafka" if comm.startswith("rdk:") else "other"
+        )
+        out[kind] += (int(fields[11]) + int(fields[12])) / _TICK
+        if kind == "loop":
+            # Time runnable but not running (other processes had the CPUs), from schedstat.
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                out["loop_runqueue_wait"] = int((task / "schedstat").read_text().split()[1]) / 1e9
+    return out
+
+
+def pid_cpu(pid: int | None) -> float:
+    """CPU seconds of another process (the broker's JVM), 0 when unknown."""
+    if pid is None:
+        return 0.0
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
 
 
 def fill(bootstrap: str, count: int) -> str:
@@ -85,7 +126,7 @@ def baseline(bootstrap: str, topic: str, count: int) -> float:
             if msg.error() is None:
                 if start is None:
                     start = time.perf_counter()
-                total += len(msg.value())
+                total += len(msg.value() or b"")
                 seen += 1
     elapsed = time.perf_counter() - (start or time.perf_counter())
     consumer.close()
@@ -93,8 +134,14 @@ def baseline(bootstrap: str, topic: str, count: int) -> float:
 
 
 async def run_sender(
-    bootstrap: str, topic: str, count: int, key_file: Path, compression: str, port: int
-) -> float:
+    bootstrap: str,
+    topic: str,
+    count: int,
+    key_file: Path,
+    compression: str,
+    port: int,
+    broker_pid: int | None,
+) -> dict[str, float]:
     cfg = settings.build(
         SenderConfig,
         file_values={
@@ -109,26 +156,55 @@ async def run_sender(
     )
     app = SenderApp(cfg)
     await app.start()
+    assert app.source is not None
+    sizes: list[int] = []  # records per consumed batch (the loop's per-batch costs scale with it)
+    consume = app.source.consume
+
+    async def counting_consume() -> list[Message]:
+        batch = await consume()
+        sizes.append(len(batch))
+        return batch
+
+    app.source.consume = counting_consume  # type: ignore[method-assign]
     try:
         while app.records_read == 0:  # noqa: ASYNC110  polling a counter
             await asyncio.sleep(0.001)
+        # The first batch was read (and encoded) before the clock starts: not counted.
+        first = app.records_read
+        batches = len(sizes)
         start = time.perf_counter()
+        cpu0, broker0 = thread_cpu(), pid_cpu(broker_pid)
         while app.pipeline is not None and app.pipeline.records_sent < count:
             assert app.failure is None, app.failure
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.005)
         elapsed = time.perf_counter() - start
+        cpu1, broker1 = thread_cpu(), pid_cpu(broker_pid)
     finally:
         await app.stop()
-    return count / elapsed
+    done = count - first
+    cpu = {kind: cpu1[kind] - cpu0[kind] for kind in cpu0}
+    wait = cpu.pop("loop_runqueue_wait")
+    out = {"records_per_s": done / elapsed, "cpu_s_per_1m": 1e6 * sum(cpu.values()) / done}
+    for kind, seconds in cpu.items():
+        out[f"cpu_{kind}_share"] = seconds / elapsed  # fraction of one core
+    out["loop_runqueue_wait_share"] = wait / elapsed
+    out["loop_records_per_cpu_s"] = done / max(cpu["loop"], 1e-9)
+    out["broker_cpu_share"] = (broker1 - broker0) / elapsed
+    out["mean_batch_records"] = sum(sizes[batches:]) / max(1, len(sizes) - batches)
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument(
+        "--compression", default="none,gzip", help="cases to run, comma-separated (none, gzip)"
+    )
     args = parser.parse_args()
     broker = None
     with tempfile.TemporaryDirectory() as tmp:
+        broker_pid: int | None = None
         if args.bootstrap:
             bootstrap = args.bootstrap
         else:
@@ -138,7 +214,7 @@ def main() -> int:
                 data_dir=Path(tmp) / "kafka",
                 partitions=PARTITIONS,
             )
-            broker.start()
+            broker_pid = broker.start().pid
             bootstrap = broker.bootstrap
         try:
             key = Key.generate()
@@ -149,26 +225,29 @@ def main() -> int:
             port = sink.getsockname()[1]
             topic = fill(bootstrap, args.records)
             results = {"baseline_consume_records_per_s": baseline(bootstrap, topic, args.records)}
-            for compression in ("none", "gzip"):
+            for compression in args.compression.split(","):
                 with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-                    rate = runner.run(
-                        run_sender(bootstrap, topic, args.records, key_file, compression, port)
+                    case = runner.run(
+                        run_sender(
+                            bootstrap, topic, args.records, key_file, compression, port, broker_pid
+                        )
                     )
-                results[f"sender_aes_{compression}_records_per_s"] = rate
-                results[f"sender_aes_{compression}_mb_per_s"] = rate * VALUE / 1e6
+                for name, value in case.items():
+                    results[f"sender_aes_{compression}_{name}"] = value
+                results[f"sender_aes_{compression}_mb_per_s"] = case["records_per_s"] * VALUE / 1e6
             sink.close()
         finally:
             if broker is not None:
                 broker.stop()
-    print(f"{'case':40} {'records/s':>12}")
+    print(f"{'case':44} {'value':>12}")
     for name, value in results.items():
-        if name.endswith("records_per_s"):
-            print(f"{name:40} {value:12,.0f}")
+        print(f"{name:44} {value:12,.2f}")
     summary = {
         "bench": "sender",
         "records": args.records,
         "value_bytes": VALUE,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
+        "load_average": [round(x, 1) for x in os.getloadavg()],
         "target_records_per_s": 150_000,
         **{k: round(v, 1) for k, v in results.items()},
     }

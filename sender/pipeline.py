@@ -16,7 +16,13 @@ whatever the input rate.
 
 The pump is synchronous (no task per datagram): it sends until the backlog is empty, the pacer
 asks for a delay (a loop timer resumes it) or the socket buffer is full (a writer callback resumes
-it). Heartbeats jump the queue: their high offsets only name offsets already sent, so they can never
+it). A caller adding a whole consumer batch uses the fast path instead of ``add``: it calls
+``encoder.add`` itself, hands each non-empty result to ``submit`` and calls ``settle`` at the end;
+``submit`` pumps only every ``PUMP_EVERY`` datagrams, so the per-datagram bookkeeping runs in one
+loop per burst (measured: docs/benchmarks.md, "Sender"). Without a rate limit and with one copy,
+the pump takes a shorter path that skips the pacer and the delayed-copy heap entirely.
+
+Heartbeats jump the queue: their high offsets only name offsets already sent, so they can never
 claim more than left, and a link saturated by a long backlog still shows signs of life.
 """
 
@@ -37,6 +43,10 @@ if TYPE_CHECKING:
     from common.wire import Encoder, OutgoingDatagram
 
 Headers = Sequence[tuple[str, bytes | None]] | None
+
+#: ``submit`` pumps once this many datagrams wait (bounds how long a burst waits while a consumer
+#: batch is encoded: ~32 x 1.4 KB, well under a millisecond of encoding).
+PUMP_EVERY = 32
 
 
 class _Item:
@@ -86,8 +96,7 @@ class SendPipeline:
         self._held = False  # datagrams have been waiting for the pacer since the last send
         self._linger: asyncio.TimerHandle | None = None
         self._waiting_writable = False
-        self._emitted_records = 0  # records the encoder has put into datagrams so far
-        self._added = 0
+        self._emitted_records = 0  # encoder.records_sealed when datagrams were last queued
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
@@ -135,10 +144,23 @@ class SendPipeline:
             headers or (),
             self._clock(),
         )
-        self._added += 1
         if out:
             self._enqueue(out)
         elif self._linger is None:
+            self._arm_linger()
+
+    def submit(self, datagrams: list[OutgoingDatagram]) -> None:
+        """Queue what a direct ``encoder.add`` call returned (the batch fast path).
+
+        Sending waits until ``PUMP_EVERY`` datagrams are queued or ``settle`` is called; the
+        delivery order and the backlog bound are the same as with ``add``.
+        """
+        self._enqueue(datagrams, pump=len(self._queue) >= PUMP_EVERY)
+
+    def settle(self) -> None:
+        """End of a run of direct ``encoder.add`` calls: send what waits, arm the linger timer."""
+        self._pump()
+        if self._linger is None and not self._closed:
             self._arm_linger()
 
     def enqueue(self, datagrams: Iterable[OutgoingDatagram], *, front: bool = False) -> None:
@@ -190,26 +212,38 @@ class SendPipeline:
             self._enqueue(out)
         self._arm_linger()
 
-    def _enqueue(self, datagrams: list[OutgoingDatagram], *, front: bool = False) -> None:
-        emitted = self._added - self.encoder.pending_records
-        records = emitted - self._emitted_records
-        self._emitted_records = emitted
+    def _enqueue(
+        self, datagrams: list[OutgoingDatagram], *, front: bool = False, pump: bool = True
+    ) -> None:
+        sealed = self.encoder.records_sealed
+        records = sealed - self._emitted_records  # the last datagram completes them
+        self._emitted_records = sealed
         copies = self._copies
-        items = [_Item(d.data, d.completes, 0, copies) for d in datagrams]
-        if items:
-            items[-1].records = max(0, records)  # the last datagram completes them
-        size = sum(len(d.data) for d in datagrams) * copies
+        size = 0
+        item: _Item | None = None
         if front:
+            items = [_Item(d.data, d.completes, 0, copies) for d in datagrams]
+            size = sum(len(i.data) for i in items)
             self._queue.extendleft(reversed(items))
+            item = items[-1] if items else None
         else:
-            self._queue.extend(items)
-        self.backlog_bytes += size
+            append = self._queue.append
+            for d in datagrams:
+                data = d.data
+                size += len(data)
+                item = _Item(data, d.completes, 0, copies)
+                append(item)
+        if item is None:
+            return
+        item.records = records
+        self.backlog_bytes += size * copies
         self._idle.clear()
         if not self.congested and self.backlog_bytes > self._max_backlog:
             self.congested = True
             if self._on_pressure is not None:
                 self._on_pressure(True)
-        self._pump()
+        if pump:
+            self._pump()
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -237,6 +271,9 @@ class SendPipeline:
                 self._on_pressure(False)
 
     def _send_some(self) -> None:
+        if self._copies == 1 and self._pacer.unlimited and not self._delayed:
+            self._send_unpaced()
+            return
         pacer, udp, queue, delayed = self._pacer, self._udp, self._queue, self._delayed
         now = self._clock()
         while True:
@@ -287,6 +324,45 @@ class SendPipeline:
             self._timer_due = delayed[0][0]
             self._timer = self._loop.call_later(max(0.0, delayed[0][0] - now), self._on_timer)
         elif not queue:
+            self._held = False
+            self._idle.set()
+
+    def _send_unpaced(self) -> None:
+        """``_send_some`` without a rate limit and with one copy: no pacer, no heap, no clock."""
+        queue, udp = self._queue, self._udp
+        send, sent_result, blocked = udp.send, SendResult.SENT, SendResult.BLOCKED
+        high = self.sent_high
+        sent = dropped = nbytes = gone = records = 0
+        try:
+            while queue:
+                item = queue[0]
+                data = item.data
+                result = send(data)
+                if result is blocked:
+                    self._waiting_writable = True
+                    udp.wait_writable(self._loop, self._on_writable)
+                    break
+                queue.popleft()
+                size = len(data)
+                gone += size
+                if result is sent_result:
+                    sent += 1
+                    nbytes += size
+                else:
+                    dropped += 1
+                records += item.records
+                for topic, partition, offset in item.completes:
+                    tp = (topic, partition)
+                    if offset > high.get(tp, -1):
+                        high[tp] = offset
+        finally:
+            # Also on an exception: what went out stays counted and committable.
+            self.datagrams_sent += sent
+            self.bytes_sent += nbytes
+            self.datagrams_dropped += dropped
+            self.backlog_bytes -= gone
+            self.records_sent += records
+        if not queue:
             self._held = False
             self._idle.set()
 

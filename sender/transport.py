@@ -101,6 +101,7 @@ class UdpSender:
         self._socks: list[socket.socket] = []
         self._sends: list[Callable[[bytes], int]] = []
         self._next = 0
+        self._round_robin = False
         self._waiting: tuple[asyncio.AbstractEventLoop, int] | None = None
         try:
             for host, port in targets:
@@ -122,6 +123,7 @@ class UdpSender:
             self.close()
             raise
         self._sends = [s.send for s in self._socks]
+        self._round_robin = len(self._sends) > 1
 
     @property
     def local_addresses(self) -> list[tuple[str, int]]:
@@ -135,25 +137,34 @@ class UdpSender:
     def send(self, data: bytes) -> SendResult:
         """Hand one datagram to the next socket; never raises ``OSError``."""
         index = self._next
-        send = self._sends[index]
-        for _attempt in range(2):
+        try:
+            self._sends[index](data)
+        except OSError as exc:
+            return self._send_failed(index, data, exc)
+        self.sent += 1
+        if self._round_robin:
+            self._next = (index + 1) % len(self._sends)
+        return SendResult.SENT
+
+    def _send_failed(self, index: int, data: bytes, exc: OSError) -> SendResult:
+        # Kept out of ``send``: the common case is one call, one counter, no loop.
+        if isinstance(exc, BlockingIOError):
+            return SendResult.BLOCKED
+        self._count(exc)
+        result = SendResult.DROPPED
+        if isinstance(exc, ConnectionRefusedError):
+            # A pending ICMP error was reported instead of sending: counted, try once more.
             try:
-                send(data)
+                self._sends[index](data)
             except BlockingIOError:
                 return SendResult.BLOCKED
-            except ConnectionRefusedError as exc:
-                # A pending ICMP error was reported instead of sending: count it, try once more.
-                self._count(exc)
-                continue
-            except OSError as exc:
-                self._count(exc)
-                self._next = (index + 1) % len(self._sends)
-                return SendResult.DROPPED
-            self.sent += 1
-            self._next = (index + 1) % len(self._sends)
-            return SendResult.SENT
+            except OSError as again:
+                self._count(again)
+            else:
+                self.sent += 1
+                result = SendResult.SENT
         self._next = (index + 1) % len(self._sends)
-        return SendResult.DROPPED
+        return result
 
     def wait_writable(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
         """Call ``callback`` once, on the loop, when the next socket can take a datagram."""

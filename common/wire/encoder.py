@@ -143,6 +143,8 @@ class Encoder:
         self._builder = BatchBuilder()
         self._deadline: float | None = None
         self._cipher: SessionCipher | None = None
+        self.records_sealed = 0
+        """Records put into datagrams so far in this session (the batches already sealed)."""
 
     @property
     def session_id(self) -> bytes:
@@ -222,7 +224,9 @@ class Encoder:
                 f"record {topic}:{partition}:{offset} has a field out of range"
             )
         builder = self._builder
-        if builder.append(
+        # A record that cannot fit even before its two delta bytes is not offered to ``append``
+        # (which would refuse it): one call less per datagram, the same batches and bytes.
+        if (builder.size + n <= self._target or not builder.records) and builder.append(
             topic, partition, timestamp_type, offset, timestamp, kprefix, key, vprefix, value,
             headers_blob, n, self._target,
         ):  # fmt: skip
@@ -262,6 +266,7 @@ class Encoder:
             return []
         self._builder = BatchBuilder()
         self._deadline = None
+        self.records_sealed += builder.records
         return self._message(KIND_RECORD_BATCH, builder.encode(), builder.completed())
 
     # -- control messages -------------------------------------------------------------------

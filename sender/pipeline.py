@@ -96,7 +96,7 @@ class SendPipeline:
         self._held = False  # datagrams have been waiting for the pacer since the last send
         self._linger: asyncio.TimerHandle | None = None
         self._waiting_writable = False
-        self._emitted_records = 0  # encoder.records_sealed when datagrams were last queued
+        self._emitted_records = encoder.records_sealed  # when datagrams were last queued
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False

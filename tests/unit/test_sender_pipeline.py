@@ -17,7 +17,7 @@ from common.wire import (
     WireConfig,
 )
 from sender.pacing import Pacer, PacingConfig
-from sender.pipeline import SendPipeline
+from sender.pipeline import PUMP_EVERY, SendPipeline
 from sender.transport import UdpSender
 
 WIRE = WireConfig(max_datagram_size=1452, linger=0.002)
@@ -116,6 +116,52 @@ def test_records_arrive_intact_and_sent_high_follows() -> None:
             assert rig.pipeline.sent_high == {("t", 0): 99, ("t", 1): 99, ("t", 2): 99}
             assert rig.pipeline.records_sent == 300
             assert rig.pipeline.backlog_bytes == 0
+        finally:
+            rig.close()
+
+    run(scenario())
+
+
+def test_batch_fast_path_sends_in_bursts_and_never_counts_unsent_records() -> None:
+    async def scenario() -> None:
+        rig = Rig()
+        pipeline = rig.pipeline
+        add = pipeline.encoder.add
+        try:
+            # 20 records of 200 B: 3 full datagrams and 2 records pending in the encoder. Fewer
+            # than PUMP_EVERY datagrams wait until settle(): nothing left, nothing committable.
+            for o in range(20):
+                out = add("t", 0, o, 1_700_000_000_000 + o, 1, b"k", b"v" * 200, (), 0.0)
+                if out:
+                    pipeline.submit(out)
+            assert pipeline.pending_datagrams == 3
+            assert (pipeline.sent_high, pipeline.records_sent, pipeline.datagrams_sent) == (
+                {},
+                0,
+                0,
+            )
+            pipeline.settle()
+            assert pipeline.pending_datagrams == 0
+            assert pipeline.records_sent == 18
+            assert pipeline.sent_high == {("t", 0): 17}
+            # A long batch pumps every PUMP_EVERY datagrams; whatever has left is exactly what
+            # sent_high and records_sent claim (offsets are contiguous from 0 here).
+            for o in range(20, 1000):
+                out = add("t", 0, o, 1_700_000_000_000 + o, 1, b"k", b"v" * 200, (), 0.0)
+                if out:
+                    pipeline.submit(out)
+                    high = pipeline.sent_high[("t", 0)]
+                    assert high + 1 == pipeline.records_sent
+                    assert pipeline.pending_datagrams <= PUMP_EVERY + 1
+            assert pipeline.records_sent >= 500  # bursts went out before settle()
+            pipeline.settle()  # also arms the linger timer for the records still pending
+            async with asyncio.timeout(5):
+                while pipeline.sent_high.get(("t", 0)) != 999:  # noqa: ASYNC110  a deadline-bounded poll
+                    await asyncio.sleep(0.005)
+            assert pipeline.records_sent == 1000
+            assert pipeline.backlog_bytes == 0
+            records = [r for e in rig.receive() if isinstance(e, RecordBatch) for r in e.records]
+            assert [r.offset for r in records] == list(range(1000))
         finally:
             rig.close()
 

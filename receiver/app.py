@@ -7,9 +7,11 @@ Theory of operation (one process, one event loop, one decoder)::
             RecordBatch -> RawTopicSink.write_batch   (produce, or backlog, or overflow)
             Heartbeat   -> RawTopicSink.write_heartbeat
             Dropped     -> drops[reason] += 1, rate-limited log
-        after each burst: producer.poll(0), backlog drain, re-arm the reassembly timer
-    every 50 ms: producer.poll(0) (delivery reports while idle)
-    every 1 s:   metadata lookups, loss reports, kernel drop counters, key file mtime
+        after each burst: RawTopicSink.service (producer.poll(0) at most every 5 ms, finished
+            metadata lookups applied, backlog drain), re-arm the reassembly timer
+    every 50 ms: RawTopicSink.service (delivery reports while idle)
+    every 1 s:   metadata lookup starts and refreshes, loss reports, kernel drop counters,
+                 key file mtime
 
 Nothing on this path blocks: the decoder is pure, ``produce()`` raises ``BufferError`` instead of
 waiting, metadata lookups run on a thread. Untrusted input never raises out of the decoder; an

@@ -25,7 +25,9 @@ Delivery order and buffering:
 
 Partition counts come from metadata lookups on a worker thread (they block), cached per raw topic
 and refreshed every ``metadata_refresh`` seconds; the raw partition is the source partition modulo
-that count (docs/topics.md).
+that count (docs/topics.md). A finished lookup is applied by the next :meth:`service`, so the first
+records of a new raw topic wait in the backlog for the lookup itself (milliseconds), not for the
+once-a-second :meth:`tick`.
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ librdkafka_log.addFilter(_PerFacilityLimit())
 #: (raw topic, source topic, source partition, source offset, value, key, timestamp, headers, bytes)
 _Item = tuple[str, str, int, int, bytes | None, str, int, Headers, int]
 _RETRY_LOOKUP = 2.0  # seconds between metadata attempts for a topic that is not there yet
+_POLL_INTERVAL = 0.005  # at most one producer.poll(0) per this many seconds from service()
 
 
 class RawTopicSink:
@@ -104,6 +107,7 @@ class RawTopicSink:
         self._dr_errors = 0  # failed delivery reports (not refusals at produce time)
         self._retired = 0  # produced by replaced producers, no longer queued anywhere
         self._session_cache: tuple[bytes, bytes] = (b"", b"")
+        self._next_poll = 0.0
         self._closed = False
 
     # -- producer -----------------------------------------------------------------------------
@@ -171,6 +175,12 @@ class RawTopicSink:
                 TIMESTAMP_TYPES[tt] if 0 <= tt <= 2 else b"%d" % tt,
             )
             prefix = f"{topic}:{partition}:"
+            # Per group, not per record: one raw topic, one target partition. ``direct`` is false
+            # while the raw topic's records wait in the backlog (partition count unknown, or
+            # the producer refused one with BufferError): later ones queue behind, in order.
+            count = partitions.get(raw)
+            direct = count is not None and raw not in backlog
+            target = partition % count if count else 0
             for offset, rts, rkey, value, rheaders in zip(
                 group.offsets,
                 group.timestamps,
@@ -188,11 +198,10 @@ class RawTopicSink:
                     session_header,
                 ]
                 # no timestamp upstream: the broker's clock (the header keeps the original)
-                ts = max(rts, 0)
-                count = partitions.get(raw)
-                if count is not None and raw not in backlog:
+                ts = rts if rts > 0 else 0
+                if direct:
                     try:
-                        produce(raw, value, key, partition % count, timestamp=ts, headers=headers)
+                        produce(raw, value, key, target, timestamp=ts, headers=headers)
                         produced += 1
                         continue
                     except BufferError:
@@ -202,6 +211,7 @@ class RawTopicSink:
                         continue
                 size = len(key) + (len(value) if value is not None else 0) + 64
                 self._hold((raw, topic, partition, offset, value, key, ts, headers, size))
+                direct = count is not None and raw not in backlog
         self._stats.produced += produced
 
     def write_heartbeat(self, beat: Heartbeat) -> None:
@@ -256,11 +266,32 @@ class RawTopicSink:
     # -- servicing ----------------------------------------------------------------------------
 
     def service(self) -> None:
-        """Serve delivery reports and move backlog into the producer; never blocks."""
-        self._producer.poll(0)
+        """Serve delivery reports, apply finished metadata lookups, move backlog into the
+        producer; never blocks. Called after every socket burst, so it must stay cheap."""
+        now = time.monotonic()
+        if now >= self._next_poll:
+            # The Python client asks librdkafka for a report per message (it only hides the
+            # successes from Python), so each poll() serves every acknowledged record in C,
+            # retaking the GIL per record. That work is per record however often we poll; the
+            # per-call cost is not, and polling after every burst (thousands of times a second)
+            # cost more than the reports themselves. ``delivered`` only moves when reports are
+            # served, so it is recounted here.
+            self._next_poll = now + _POLL_INTERVAL
+            self._producer.poll(0)
+            self._count()
+        if self._lookups:
+            # A new raw topic's records wait in the backlog until its partition count is known:
+            # apply the answer as soon as it is there, not at the next tick (up to a second
+            # later, long enough for the backlog to overflow at 100k records/s).
+            self._collect_lookups(now)
         if self._backlog_records:
             self._drain_backlog()
-        self._count()
+
+    def _collect_lookups(self, now: float) -> None:
+        for raw, future in list(self._lookups.items()):
+            if future.done():
+                del self._lookups[raw]
+                self._lookup_done(raw, future, now)
 
     def _count(self) -> None:
         # Successes are not reported one by one: whatever was produced, is no longer queued and
@@ -294,10 +325,7 @@ class RawTopicSink:
         """Once a second or so: metadata lookups and refreshes, loss reports, fatal recovery."""
         if self._fatal is not None:
             self._replace_producer()
-        for raw, future in list(self._lookups.items()):
-            if future.done():
-                del self._lookups[raw]
-                self._lookup_done(raw, future, now)
+        self._collect_lookups(now)
         for raw in list(self._backlog):
             waiting = raw not in self._partitions and raw not in self._lookups
             if waiting and now >= self._retry_at.get(raw, 0.0):

@@ -6,6 +6,7 @@ sent over real UDP sockets on loopback; the raw topic is read back with a real c
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -14,9 +15,10 @@ import time
 
 import pytest
 
-from common.wire import Key, KeyRing, WireConfig
+from common.wire import Key, KeyRing, RecordBatch, WireConfig
 from common.wire.compression import compress
 from common.wire.crypto import SessionCipher
+from common.wire.decoder import Decoder
 from common.wire.encoder import Encoder
 from common.wire.envelope import (
     CIPHER_AES_256_GCM,
@@ -26,6 +28,9 @@ from common.wire.envelope import (
     frame,
 )
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
+from receiver.config import ReceiverConfig
+from receiver.kafka_sink import RawTopicSink
+from receiver.metrics import ReceiverStats
 from tests import kafka_helpers
 from tests.integration.receiver_process import ReceiverProcess, write_key_file
 from tests.kafka_helpers import consume_all, wait_until
@@ -371,3 +376,38 @@ def test_sighup_reloads_the_key_ring(downstream_kafka, kafka_topic, tmp_path):
         assert rx.terminate() == 0
     keys = sorted(r.key.decode() for r in consume_all(downstream_kafka, raw_topic, timeout=30))
     assert keys == sorted(f"k:{i % 5}:{i}" for i in range(50, 100))
+
+
+def test_new_raw_topic_leaves_the_backlog_without_waiting_for_the_tick(
+    downstream_kafka, kafka_topic, tmp_path
+):
+    # The partition count of a raw topic seen for the first time is looked up on a thread; its
+    # records wait in the backlog. The answer must be applied by service() (after every socket
+    # burst), not only by the once-a-second tick(): at 100k records/s a second of waiting
+    # overflowed the 100k-record backlog (downstream_overflow drops at a rate the receiver
+    # otherwise keeps up with).
+    raw_topic = kafka_topic(downstream_kafka, partitions=2)
+    config = ReceiverConfig(
+        bootstrap_servers=downstream_kafka.bootstrap, raw_topic=raw_topic, allow_cleartext=True
+    )
+    stats = ReceiverStats()
+    sink = RawTopicSink(config, stats)
+    decoder = Decoder(config.wire_config(), None)
+    link = Link(0, None, cleartext=True)
+    for data in link.encode(make_records("m", 300)):
+        decoder.receive_datagram(data, 0.0)
+        while (event := decoder.next_event()) is not None:
+            assert isinstance(event, RecordBatch)
+            sink.write_batch(event)
+    assert sink.backlog_records == 300  # partition count not known yet
+
+    def served() -> bool:
+        sink.service()  # never tick(): that is the point
+        return sink.backlog_records == 0 and stats.delivered == 300
+
+    try:
+        wait_until(served, 30, interval=0.01, message="backlog moved to the producer")
+        assert stats.produced == 300
+    finally:
+        asyncio.run(sink.close(10))
+    assert len(consume_all(downstream_kafka, raw_topic, expected_count=300, timeout=60)) == 300

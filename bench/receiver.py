@@ -11,6 +11,7 @@ input). Prints a table, then one JSON object as the last line.
 
     .venv/bin/python bench/receiver.py [--rates 50000,100000,150000] [--seconds 3]
         [--datagram-size 8952] [--compression lz4] [--bootstrap HOST:PORT]
+        [--receiver-arg=--backlog-max-records --receiver-arg=30000]
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from confluent_kafka import Producer
 from common.wire import WireConfig
 from common.wire.encoder import Encoder
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
+from receiver.config import DEFAULT_KAFKA, PINNED_KAFKA
 from tests.integration.receiver_process import ReceiverProcess, free_udp_port, write_key_file
 from tests.kafka_helpers import create_topic
 
@@ -145,15 +147,13 @@ def drain_baseline(datagrams: list[bytes], rate_dps: float) -> dict[str, float]:
 
 
 def produce_baseline(bootstrap: str, topic: str, count: int, compression: str) -> float:
-    """Bare produce loop: records/s until every record is acknowledged."""
+    """Bare produce loop (the receiver's producer settings): records/s until all are acked."""
     producer = Producer(
         {
+            **DEFAULT_KAFKA,  # the receiver's producer defaults, pinned settings on top
+            **PINNED_KAFKA,
+            "delivery.report.only.error": True,  # the Python client wants a bool here
             "bootstrap.servers": bootstrap,
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 20,
-            "batch.size": 1000000,
-            "batch.num.messages": 10000,
             "compression.type": compression,
             "queue.buffering.max.messages": 1000000,
         }
@@ -188,6 +188,13 @@ def main() -> int:
     parser.add_argument("--datagram-size", type=int, default=8952)
     parser.add_argument("--compression", default="lz4", help="producer compression.type")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
+    parser.add_argument(
+        "--receiver-arg",
+        action="append",
+        default=[],
+        metavar="ARG",
+        help="extra argument for kafka-diode receive (repeat; e.g. --receiver-arg=--sockets)",
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-receiver-"))
@@ -206,7 +213,7 @@ def main() -> int:
     try:
         rx = ReceiverProcess(
             bootstrap, "bench.{topic}", work, key_file=key_file,
-            extra=["--kafka", f"compression.type={args.compression}"],
+            extra=["--kafka", f"compression.type={args.compression}", *args.receiver_arg],
         )  # fmt: skip
         rx.start()
         last_datagrams = None

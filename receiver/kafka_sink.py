@@ -272,10 +272,9 @@ class RawTopicSink:
         if now >= self._next_poll:
             # The Python client asks librdkafka for a report per message (it only hides the
             # successes from Python), so each poll() serves every acknowledged record in C,
-            # retaking the GIL per record. That work is per record however often we poll; the
-            # per-call cost is not, and polling after every burst (thousands of times a second)
-            # cost more than the reports themselves. ``delivered`` only moves when reports are
-            # served, so it is recounted here.
+            # retaking the GIL per record: that work is per record however often we poll. Every
+            # 5 ms instead of after every burst (thousands a second) serves the same reports in
+            # fewer calls. ``delivered`` only moves when reports are served: recounted here.
             self._next_poll = now + _POLL_INTERVAL
             self._producer.poll(0)
             self._count()

@@ -15,7 +15,8 @@ Dictionary-typed fields (librdkafka or Spark pass-through properties) take envir
 of the form ``<PREFIX><FIELD>__<PROPERTY>``, with ``_`` in the property read as ``.``:
 ``DIODE_SENDER_KAFKA__SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka["security.protocol"]``.
 
-Pure: the caller reads the TOML file and passes ``os.environ``; nothing here does I/O.
+Pure but for ``read_toml_section``, which reads the one configuration file a command names; the
+caller passes ``os.environ``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import difflib
 import inspect
 import itertools
 import textwrap
+import tomllib
 import types
 import typing
 from collections.abc import Mapping
@@ -166,6 +168,29 @@ def _type_name(tp: Any) -> str:
             inner, getattr(inner, "__name__", str(inner))
         )
     return f"{name} (optional)" if optional else name
+
+
+def read_toml_section(path: Path | str | None, section: str) -> dict[str, Any]:
+    """The ``[section]`` table of a TOML file, or its top level when there is no such table.
+
+    Raises:
+        ConfigError: naming ``--config`` when the file cannot be read or parsed, or the section is
+            not a table.
+    """
+    if path is None:
+        return {}
+    try:
+        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError("--config", f"{path} is not UTF-8 text: {exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
+    table = doc.get(section, doc)
+    if not isinstance(table, dict):
+        raise ConfigError("--config", f"[{section}] in {path} must be a table")
+    return table
 
 
 def env_name(prefix: str, field_name: str) -> str:

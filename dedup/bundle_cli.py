@@ -31,7 +31,6 @@ import logging
 import os
 import sys
 import time
-import tomllib
 import uuid
 import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -149,16 +148,7 @@ class BundleConfig(BundleKeyConfig):
 
 
 def _file_values(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        doc = tomllib.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
-    section = doc.get("bundle", doc)
-    return dict(section) if isinstance(section, dict) else {}
+    return settings.read_toml_section(path, "bundle")
 
 
 def bundle_env(env: Mapping[str, str]) -> dict[str, str]:

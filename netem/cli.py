@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import sys
-import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -170,16 +169,7 @@ def _words(profile: Profile) -> str:
 
 
 def _load_config(path: Path | None) -> dict[str, Any]:
-    if path is None:
-        return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError("--config", f"cannot read {path}: {exc}") from exc
-    table = data.get("relay", data)
-    if not isinstance(table, dict):
-        raise ConfigError("--config", "[relay] must be a table")
-    return table
+    return settings.read_toml_section(path, "relay")
 
 
 def _relay(args: argparse.Namespace) -> int:

@@ -11,10 +11,8 @@ import json
 import logging
 import os
 import sys
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from common import logging as common_logging
 from common import settings
@@ -58,14 +56,8 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
     Raises:
         ConfigError: unreadable file or any invalid key.
     """
-    file_values: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            file_values = tomllib.loads(Path(args.config).read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError("--config", f"cannot read {args.config}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("--config", f"{args.config} is not valid TOML: {exc}") from exc
+    # a receiver file has no [receiver] table of its own: the whole file is the receiver's
+    file_values = settings.read_toml_section(args.config, "receiver")
     return settings.build(
         ReceiverConfig,
         file_values=file_values,

@@ -15,10 +15,8 @@ import logging
 import os
 import signal
 import sys
-import tomllib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from common import logging as diode_logging
 from common import settings
@@ -61,15 +59,7 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> SenderConfi
     Raises:
         ConfigError: naming the offending key (``--config`` for an unreadable file).
     """
-    file_values: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            file_values = tomllib.loads(args.config.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError("--config", f"cannot read {args.config}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("--config", f"{args.config} is not valid TOML: {exc}") from exc
-        file_values = file_values.get("sender", file_values)
+    file_values = settings.read_toml_section(args.config, "sender")
     flags = {k: v for k, v in vars(args).items() if k not in ("config", "check_config")}
     return settings.build(
         SenderConfig, file_values=file_values, env=env, env_prefix=ENV_PREFIX, flags=flags

@@ -33,7 +33,6 @@ import os
 import signal
 import sys
 import time
-import tomllib
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -247,15 +246,7 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> SenderConfi
     Raises:
         ConfigError: naming the offending key.
     """
-    file_values: dict[str, Any] = {}
-    if args.config is not None:
-        try:
-            file_values = tomllib.loads(args.config.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError("--config", f"cannot read {args.config}: {exc.strerror}") from exc
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("--config", f"{args.config} is not valid TOML: {exc}") from exc
-        file_values = file_values.get("sender", file_values)
+    file_values = settings.read_toml_section(args.config, "sender")
     names = {k for k in vars(args) if k not in _LIVE_ONLY}
     flags = {k: v for k, v in vars(args).items() if k in names}
     flags["topics"] = _PLACEHOLDER_TOPIC

@@ -22,6 +22,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import random  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
@@ -97,8 +98,16 @@ class CountingWriter(TransactionalBatchWriter):
 
     rows_in = 0
     passthrough = False
+    write_s = 0.0  # seconds in write_table (the Kafka transaction), the rest of addBatch is Spark
 
     def write_table(self, table, batch_id):
+        started = time.monotonic()
+        try:
+            return self._count_and_write(table, batch_id)
+        finally:
+            self.write_s += time.monotonic() - started
+
+    def _count_and_write(self, table, batch_id):
         stats = table.filter(pc.equal(table.column("kind"), "stat"))
         if stats.num_rows:
             self.rows_in += sum(
@@ -110,7 +119,44 @@ class CountingWriter(TransactionalBatchWriter):
         return result
 
 
-def run_query(spark, config, writer, total: int, transform=None) -> float:
+def tree_cpu_s() -> float:
+    """CPU seconds (user + system) of this process and its descendants alive now (the JVM, the
+    Python workers, which Spark reuses; not a broker we started): robust to other load."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    me, total = os.getpid(), 0.0
+    for pid, seconds in cpu.items():
+        walk = pid
+        while walk not in (0, 1, me) and walk in parents:
+            walk = parents[walk]
+        if walk == me and not _is_broker(pid):
+            total += seconds
+    return total
+
+
+def _is_broker(pid: int) -> bool:
+    """The Kafka broker this bench may have started is not part of the measured job."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"kafka.Kafka" in f.read()
+    except OSError:
+        return False
+
+
+def run_query(spark, config, writer, total: int, transform=None) -> tuple[float, dict]:
+    """Seconds to read ``total`` rows, and where the micro-batches' time went (query progress)."""
+    cpu_before = tree_cpu_s()
     start = time.monotonic()
     query = job.start_query(spark, config, writer, transform=transform)
     try:
@@ -118,7 +164,29 @@ def run_query(spark, config, writer, total: int, transform=None) -> float:
             if not query.isActive:
                 raise RuntimeError(f"query stopped: {query.exception()}")
             query.awaitTermination(0.2)
-        return time.monotonic() - start
+        seconds = time.monotonic() - start
+        cpu_s = tree_cpu_s() - cpu_before
+        # The last batch's progress is posted after its foreachBatch returned: wait for it.
+        last_id = writer.last.batch_id if writer.last is not None else -1
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            p.get("batchId") == last_id for p in query.recentProgress
+        ):
+            query.awaitTermination(0.2)
+        durations: dict[str, float] = {}
+        batches = 0
+        for progress in query.recentProgress:
+            if not progress.get("numInputRows"):
+                continue
+            batches += 1
+            for name, ms in (progress.get("durationMs") or {}).items():
+                durations[name] = durations.get(name, 0.0) + ms / 1000.0
+        profile = {k: round(v, 2) for k, v in sorted(durations.items())}
+        profile["batches_with_input"] = batches
+        profile["write_table_s"] = round(writer.write_s, 2)
+        profile["cpu_s"] = round(cpu_s, 1)
+        profile["cpu_s_per_million"] = round(cpu_s * 1e6 / total, 1)
+        return seconds, profile
     finally:
         query.stop()
 
@@ -128,6 +196,7 @@ def main() -> int:
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=500_000)
+    parser.add_argument("--arrow-max-records-per-batch", type=int, default=100_000)
     args = parser.parse_args()
 
     broker = None
@@ -137,6 +206,15 @@ def main() -> int:
         broker = LocalBroker("bench-dedup", free_port(), data_dir=data_dir, partitions=PARTITIONS)
         broker.start()
         bootstrap = broker.bootstrap
+    try:
+        return measure(args, bootstrap)
+    finally:  # a failed run must not leave its broker behind
+        if broker is not None:
+            broker.stop()
+
+
+def measure(args: argparse.Namespace, bootstrap: str) -> int:
+    """Prefill, run both queries in one SparkSession, print the JSON line."""
     tag = f"bench{int(time.time())}"
     raw = f"{tag}.raw"
     t0 = time.monotonic()
@@ -159,6 +237,7 @@ def main() -> int:
                 "SHUFFLE_PARTITIONS": "2",
                 "PERSIST_INTERVAL_MS": "0",
                 "MAX_OFFSETS_PER_TRIGGER": str(args.max_offsets_per_trigger),
+                "ARROW_MAX_RECORDS_PER_BATCH": str(args.arrow_max_records_per_batch),
             }
         )
 
@@ -181,16 +260,20 @@ def main() -> int:
         )
 
     results = {}
-    for name, transform in (("passthrough", passthrough), ("dedup", None)):
-        c = config(name)
-        writer = CountingWriter(writer_settings(c, WriterSettings))
-        writer.passthrough = transform is not None
-        seconds = run_query(spark, c, writer, written, transform)
-        results[name] = {"seconds": round(seconds, 2), "records_per_s": round(written / seconds)}
-        print(f"{name}: {written} records in {seconds:.1f} s", file=sys.stderr)
-    spark.stop()
-    if broker is not None:
-        broker.stop()
+    try:
+        for name, transform in (("passthrough", passthrough), ("dedup", None)):
+            c = config(name)
+            writer = CountingWriter(writer_settings(c, WriterSettings))
+            writer.passthrough = transform is not None
+            seconds, profile = run_query(spark, c, writer, written, transform)
+            results[name] = {
+                "seconds": round(seconds, 2),
+                "records_per_s": round(written / seconds),
+            }
+            print(f"{name}: {written} records in {seconds:.1f} s; {profile}", file=sys.stderr)
+            results[name]["profile"] = profile
+    finally:
+        spark.stop()
     out = {
         "bench": "dedup",
         "master": "local[2]",
@@ -199,10 +282,14 @@ def main() -> int:
         "value_bytes": len(VALUE),
         "partitions": PARTITIONS,
         "max_offsets_per_trigger": args.max_offsets_per_trigger,
+        "arrow_max_records_per_batch": args.arrow_max_records_per_batch,
         "prefill_s": round(prefill_s, 1),
         "spark_start_s": round(spark_start_s, 1),
         "dedup_records_per_s": results["dedup"]["records_per_s"],
         "passthrough_records_per_s": results["passthrough"]["records_per_s"],
+        "dedup_profile_s": results["dedup"]["profile"],
+        "passthrough_profile_s": results["passthrough"]["profile"],
+        "load_average_1m": round(os.getloadavg()[0], 2),
         "ratio_to_passthrough": round(
             results["dedup"]["records_per_s"] / results["passthrough"]["records_per_s"], 3
         ),

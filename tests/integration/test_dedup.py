@@ -210,6 +210,8 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(30)
+        if first.stderr is not None:
+            first.stderr.close()  # else a ResourceWarning (an error here) when it is collected
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert before < 3 * per_partition, "the kill came too late to test anything"
 

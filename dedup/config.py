@@ -91,8 +91,9 @@ class DedupConfig:
     shuffle_partitions: int = 0
     """spark.sql.shuffle.partitions of the stateful step; 0 = the number of cores of the driver.
     Fixed by the first run of a checkpoint (Spark keeps it in the checkpoint)."""
-    max_offsets_per_trigger: int = 500_000
-    """Most raw records read per micro-batch (bounds batch memory; the writer holds one batch)."""
+    max_offsets_per_trigger: int = 200_000
+    """Most raw records read per micro-batch (bounds batch memory; the writer holds one batch on
+    the driver: 500000 overflowed local mode's 1 GiB driver heap in half the bench runs)."""
     arrow_max_records_per_batch: int = 100_000
     """Rows per Arrow batch between the JVM and Python (about 100k is fastest here)."""
     fail_on_data_loss: bool = False

@@ -149,6 +149,10 @@ def classify(raw: DataFrame) -> DataFrame:
         F.col("value"),
         F.col("headers"),
         F.expr(f"cast({control} as string)").alias("control"),
+        # Heartbeat fields (docs/topics.md): absent (older receivers) or invalid -> -1. Never
+        # null: a nullable long column reaches pandas as float64, which rounds above 2^53.
+        F.expr(f"if({control} IS NULL, -1, {_json_long('low_offset')})").alias("hb_low"),
+        F.expr(f"if({control} IS NULL, -1, {_json_long('started_at_ms')})").alias("hb_started"),
         F.expr(prov_ok).alias("prov_ok"),
         F.expr("try_cast(cast(try_element_at(headers, -3).value as string) as bigint)").alias(
             "prov_ts"
@@ -172,14 +176,9 @@ def classify(raw: DataFrame) -> DataFrame:
         F.expr("if(prov_ok, try_element_at(headers, -4).value, null)").alias("key"),
         F.col("value"),
         F.col("prov_ts").alias("timestamp"),
-        # No source headers -> null, not an empty array: an empty array per record costs a
-        # Python object in the stateful step both ways (docs/benchmarks.md "Dedup").
-        F.expr(f"if(prov_ok AND {n} > 4, slice(headers, 1, {n} - 4), null)").alias("headers"),
-        # Heartbeat fields (docs/topics.md): absent (older receivers) or invalid -> -1. Never
-        # null: a nullable long column reaches pandas as float64, which rounds above 2^53. Uses
-        # the computed ``control`` column: the header filter is evaluated once per record.
-        F.expr(f"if(control = 'heartbeat', {_json_long('low_offset')}, -1)").alias("hb_low"),
-        F.expr(f"if(control = 'heartbeat', {_json_long('started_at_ms')}, -1)").alias("hb_started"),
+        F.expr(f"if(prov_ok, slice(headers, 1, {n} - 4), null)").alias("headers"),
+        F.col("hb_low"),
+        F.col("hb_started"),
     )
 
 
@@ -215,10 +214,7 @@ def detect_group(
     topic, partition = str(key[0]), int(key[1])
     now = int(state.getCurrentProcessingTimeMs())
     parts = [f for f in frames if len(f)]
-    if len(parts) > 1:
-        batch: pd.DataFrame | None = pd.concat(parts, ignore_index=True)
-    else:
-        batch = parts[0].reset_index(drop=True) if parts else None
+    batch = pd.concat(parts, ignore_index=True) if parts else None
     stats = dict.fromkeys(_STAT_COLUMNS, 0)
     if topic == UNPARSED_TOPIC and partition == UNPARSED_PARTITION:
         stats["malformed"] = 0 if batch is None else len(batch)

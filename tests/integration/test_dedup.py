@@ -77,12 +77,22 @@ def source_record(partition: int, offset: int) -> tuple[bytes | None, bytes | No
 
 
 def run_dedup(env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "kafka_diode", "dedup", *args],
-        env={**os.environ, **env},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    # stderr to a file, not a pipe: Spark logs more than a pipe buffer holds, and an unread pipe
+    # would block the job mid-run
+    log = Path(env["STATE_DIR_CONFIG"]).parent / f"dedup-{time.monotonic_ns()}.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kafka_diode", "dedup", *args],
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            stderr=out,
+        )
+    proc.log_path = log  # type: ignore[attr-defined]
+    return proc
+
+
+def _log_tail(proc: subprocess.Popen[bytes]) -> str:
+    return proc.log_path.read_text(errors="replace")[-4000:]  # type: ignore[attr-defined]
 
 
 def job_env(bootstrap: str, raw: str, tmp_path: Path, tag: str) -> dict[str, str]:
@@ -106,11 +116,11 @@ def job_env(bootstrap: str, raw: str, tmp_path: Path, tag: str) -> dict[str, str
 
 def finish(proc: subprocess.Popen[bytes], timeout: float = 400) -> None:
     try:
-        _, err = proc.communicate(timeout=timeout)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        _, err = proc.communicate()
-    assert proc.returncode == 0, err.decode(errors="replace")[-4000:]
+        proc.wait()
+    assert proc.returncode == 0, _log_tail(proc)
 
 
 def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path) -> None:
@@ -200,7 +210,7 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
 
         def some_committed() -> bool:
             if first.poll() is not None:
-                raise AssertionError(first.stderr.read().decode()[-3000:])  # type: ignore[union-attr]
+                raise AssertionError(_log_tail(first))
             try:
                 return len(consume_all(downstream_kafka, clean_topic, timeout=5)) >= 9_000
             except RuntimeError:  # the clean topic does not exist yet
@@ -210,8 +220,6 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(30)
-        if first.stderr is not None:
-            first.stderr.close()  # else a ResourceWarning (an error here) when it is collected
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert before < 3 * per_partition, "the kill came too late to test anything"
 

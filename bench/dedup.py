@@ -1,11 +1,20 @@
-"""Dedup throughput: raw topic -> dedup job (effectively-once writer) vs a pass-through baseline.
+"""Dedup throughput: raw topic -> dedup job (effectively-once writer) vs pass-through baselines.
 
 Pre-fills a raw topic (8 partitions, 10 % duplicates, 1 % gaps, 200-byte values), then in ONE
-SparkSession (local[2]) runs (a) the dedup query and (b) a pass-through query that reads the same
-topic and writes every record unchanged through the same transactional writer. Each rate is
-records read / seconds from query start to the last batch written (Spark start-up excluded).
-Needs a broker: ``--bootstrap`` (default: start one with the project's LocalBroker).
-Last line: one JSON object.
+SparkSession (local[2]) runs, each over the whole topic:
+
+- ``passthrough``: the issue's baseline - Spark reads the topic and writes it unchanged (key,
+  value, headers, partition) with Spark's own Kafka sink (at-least-once, no transaction);
+- ``passthrough_txn`` (unless ``--no-txn-passthrough``): the same records through a
+  transactional ``foreachBatch`` writer that collects the payload to the driver (the previous
+  round's baseline, the shape the old dedup had);
+- ``dedup``: the dedup query with its effectively-once writer.
+
+Each rate is records read / seconds from query start to the last batch written (Spark start-up
+excluded); CPU is the process tree's (driver, JVM, Python workers; not the broker), per million
+raw records: the figure that survives other load on a shared machine. Load averages are taken at
+start and end. Needs a broker: ``--bootstrap`` (default: start one with the project's
+LocalBroker). Last line: one JSON object.
 
     .venv/bin/python bench/dedup.py --records 1000000
 """
@@ -27,6 +36,7 @@ import random  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 
+import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
@@ -99,6 +109,37 @@ class CountingWriter(TransactionalBatchWriter):
     rows_in = 0
     passthrough = False
     write_s = 0.0  # seconds in write_table (the Kafka transaction), the rest of addBatch is Spark
+
+    def _produce_records(self, producer, records):
+        if not self.passthrough:
+            return super()._produce_records(producer, records)
+        # The old writer's loop: the payload was collected with the batch (Arrow -> Python).
+        sources = pc.binary_join_element_wise(
+            records.column("src_topic"), pc.cast(records.column("src_partition"), pa.string()), ":"
+        )
+        runs = pc.run_end_encode(sources).combine_chunks()
+        keys = records.column("key").to_pylist()
+        values = records.column("value").to_pylist()
+        stamps = records.column("timestamp").to_pylist()
+        header_rows = records.column("headers").to_pylist()
+        start = 0
+        for end, source in zip(runs.run_ends.to_pylist(), runs.values.to_pylist(), strict=True):
+            topic_name, _, partition_text = source.rpartition(":")
+            name = self.clean_name(topic_name)
+            partition = int(partition_text) % self._partition_count(producer, name)
+            for i in range(start, end):
+                hdrs = header_rows[i]
+                extra = {"headers": [(h["key"], h["value"]) for h in hdrs]} if hdrs else {}
+                while True:
+                    try:
+                        producer.produce(
+                            name, values[i], keys[i], partition, timestamp=stamps[i], **extra
+                        )
+                        break
+                    except BufferError:
+                        producer.poll(0.05)
+            start = end
+        return records.num_rows
 
     def write_table(self, table, batch_id):
         started = time.monotonic()
@@ -191,12 +232,58 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         query.stop()
 
 
+def run_sink_passthrough(spark, bootstrap: str, raw: str, out: str, checkpoint: Path, total: int):
+    """Spark's Kafka source -> Spark's Kafka sink, records unchanged: seconds and CPU profile."""
+    cpu_before = tree_cpu_s()
+    start = time.monotonic()
+    stream = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", raw)
+        .option("includeHeaders", "true")
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", "200000")
+        .load()
+        .select("key", "value", "headers", "partition")
+    )
+    query = (
+        stream.writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("topic", out)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(processingTime="0 milliseconds")
+        .start()
+    )
+    try:
+        seen: dict[int, int] = {}
+        while sum(seen.values()) < total:
+            if not query.isActive:
+                raise RuntimeError(f"query stopped: {query.exception()}")
+            query.awaitTermination(0.2)
+            for progress in query.recentProgress:
+                seen[progress["batchId"]] = progress.get("numInputRows") or 0
+        seconds = time.monotonic() - start
+        cpu_s = tree_cpu_s() - cpu_before
+        return seconds, {
+            "cpu_s": round(cpu_s, 1),
+            "cpu_s_per_million": round(cpu_s * 1e6 / total, 1),
+            "batches_with_input": sum(1 for n in seen.values() if n),
+        }
+    finally:
+        query.stop()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--bootstrap", default=None)
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=500_000)
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=200_000)
     parser.add_argument("--arrow-max-records-per-batch", type=int, default=100_000)
+    parser.add_argument(
+        "--no-txn-passthrough",
+        action="store_true",
+        help="skip the transactional foreachBatch pass-through (the previous round's baseline)",
+    )
     args = parser.parse_args()
 
     broker = None
@@ -214,9 +301,10 @@ def main() -> int:
 
 
 def measure(args: argparse.Namespace, bootstrap: str) -> int:
-    """Prefill, run both queries in one SparkSession, print the JSON line."""
+    """Prefill, run the queries in one SparkSession, print the JSON line."""
     tag = f"bench{int(time.time())}"
     raw = f"{tag}.raw"
+    load_start = os.getloadavg()[0]
     t0 = time.monotonic()
     written, distinct = prefill(bootstrap, raw, args.records)
     prefill_s = time.monotonic() - t0
@@ -246,7 +334,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
     spark = job.build_session(cfg, [str(p) for p in spark_connector_jars()])
     spark_start_s = time.monotonic() - t0
 
-    def passthrough(raw_df):
+    def passthrough_txn(raw_df):
         return raw_df.where(F.col("topic") == raw).select(
             F.lit("record").alias("kind"),
             F.col("topic").alias("src_topic"),
@@ -256,24 +344,30 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             F.col("value"),
             F.expr("cast(unix_millis(timestamp) as bigint)").alias("timestamp"),
             F.col("headers"),
-            *[F.lit(None).cast(f.dataType).alias(f.name) for f in job.OUTPUT_SCHEMA.fields[8:]],
+            *[F.lit(None).cast("bigint").alias(name) for name in (*job._STAT_COLUMNS,)],
         )
 
     results = {}
     try:
-        for name, transform in (("passthrough", passthrough), ("dedup", None)):
+        seconds, profile = run_sink_passthrough(
+            spark, bootstrap, raw, f"{tag}.sink.out", tmp / "sink", written
+        )
+        results["passthrough"] = {"records_per_s": round(written / seconds), "profile": profile}
+        print(f"passthrough (Kafka sink): {seconds:.1f} s; {profile}", file=sys.stderr)
+        runs = [("dedup", None)]
+        if not args.no_txn_passthrough:
+            runs.insert(0, ("passthrough_txn", passthrough_txn))
+        for name, transform in runs:
             c = config(name)
             writer = CountingWriter(writer_settings(c, WriterSettings))
             writer.passthrough = transform is not None
             seconds, profile = run_query(spark, c, writer, written, transform)
-            results[name] = {
-                "seconds": round(seconds, 2),
-                "records_per_s": round(written / seconds),
-            }
+            writer.close()
+            results[name] = {"records_per_s": round(written / seconds), "profile": profile}
             print(f"{name}: {written} records in {seconds:.1f} s; {profile}", file=sys.stderr)
-            results[name]["profile"] = profile
     finally:
         spark.stop()
+    dedup, base = results["dedup"], results["passthrough"]
     out = {
         "bench": "dedup",
         "master": "local[2]",
@@ -285,16 +379,25 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         "arrow_max_records_per_batch": args.arrow_max_records_per_batch,
         "prefill_s": round(prefill_s, 1),
         "spark_start_s": round(spark_start_s, 1),
-        "dedup_records_per_s": results["dedup"]["records_per_s"],
-        "passthrough_records_per_s": results["passthrough"]["records_per_s"],
-        "dedup_profile_s": results["dedup"]["profile"],
-        "passthrough_profile_s": results["passthrough"]["profile"],
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "ratio_to_passthrough": round(
-            results["dedup"]["records_per_s"] / results["passthrough"]["records_per_s"], 3
+        "dedup_records_per_s": dedup["records_per_s"],
+        "dedup_cpu_s_per_million": dedup["profile"]["cpu_s_per_million"],
+        "passthrough_records_per_s": base["records_per_s"],
+        "passthrough_cpu_s_per_million": base["profile"]["cpu_s_per_million"],
+        "ratio_to_passthrough": round(dedup["records_per_s"] / base["records_per_s"], 3),
+        "cpu_ratio_to_passthrough": round(
+            dedup["profile"]["cpu_s_per_million"] / base["profile"]["cpu_s_per_million"], 3
         ),
+        "dedup_profile_s": dedup["profile"],
+        "passthrough_profile_s": base["profile"],
+        "load_average_1m_start": round(load_start, 2),
+        "load_average_1m_end": round(os.getloadavg()[0], 2),
         "target_records_per_s": 150_000,
     }
+    if "passthrough_txn" in results:
+        txn = results["passthrough_txn"]
+        out["passthrough_txn_records_per_s"] = txn["records_per_s"]
+        out["passthrough_txn_cpu_s_per_million"] = txn["profile"]["cpu_s_per_million"]
+        out["passthrough_txn_profile_s"] = txn["profile"]
     print(json.dumps(out))
     return 0
 

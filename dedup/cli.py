@@ -242,6 +242,8 @@ def writer_settings(config: DedupConfig, cls: Any) -> Any:
         new_topic_partitions=config.new_topic_partitions,
         new_topic_replication=config.new_topic_replication,
         kafka_conf=dict(config.kafka_conf),
+        raw_topics=(*config.raw_topics, config.control_topic),
+        source_options=dict(config.kafka_source),
     )
 
 

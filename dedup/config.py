@@ -12,10 +12,11 @@ Three pass-through tables carry settings this module does not interpret:
   name is lower-cased, so ``SPARK_CONF_SPARK_EXECUTOR_MEMORY=4g`` sets ``spark.executor.memory``;
   write mixed case to keep it: ``SPARK_CONF_spark_executor_memoryOverhead=1g``).
 - ``KAFKA_CONF_<NAME>`` -> librdkafka property for the dedup's own Kafka clients (the transactional
-  writer, the fence reader, the admin client and ``kafka-diode gaps``), e.g.
-  ``KAFKA_CONF_SECURITY_PROTOCOL=SASL_SSL``.
+  writer, the raw re-read consumer, the fence reader, the admin client and ``kafka-diode gaps``),
+  e.g. ``KAFKA_CONF_SECURITY_PROTOCOL=SASL_SSL``.
 - ``KAFKA_SOURCE_<NAME>`` -> option of Spark's Kafka source, e.g.
-  ``KAFKA_SOURCE_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka.security.protocol``.
+  ``KAFKA_SOURCE_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka.security.protocol``; the re-read
+  consumer copies the options librdkafka shares with Java (``dedup.reread.SHARED_SOURCE_OPTIONS``).
 
 Guarantee: a ``DedupConfig`` that exists is internally consistent; every refusal is a
 ``ConfigError`` naming the variable (as the operator wrote it) and the fix.
@@ -92,13 +93,14 @@ class DedupConfig:
     """spark.sql.shuffle.partitions of the stateful step; 0 = the number of cores of the driver.
     Fixed by the first run of a checkpoint (Spark keeps it in the checkpoint)."""
     max_offsets_per_trigger: int = 200_000
-    """Most raw records read per micro-batch (bounds batch memory; the writer holds one batch on
-    the driver: 500000 overflowed local mode's 1 GiB driver heap in half the bench runs)."""
+    """Most raw records read per micro-batch (bounds batch memory; the driver collects one
+    batch's decision rows, a few integers per record, and streams the payload)."""
     arrow_max_records_per_batch: int = 100_000
     """Rows per Arrow batch between the JVM and Python (about 100k is fastest here)."""
     fail_on_data_loss: bool = False
     """Stop the query when raw records were deleted by retention before being read. Off: Spark
-    skips them (they become gaps if the sender never resends them)."""
+    skips them (they become gaps if the sender never resends them). A first-seen record deleted
+    after Spark read it but before the writer re-read it always fails the batch."""
     transactional_id: str | None = None
     """transactional.id of the writer; default derived from STATE_DIR_CONFIG. One per checkpoint:
     two running instances with the same one fence each other (the older fails)."""
@@ -117,9 +119,12 @@ class DedupConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     """Extra Spark settings (SPARK_CONF_<NAME> or --spark-conf name=value)."""
     kafka_conf: dict[str, str] = field(default_factory=dict)
-    """Extra librdkafka properties of the dedup's Kafka clients (KAFKA_CONF_<NAME>)."""
+    """Extra librdkafka properties of the dedup's Kafka clients: writer, raw re-read consumer,
+    fence reader, admin (KAFKA_CONF_<NAME>)."""
     kafka_source: dict[str, str] = field(default_factory=dict)
-    """Extra options of Spark's Kafka source (KAFKA_SOURCE_<NAME>)."""
+    """Extra options of Spark's Kafka source (KAFKA_SOURCE_<NAME>); the re-read consumer copies
+    kafka.security.protocol, kafka.sasl.mechanism, kafka.isolation.level and the other options
+    librdkafka shares with Java (KAFKA_CONF_<NAME> wins)."""
 
     def __post_init__(self) -> None:
         if not self.raw_topics:

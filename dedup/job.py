@@ -10,7 +10,11 @@ Theory of operation (docs/dedup.md has the long form):
    ``reset``); a data record must end with the four provenance headers of docs/topics.md in order,
    which are stripped here: the clean key comes from ``diode.key`` and the timestamp from
    ``diode.timestamp``. Anything else is *malformed*: counted, never forwarded.
-3. **Detect per source (topic, partition)** with ``applyInPandasWithState``: the state is the pure
+3. **Project away the payload.** Only small integer columns go on: the source (topic, partition,
+   offset), the kind, the heartbeat fields and the raw record's own position (index of its topic
+   in ``(*RAW_TOPICS, CONTROL_TOPIC)``, partition, offset). Key, value and headers never reach the
+   shuffle, Arrow or pandas: that round trip was most of the job's cost (docs/benchmarks.md).
+4. **Detect per source (topic, partition)** with ``applyInPandasWithState``: the state is the pure
    detector's ``to_bytes()`` (``dedup/gaps.py``); each group's rows of one micro-batch are handled
    as a whole: resets first, then ``observe_many`` over the data offsets sorted by source offset
    (stable, so the first copy in raw order wins), then the heartbeats' highest offset, then the
@@ -18,11 +22,13 @@ Theory of operation (docs/dedup.md has the long form):
    for partitions that received nothing (Spark fires timeouts only for keys without data).
    ``now`` is Spark's batch timestamp, which is recorded in the offset log, so a replayed batch
    computes the same output from the same state.
-4. **Write** each micro-batch with ``dedup.writer.TransactionalBatchWriter`` in one Kafka
-   transaction fenced by the batch id (effectively-once, see that module).
+5. **Write** each micro-batch with ``dedup.writer.TransactionalBatchWriter`` in one Kafka
+   transaction fenced by the batch id (effectively-once, see that module). The writer re-reads
+   the first-seen raw records by their raw position and restores them (``dedup/raw_record.py``).
 
-Output rows carry ``kind`` = ``record`` (a first-seen record, restored), ``gap`` (key and JSON
-value of a gap report) or ``stat`` (one per group and batch: counters for metrics).
+Output rows carry ``kind`` = ``record`` (a first-seen record: its source offset and raw
+position, no payload), ``gap`` (key and JSON value of a gap report) or ``stat`` (one per group
+and batch: counters for metrics).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import array
 import logging
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +48,6 @@ from pyspark.sql import functions as F  # noqa: N812  Spark's conventional alias
 from pyspark.sql.streaming.query import StreamingQuery
 from pyspark.sql.streaming.state import GroupState, GroupStateTimeout
 from pyspark.sql.types import (
-    ArrayType,
     BinaryType,
     IntegerType,
     LongType,
@@ -53,7 +58,7 @@ from pyspark.sql.types import (
 
 from dedup import gaps, spark_compat
 from dedup.config import DedupConfig
-from dedup.raw_record import CONTROL_HEADER, KEY_PATTERN, PROVENANCE
+from dedup.raw_record import CONTROL_HEADER, KEY_PATTERN, PROVENANCE, TIMESTAMP_PATTERN
 
 if TYPE_CHECKING:
     from dedup.writer import TransactionalBatchWriter
@@ -66,19 +71,16 @@ KIND_DATA, KIND_HEARTBEAT, KIND_RESET, KIND_MALFORMED = 0, 1, 2, 3
 #: Group key of raw records whose key does not parse (counted as malformed).
 UNPARSED_TOPIC, UNPARSED_PARTITION = "", -1
 
-HEADERS_TYPE = ArrayType(
-    StructType([StructField("key", StringType()), StructField("value", BinaryType())])
-)
 OUTPUT_SCHEMA = StructType(
     [
         StructField("kind", StringType()),
         StructField("src_topic", StringType()),
         StructField("src_partition", IntegerType()),
         StructField("src_offset", LongType()),
-        StructField("key", BinaryType()),
-        StructField("value", BinaryType()),
-        StructField("timestamp", LongType()),
-        StructField("headers", HEADERS_TYPE),
+        # The raw record to re-read: index into (*RAW_TOPICS, CONTROL_TOPIC), partition, offset.
+        StructField("raw_topic", IntegerType()),
+        StructField("raw_partition", IntegerType()),
+        StructField("raw_offset", LongType()),
         StructField("gap_key", BinaryType()),
         StructField("gap_value", BinaryType()),
         StructField("delivered", LongType()),
@@ -129,15 +131,21 @@ class DetectParams:
 # -- step 2: classification in SQL -----------------------------------------------------------
 
 
-def classify(raw: DataFrame) -> DataFrame:
-    """Parse keys, tell data from control from malformed, strip provenance (docs/topics.md)."""
+def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
+    """Parse keys, tell data from control from malformed (docs/topics.md); drop the payload.
+
+    ``topics`` is ``(*RAW_TOPICS, CONTROL_TOPIC)``: a row's ``raw_topic`` is its index there. The
+    data rule is ``dedup.raw_record.restore``'s, so the writer can restore every data record.
+    """
     n = "coalesce(size(headers), 0)"
     prov_ok = " AND ".join(
         [f"{n} >= 4"]
         + [f"try_element_at(headers, {i - 4}).key = '{name}'" for i, name in enumerate(PROVENANCE)]
     )
+    stamp = "cast(try_element_at(headers, -3).value as string)"
     control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
     pattern = f"'{KEY_PATTERN}'"
+    topic_index = " ".join(f"WHEN '{name}' THEN {i}" for i, name in enumerate(topics))
     parsed = raw.select(
         F.expr(f"regexp_extract(cast(key as string), {pattern}, 1)").alias("src_topic"),
         F.expr(f"try_cast(regexp_extract(cast(key as string), {pattern}, 2) as int)").alias(
@@ -146,17 +154,20 @@ def classify(raw: DataFrame) -> DataFrame:
         F.expr(f"try_cast(regexp_extract(cast(key as string), {pattern}, 3) as bigint)").alias(
             "src_offset"
         ),
-        F.col("value"),
-        F.col("headers"),
         F.expr(f"cast({control} as string)").alias("control"),
         # Heartbeat fields (docs/topics.md): absent (older receivers) or invalid -> -1. Never
         # null: a nullable long column reaches pandas as float64, which rounds above 2^53.
         F.expr(f"if({control} IS NULL, -1, {_json_long('low_offset')})").alias("hb_low"),
         F.expr(f"if({control} IS NULL, -1, {_json_long('started_at_ms')})").alias("hb_started"),
         F.expr(prov_ok).alias("prov_ok"),
-        F.expr("try_cast(cast(try_element_at(headers, -3).value as string) as bigint)").alias(
-            "prov_ts"
-        ),
+        # restore()'s rule: ASCII decimal that fits a signed 64-bit integer
+        F.expr(
+            f"if(regexp_extract({stamp}, '^({TIMESTAMP_PATTERN})', 1) = {stamp}, "
+            f"try_cast({stamp} as bigint), null)"
+        ).alias("prov_ts"),
+        F.expr(f"cast(CASE topic {topic_index} ELSE -1 END as int)").alias("raw_topic"),
+        F.col("partition").alias("raw_partition"),
+        F.col("offset").alias("raw_offset"),
     )
     return parsed.select(
         F.expr(f"if(src_topic = '', '{UNPARSED_TOPIC}', src_topic)").alias("src_topic"),
@@ -170,13 +181,13 @@ def classify(raw: DataFrame) -> DataFrame:
                 WHEN control = 'heartbeat' THEN {KIND_HEARTBEAT}
                 WHEN control = 'reset' THEN {KIND_RESET}
                 WHEN control IS NOT NULL THEN {KIND_MALFORMED}
+                WHEN raw_topic < 0 THEN {KIND_MALFORMED}
                 WHEN coalesce(prov_ok, false) AND prov_ts IS NOT NULL THEN {KIND_DATA}
                 ELSE {KIND_MALFORMED} END as tinyint)"""
         ).alias("kind"),
-        F.expr("if(prov_ok, try_element_at(headers, -4).value, null)").alias("key"),
-        F.col("value"),
-        F.col("prov_ts").alias("timestamp"),
-        F.expr(f"if(prov_ok, slice(headers, 1, {n} - 4), null)").alias("headers"),
+        F.col("raw_topic"),
+        F.col("raw_partition"),
+        F.col("raw_offset"),
         F.col("hb_low"),
         F.col("hb_started"),
     )
@@ -248,7 +259,7 @@ def detect_group(
         offsets = batch["src_offset"].to_numpy()
         rows = np.flatnonzero(kinds == KIND_DATA)
         if len(rows):
-            # Row indices only: the payload columns (Python objects) are taken once, at the end.
+            # Row indices only; the raw position columns are taken once, at the end.
             rows = rows[np.argsort(offsets[rows], kind="stable")]
             ordered = array.array("Q")
             ordered.frombytes(offsets[rows].astype(np.uint64).tobytes())  # >= 0: classify
@@ -263,7 +274,7 @@ def detect_group(
                 records.update(
                     {
                         name: batch[name].to_numpy()[take]
-                        for name in ("src_offset", "key", "value", "timestamp", "headers")
+                        for name in ("src_offset", "raw_topic", "raw_partition", "raw_offset")
                     }
                 )
                 out.append(_frame(records, len(take)))
@@ -439,7 +450,8 @@ def start_query(
     writer.ensure_topics([config.control_topic], partitions=1)
     writer.ensure_topics([config.gap_topic, config.progress_topic], compact=True)
     raw = raw_stream(spark, config)
-    output = transform(raw) if transform is not None else detected(classify(raw), config)
+    topics = (*config.raw_topics, config.control_topic)
+    output = transform(raw) if transform is not None else detected(classify(raw, topics), config)
     query = (
         output.writeStream.queryName("kafka-diode-dedup")
         .foreachBatch(writer)

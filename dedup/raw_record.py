@@ -14,6 +14,11 @@ KEY_PATTERN = r"^(.+):([0-9]{1,10}):(-?[0-9]{1,19})$"
 _KEY_RE = re.compile(KEY_PATTERN.encode(), re.DOTALL)
 PROVENANCE = ("diode.key", "diode.timestamp", "diode.timestamp-type", "diode.session")
 CONTROL_HEADER = "diode.control"
+#: ``diode.timestamp``: the whole value is ASCII decimal (no sign but ``-``, no blanks, no
+#: newline) and fits a signed 64-bit integer. Unanchored: Java and Python anchor differently
+#: (both ``$`` accept a trailing newline), so each side matches it against the whole value.
+TIMESTAMP_PATTERN = r"-?[0-9]{1,19}"
+_TIMESTAMP_RE = re.compile(TIMESTAMP_PATTERN.encode())
 _MAX_PARTITION = 2**31 - 1
 _MAX_OFFSET = 2**63 - 1
 
@@ -41,7 +46,8 @@ def restore(headers: Sequence[Header]) -> tuple[bytes | None, int, list[Header]]
     """``(source key, source timestamp ms, source headers)`` of a data record, or None.
 
     None means malformed: fewer than four headers, trailing names not exactly ``PROVENANCE`` in
-    order, or a timestamp that is not a decimal number.
+    order, or a timestamp that is not a decimal number within the signed 64-bit range (the same
+    rule as ``dedup.job.classify``'s SQL).
     """
     if len(headers) < len(PROVENANCE):
         return None
@@ -49,6 +55,9 @@ def restore(headers: Sequence[Header]) -> tuple[bytes | None, int, list[Header]]
     if tuple(name for name, _ in tail) != PROVENANCE:
         return None
     stamp = tail[1][1]
-    if stamp is None or not re.fullmatch(rb"-?[0-9]{1,19}", stamp):
+    if stamp is None or not _TIMESTAMP_RE.fullmatch(stamp):
         return None
-    return tail[0][1], int(stamp), list(headers[: -len(PROVENANCE)])
+    timestamp = int(stamp)
+    if not -_MAX_OFFSET - 1 <= timestamp <= _MAX_OFFSET:
+        return None
+    return tail[0][1], timestamp, list(headers[: -len(PROVENANCE)])

@@ -19,20 +19,28 @@ Argument (docs/dedup.md "Effectively once" has the long form):
    the transaction committed; a batch whose transaction did not commit is re-run by Spark from the
    same offsets and the same state version, and written again in a new transaction.
 
-Only the driver writes (``foreachBatch`` runs there): a batch is collected as Arrow, so
-``MAX_OFFSETS_PER_TRIGGER`` bounds the driver's memory.
+Only the driver writes (``foreachBatch`` runs there). It collects the batch's small decision
+rows as Arrow (integers and short strings: no payload), then re-reads the first-seen raw records by
+their raw position (``dedup.reread``), restores them (``dedup.raw_record.restore``) and produces
+them chunk by chunk into the batch's transaction: the payload streams through the driver, its
+memory is bounded by the re-read chunk and the producer's queue, not by the batch. A raw record
+that is gone when re-read fails the batch (aborted, nothing visible); a replayed batch re-reads the
+same immutable raw records for the same decisions (they come from the checkpointed state), so it
+produces the same output.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -40,6 +48,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from common.errors import ServiceError
 from common.metrics import CollectorRegistry, Counter, Gauge
+from dedup.raw_record import Header, restore
+from dedup.reread import DEFAULT_CHUNK, RawRereader, consumer_conf
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +82,12 @@ class WriterSettings:
     """Replication factor of created topics (-1: broker default)."""
     kafka_conf: Mapping[str, str] = field(default_factory=dict)
     """librdkafka pass-through properties."""
+    raw_topics: tuple[str, ...] = ()
+    """The topics the query reads, ``(*RAW_TOPICS, CONTROL_TOPIC)``: ``raw_topic`` indexes it."""
+    source_options: Mapping[str, str] = field(default_factory=dict)
+    """Options of Spark's Kafka source; the re-read consumer copies the shared security ones."""
+    reread_chunk: int = DEFAULT_CHUNK
+    """Raw records per re-read step (bounds the payload the driver holds at once)."""
 
 
 class DedupMetrics:
@@ -201,6 +217,7 @@ class TransactionalBatchWriter:
         self._query_id: str | None = None
         self._bound = threading.Event()
         self._producer: Producer | None = None
+        self._reader: RawRereader | None = None
         self._last_committed = -1
         self._partitions: dict[str, int] = {}
         self._clean_names: dict[str, str] = {}
@@ -226,8 +243,23 @@ class TransactionalBatchWriter:
         self._stop_requested.set()
 
     def close(self) -> None:
-        """Flush nothing (transactions are complete per batch) and drop the producer."""
+        """Flush nothing (transactions are complete per batch); drop the producer and reader."""
         self._producer = None
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _rereader(self) -> RawRereader:
+        if self._reader is None:
+            conf = consumer_conf(
+                self._base_conf(),
+                self.settings.source_options,
+                group_id=f"{self.settings.transactional_id}.reread",
+            )
+            self._reader = RawRereader(
+                conf, chunk=self.settings.reread_chunk, timeout_s=KAFKA_TIMEOUT_S
+            )
+        return self._reader
 
     def _base_conf(self) -> dict[str, Any]:
         conf: dict[str, Any] = {"bootstrap.servers": self.settings.bootstrap_servers}
@@ -244,8 +276,9 @@ class TransactionalBatchWriter:
                 "enable.idempotence": True,
                 "linger.ms": conf.get("linger.ms", 20),
                 "batch.num.messages": conf.get("batch.num.messages", 10_000),
-                "queue.buffering.max.messages": conf.get("queue.buffering.max.messages", 1_000_000),
-                "queue.buffering.max.kbytes": conf.get("queue.buffering.max.kbytes", 1_048_576),
+                "queue.buffering.max.messages": conf.get("queue.buffering.max.messages", 500_000),
+                # bounds the payload in flight on the driver (records stream in from the re-read)
+                "queue.buffering.max.kbytes": conf.get("queue.buffering.max.kbytes", 131_072),
             }
         )
         producer = Producer(conf)
@@ -454,6 +487,7 @@ class TransactionalBatchWriter:
             raise ServiceError(f"writing batch {batch_id} failed and was aborted: {exc}") from exc
         except BaseException:
             self._abort(producer)
+            log.error("batch %d aborted (nothing of it is visible)", batch_id)  # noqa: TRY400  re-raised below with the cause
             raise
         self._last_committed = batch_id
         self.committed_batches += 1
@@ -471,42 +505,72 @@ class TransactionalBatchWriter:
             log.exception("abort failed; the producer is dropped (the next start fences it)")
             self._producer = None
 
-    def _produce_records(self, producer: Producer, records: pa.Table) -> None:
-        """Produce one batch's clean records (the hot loop: ~2/3 of it is librdkafka's produce)."""
+    def _produce_records(self, producer: Producer, records: pa.Table) -> int:
+        """Re-read one batch's first-seen raw records, restore them, produce them (the hot loop).
+
+        Raw partition by raw partition, in raw offset order (docs/dedup.md "Order"); one chunk of
+        raw records at a time, so the driver never holds the batch's payload.
+
+        Raises:
+            RawRecordGoneError: a first-seen raw record was deleted before this re-read.
+            ServiceError: a re-read record is not the one the query decided on.
+        """
         if records.num_rows == 0:
-            return
-        # Rows of one source partition are contiguous (one group of the stateful step), so the
-        # target is computed once per run of equal (topic, partition), not once per row.
-        sources = pc.binary_join_element_wise(
-            records.column("src_topic"),
-            pc.cast(records.column("src_partition"), pa.string()),
-            ":",
-        )
-        runs = pc.run_end_encode(sources).combine_chunks()
-        keys = records.column("key").to_pylist()
-        values = records.column("value").to_pylist()
-        stamps = records.column("timestamp").to_pylist()
-        headers = records.column("headers")
-        has_headers = pc.any(pc.greater(pc.list_value_length(headers), 0)).as_py()
-        header_rows = headers.to_pylist() if has_headers else None
+            return 0
+        raw_topics = self.settings.raw_topics
+        raw_topic = records.column("raw_topic").to_numpy()
+        raw_partition = records.column("raw_partition").to_numpy()
+        raw_offset = records.column("raw_offset").to_numpy()
+        src_offset = records.column("src_offset").to_numpy()
+        # Clean target per record: computed once per distinct source (topic, partition).
+        src = pc.dictionary_encode(records.column("src_topic")).combine_chunks()
+        src_names = src.dictionary.to_pylist()
+        source_key = (src.indices.to_numpy().astype(np.int64) << 32) | records.column(
+            "src_partition"
+        ).to_numpy().astype(np.int64)
+        sources, source_of = np.unique(source_key, return_inverse=True)
+        targets: list[tuple[str, int, bytes]] = []
+        for key in sources.tolist():
+            topic, partition = src_names[key >> 32], key & 0xFFFFFFFF
+            name = self.clean_name(topic)
+            prefix = f"{topic}:{partition}:".encode()
+            targets.append((name, partition % self._partition_count(producer, name), prefix))
+        order = np.lexsort((raw_offset, raw_partition, raw_topic))
+        group_key = (raw_topic[order].astype(np.int64) << 32) | raw_partition[order]
+        bounds = [0, *(np.flatnonzero(np.diff(group_key)) + 1).tolist(), len(order)]
+        reader = self._rereader()
         produce = producer.produce
-        start = 0
-        for end, source in zip(runs.run_ends.to_pylist(), runs.values.to_pylist(), strict=True):
-            topic_name, _, partition_text = source.rpartition(":")
-            name = self.clean_name(topic_name)
-            partition = int(partition_text) % self._partition_count(producer, name)
-            for i in range(start, end):
-                hdrs = header_rows[i] if header_rows is not None else None
-                extra: dict[str, Any] = (
-                    {"headers": [(h["key"], h["value"]) for h in hdrs]} if hdrs else {}
-                )
-                while True:
-                    try:
-                        produce(name, values[i], keys[i], partition, timestamp=stamps[i], **extra)
-                        break
-                    except BufferError:
-                        producer.poll(0.05)  # the local queue is full: let librdkafka send
-            start = end
+        written = 0
+        for start, end in itertools.pairwise(bounds):
+            rows = order[start:end]
+            topic_index, partition = int(raw_topic[rows[0]]), int(raw_partition[rows[0]])
+            if not 0 <= topic_index < len(raw_topics):
+                raise ServiceError(f"raw topic index {topic_index} is not one the query reads")
+            which = source_of[rows].tolist()
+            expected_offsets = src_offset[rows].tolist()
+            j = 0
+            for chunk in reader.read(raw_topics[topic_index], partition, raw_offset[rows].tolist()):
+                for msg in chunk:
+                    name, target, prefix = targets[which[j]]
+                    restored = restore(cast("list[Header]", msg.headers() or ()))
+                    if restored is None or msg.key() != b"%s%d" % (prefix, expected_offsets[j]):
+                        raise ServiceError(
+                            f"raw record {raw_topics[topic_index]}:{partition} offset "
+                            f"{msg.offset()} is not the record the query chose (key "
+                            f"{msg.key()!r}, expected {prefix.decode()}{expected_offsets[j]}): was "
+                            "the raw topic deleted and re-created? The batch is aborted."
+                        )
+                    key, timestamp, headers = restored
+                    extra: dict[str, Any] = {"headers": headers} if headers else {}
+                    while True:
+                        try:
+                            produce(name, msg.value(), key, target, timestamp=timestamp, **extra)
+                            break
+                        except BufferError:
+                            producer.poll(0.05)  # the local queue is full: let librdkafka send
+                    j += 1
+            written += j
+        return written
 
     def _produce_gaps(self, producer: Producer, gap_rows: pa.Table) -> None:
         if gap_rows.num_rows == 0:

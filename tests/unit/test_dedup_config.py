@@ -119,4 +119,8 @@ def test_restore_strips_exactly_the_trailing_provenance() -> None:
     assert restore(prov[:3]) is None
     assert restore([*source, prov[1], prov[0], *prov[2:]]) is None
     assert restore([*prov[:1], ("diode.timestamp", b"soon"), *prov[2:]]) is None
+    # the SQL classifier's rule exactly: whole value decimal, signed 64-bit
+    for stamp in (b"12\n", b" 12", b"+12", b"1_2", b"9223372036854775808", b""):
+        assert restore([*prov[:1], ("diode.timestamp", stamp), *prov[2:]]) is None, stamp
+    assert restore([*prov[:1], ("diode.timestamp", b"-5"), *prov[2:]]) == (None, -5, [])
     assert tuple(n for n, _ in prov) == PROVENANCE

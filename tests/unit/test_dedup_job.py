@@ -57,10 +57,9 @@ def rows(*items: tuple[int, int, int, int]) -> pd.DataFrame:
         {
             "kind": [k for k, *_ in items],
             "src_offset": [o for _, o, *_ in items],
-            "key": [b"k"] * len(items),
-            "value": [b"v"] * len(items),
-            "timestamp": [1] * len(items),
-            "headers": [[]] * len(items),
+            "raw_topic": [0] * len(items),
+            "raw_partition": [0] * len(items),
+            "raw_offset": [100 + i for i in range(len(items))],
             "hb_low": [low for *_, low, _ in items],
             "hb_started": [s for *_, s in items],
         }
@@ -150,3 +149,39 @@ def test_stat_rows_carry_the_detector_counters_and_metrics_export_them() -> None
     assert value("kafka_diode_dedup_below_window_dropped_total") == 1
     assert value("kafka_diode_dedup_budget_evictions_total") == 0
     assert value("kafka_diode_dedup_resets_applied_total") == 0
+
+
+def test_record_rows_carry_the_raw_position_of_the_first_copy_and_no_payload() -> None:
+    # raw offsets 100, 101, 102, 103: source offset 5 twice (the first copy wins), then 4, 6
+    out = run(
+        FakeState(), (DATA, 5, -1, -1), (DATA, 5, -1, -1), (DATA, 4, -1, -1), (DATA, 6, -1, -1)
+    )
+    records = out[out["kind"] == "record"]
+    assert list(zip(records["src_offset"], records["raw_offset"], strict=True)) == [
+        (4, 102),
+        (5, 100),
+        (6, 103),
+    ]
+    assert set(records["raw_topic"]) == {0}
+    assert not {"key", "value", "headers", "timestamp"} & set(out.columns)
+    assert list(out.columns) == [f.name for f in job.OUTPUT_SCHEMA.fields]
+
+
+def test_reread_consumer_settings_follow_the_source_and_kafka_conf() -> None:
+    from dedup.reread import consumer_conf  # noqa: PLC0415
+
+    conf = consumer_conf(
+        {"bootstrap.servers": "b:9092", "sasl.username": "u"},
+        {
+            "kafka.security.protocol": "SASL_SSL",
+            "kafka.ssl.truststore.location": "/java/only.jks",
+            "kafka.isolation.level": "read_committed",
+        },
+        group_id="g",
+    )
+    assert conf["security.protocol"] == "SASL_SSL"
+    assert conf["isolation.level"] == "read_committed"
+    assert conf["sasl.username"] == "u"
+    assert "ssl.truststore.location" not in conf  # Java-only: librdkafka would refuse it
+    assert conf["auto.offset.reset"] == "error"  # never a silent jump past deleted records
+    assert conf["enable.auto.commit"] is False

@@ -13,7 +13,13 @@ object built (``decode_records_*``). ``--tree DIR`` imports ``common`` from anot
 (for example a ``git worktree`` of an older commit) so before and after run the same bench.
 
     .venv/bin/python bench/codec.py [--records 50000] [--repeat 3] [--round-robin] [--profile]
-        [--tree DIR]
+        [--tree DIR] [--interleave DIR [--rounds 20]]
+
+``--interleave DIR`` is the steadier before/after comparison on a machine whose single-core
+speed drifts between runs: it copies ``DIR/common`` to a temporary package ``common_before``
+(imports rewritten), then alternates rounds of before, after and the fastavro baseline in this
+one process (gzip off, ``--records`` per round) and reports the best round of each and the
+median of the per-round after/before and after/fastavro ratios.
 """
 
 from __future__ import annotations
@@ -26,7 +32,11 @@ import os
 import platform
 import pstats
 import random
+import re
+import shutil
+import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,6 +52,7 @@ sys.path.insert(
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from fastavro import parse_schema, schemaless_reader, schemaless_writer
 
+import common.wire as wire_after
 from common.wire import Decoder, Encoder, Key, KeyRing, RecordBatch, WireConfig
 from common.wire.config import fragment_capacity
 
@@ -138,6 +149,84 @@ def best(fn, repeat: int):
     return min(r[0] for r in results), min(r[1] for r in results), results[-1][2]
 
 
+def import_before(tree: str):
+    """``DIR/common`` imported as the package ``common_before`` (its imports rewritten)."""
+    tmp = Path(tempfile.mkdtemp(prefix="codec_before_"))
+    shutil.copytree(Path(tree) / "common", tmp / "common_before")
+    for path in (tmp / "common_before").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        path.write_text(re.sub(r"\bcommon([.\s])", r"common_before\1", text), encoding="utf-8")
+    sys.path.insert(0, str(tmp))
+    import common_before.wire as wire_before  # noqa: PLC0415
+
+    return wire_before
+
+
+def interleave(tree: str, records: list[tuple], rounds: int) -> dict:
+    """Alternate before/after/fastavro rounds in one process; gzip off."""
+    wire_before = import_before(tree)
+    material = os.urandom(32)
+    impls = {}
+    for name, w in (("before", wire_before), ("after", wire_after)):
+        ring = w.KeyRing([w.Key.from_material(material)])
+        impls[name] = (w, w.WireConfig(max_datagram_size=1472), ring)
+    rows_in = [
+        {"topic": t, "partition": p, "offset": o, "timestamp": ts, "timestamp_type": tt,
+         "key": k, "value": v, "headers": []}
+        for t, p, o, ts, tt, k, v, _ in records
+    ]  # fmt: skip
+    batches = [rows_in[i : i + 5] for i in range(0, len(rows_in), 5)]
+    n = len(records)
+    res: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for name, (w, config, ring) in impls.items():
+            enc = w.Encoder(config, ring, session_id=os.urandom(16))
+            add = enc.add
+            out: list = []
+            c0 = time.process_time()
+            for topic, p, o, ts, tt, k, v, h in records:
+                r = add(topic, p, o, ts, tt, k, v, h, 0.0)
+                if r:
+                    out += r
+            out += enc.flush()
+            res.setdefault(f"{name}_encode", []).append(n / (time.process_time() - c0))
+            datagrams = [d.data for d in out]
+            dec = w.Decoder(config, ring)
+            receive, next_event, batch_type = dec.receive_datagram, dec.next_event, w.RecordBatch
+            got = 0
+            c0 = time.process_time()
+            for d in datagrams:
+                receive(d, 0.0)
+                while (ev := next_event()) is not None:
+                    if type(ev) is batch_type:
+                        got += ev.count
+            res.setdefault(f"{name}_decode", []).append(n / (time.process_time() - c0))
+            assert got == n, (name, got, n)
+        c0 = time.process_time()
+        encoded = []
+        for b in batches:
+            buf = io.BytesIO()
+            schemaless_writer(buf, ROW_SCHEMA, b)
+            encoded.append(buf.getvalue())
+        res.setdefault("fastavro_write", []).append(n / (time.process_time() - c0))
+        c0 = time.process_time()
+        for e in encoded:
+            schemaless_reader(io.BytesIO(e), ROW_SCHEMA, None)
+        res.setdefault("fastavro_read", []).append(n / (time.process_time() - c0))
+    out_json: dict = {f"{k}_best_cpu_records_per_s": round(max(v)) for k, v in res.items()}
+    for k, v in res.items():
+        out_json[f"{k}_median_cpu_records_per_s"] = round(statistics.median(v))
+    for what, base in (("encode", "fastavro_write"), ("decode", "fastavro_read")):
+        after = res[f"after_{what}"]
+        out_json[f"{what}_after_over_before_median"] = round(
+            statistics.median(a / b for a, b in zip(after, res[f"before_{what}"], strict=True)), 2
+        )
+        out_json[f"{what}_after_over_fastavro_median"] = round(
+            statistics.median(a / b for a, b in zip(after, res[base], strict=True)), 2
+        )
+    return out_json
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=50_000)
@@ -147,8 +236,22 @@ def main() -> int:
     )
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--tree", help="import common from this checkout (--tree=DIR)")
+    ap.add_argument("--interleave", metavar="DIR", help="alternate rounds against DIR/common")
+    ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
     records = make_records(args.records, round_robin=args.round_robin)
+    if args.interleave:
+        load = os.getloadavg()[0]
+        figures = interleave(args.interleave, records, args.rounds)
+        summary = {
+            "bench": "codec_interleave", "records_per_round": args.records,
+            "rounds": args.rounds, "before": args.interleave, "load_avg_1m_start": round(load, 2),
+            "load_avg_1m_end": round(os.getloadavg()[0], 2), **figures,
+        }  # fmt: skip
+        for k, v in summary.items():
+            print(f"{k:<42}{v}")
+        print(json.dumps(summary))
+        return 0
     payload_mb = sum(len(r[5]) + len(r[6]) for r in records) / 1e6
     ring = KeyRing([Key.generate()])
     result: dict = {

@@ -15,6 +15,7 @@ exception). docs/protocol.md §4-5.
 from __future__ import annotations
 
 import io
+import struct
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -32,6 +33,8 @@ _SMALL: Final = 1 << 14
 _NULL: Final = b"\x00"
 _PRESENT: Final = b"\x02"
 _EMPTY_ARRAY: Final = b"\x00"
+_ONE_GROUP: Final = b"\x02"  # an array block of one item
+_TWO_ENDS: Final = b"\x00\x00"  # the end of the last column and of the groups array
 _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
 
@@ -76,6 +79,12 @@ def bytes_item(n: int) -> tuple[bytes, int]:
     return prefix, len(prefix) + n
 
 
+#: Encoded ``topic, partition, timestamp type`` of each group seen, so a group head costs two
+#: varints; bounded (cleared when full), as topic names come from the caller.
+_HEADS: dict[tuple[str, int, int], bytes] = {}
+_MAX_HEADS: Final = 4096
+
+
 class _Group:
     """The columns of one (topic, partition, timestamp type) inside a batch being built."""
 
@@ -88,17 +97,28 @@ class _Group:
         "high",
         "keys",
         "od",
+        "partition",
         "td",
-        "tp",
+        "topic",
+        "ts_type",
         "values",
     )
 
     def __init__(self, topic: str, partition: int, ts_type: int, offset: int, ts: int) -> None:
-        self.tp = (topic, partition)
+        self.topic = topic
+        self.partition = partition
+        self.ts_type = ts_type
         self.base_offset = offset
         self.base_ts = ts
         self.high = offset
-        self.head = _string(topic) + _long(partition) + _long(ts_type) + _long(offset) + _long(ts)
+        head = _HEADS.get((topic, partition, ts_type))
+        if head is None:
+            if len(_HEADS) >= _MAX_HEADS:
+                _HEADS.clear()
+            head = _HEADS[topic, partition, ts_type] = (
+                _string(topic) + _long(partition) + _long(ts_type)
+            )
+        self.head = head + encode_long(offset) + encode_long(ts)
         self.count = 0
         self.od = bytearray()
         self.td = bytearray()
@@ -123,22 +143,67 @@ class BatchBuilder:
     high offset is kept per group and merged only in ``completes``.
     """
 
-    __slots__ = ("_groups", "records", "size")
+    __slots__ = ("_groups", "last", "records", "size")
 
     def __init__(self) -> None:
         self._groups: dict[tuple[str, int, int], _Group] = {}
+        #: The group the last record went to (the encoder appends to it directly while the
+        #: records stay in one partition, which is how a consumer hands them out).
+        self.last: _Group | None = None
         self.records = 0
         #: Exact size of ``encode()`` right now (an empty batch encodes as one zero byte).
         self.size = 1
+
+    @property
+    def groups(self) -> int:
+        """Number of partition groups in the batch."""
+        return len(self._groups)
+
+    def restart(  # noqa: PLR0917  the encoder's roll-over path, once per datagram
+        self,
+        group: _Group,
+        offset: int,
+        timestamp: int,
+        kprefix: bytes,
+        key: bytes | None,
+        vprefix: bytes,
+        value: bytes | None,
+        headers_blob: bytes,
+        n: int,
+    ) -> None:
+        """Empty the batch (already encoded by the caller) down to ``group``, its only group,
+        and put one record in it: what a new builder and ``append`` would hold, without
+        allocating either. ``n`` is the record's key, value and headers size as for ``append``."""
+        head = _HEADS.get((group.topic, group.partition, group.ts_type))
+        if head is None:
+            head = _string(group.topic) + _long(group.partition) + _long(group.ts_type)
+        head += encode_long(offset) + encode_long(timestamp)
+        group.head = head
+        group.base_offset = group.high = offset
+        group.base_ts = timestamp
+        group.count = 1
+        group.od = bytearray(_NULL)
+        group.td = bytearray(_NULL)
+        keys = group.keys = bytearray(kprefix)
+        if key:
+            keys += key
+        values = group.values = bytearray(vprefix)
+        if value:
+            values += value
+        group.headers = bytearray(headers_blob)
+        self.records = 1
+        # empty batch (1), groups count (1), head, two 1-byte deltas, 5 counts, 5 end markers
+        self.size = n + len(head) + 14
 
     @property
     def completes(self) -> dict[tuple[str, int], int]:
         """(topic, partition) -> highest offset added, in order of first appearance."""
         out: dict[tuple[str, int], int] = {}
         for group in self._groups.values():
-            high = out.get(group.tp)
+            tp = (group.topic, group.partition)
+            high = out.get(tp)
             if high is None or group.high > high:
-                out[group.tp] = group.high
+                out[tp] = group.high
         return out
 
     def completed(self) -> tuple[tuple[str, int, int], ...]:
@@ -146,7 +211,7 @@ class BatchBuilder:
         groups = self._groups
         if len(groups) == 1:
             for group in groups.values():
-                return ((*group.tp, group.high),)
+                return ((group.topic, group.partition, group.high),)
         return tuple((t, p, o) for (t, p), o in self.completes.items())
 
     def try_add(  # noqa: PLR0917  positional like the encoder's hot path
@@ -193,6 +258,7 @@ class BatchBuilder:
                 topic, partition, ts_type, offset, timestamp, kprefix, key, vprefix, value,
                 headers_blob, n, limit,
             )  # fmt: skip
+        self.last = group
         d = offset - group.base_offset
         if 0 <= d < 64:
             od = SMALL_LONGS[d]
@@ -258,6 +324,7 @@ class BatchBuilder:
         if n > limit and self.records:
             return False
         self._groups[topic, partition, ts_type] = group
+        self.last = group
         self.size = n
         self.records += 1
         group.count = 1
@@ -274,6 +341,14 @@ class BatchBuilder:
 
     def encode(self) -> bytes:
         """The Avro bytes of the batch."""
+        if len(self._groups) == 1:  # the usual case: one join
+            g = self.last
+            assert g is not None
+            p = _long(g.count)
+            return b"".join((
+                _ONE_GROUP, g.head, p, g.od, _EMPTY_ARRAY, p, g.td, _EMPTY_ARRAY, p, g.keys,
+                _EMPTY_ARRAY, p, g.values, _EMPTY_ARRAY, p, g.headers, _TWO_ENDS,
+            ))  # fmt: skip
         if not self._groups:
             return _EMPTY_ARRAY
         out: list[bytes | bytearray] = [_long(len(self._groups))]
@@ -302,6 +377,15 @@ _ZIGZAG: Final = tuple((b >> 1) ^ -(b & 1) for b in range(0x80))
 #: ``_RUNS[n]``: the deltas 0, 1, ..., n-1 as one-byte longs (consecutive offsets or timestamps).
 _RUNS: Final = tuple(bytes(range(0, 2 * n, 2)) for n in range(64))
 _NO_HEADERS: Final[Headers] = ()
+#: ``_RUNS_END[n]``: ``_RUNS[n]`` and the end of the array.
+_RUNS_END: Final = tuple(r + b"\x00" for r in _RUNS)
+#: ``_ZEROS[n]``: n + 1 zero bytes (n empty header arrays and the end of the column).
+_ZEROS: Final = tuple(bytes(n + 1) for n in range(64))
+#: ``_TWOS[n]``: n union branch bytes of ``bytes`` (``0x02``).
+_TWOS: Final = tuple(b"\x02" * n for n in range(64))
+#: ``struct`` unpackers of same-length item columns by (count, stride); bounded, cleared when full.
+_UNPACKERS: dict[tuple[int, int], Any] = {}
+_MAX_UNPACKERS: Final = 256
 
 
 def _bad(detail: str) -> RemoteProtocolError:
@@ -309,21 +393,63 @@ def _bad(detail: str) -> RemoteProtocolError:
 
 
 def _read_long(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    """Any Avro long at ``pos``; returns ``(value, next pos)``."""
+    """Any Avro long at ``pos``; returns ``(value, next pos)``.
+
+    Unrolled (a loop costs twice as much per byte): a read past the end of ``data`` raises
+    ``IndexError``, which the callers turn into MALFORMED; ``end`` is ``len(data)`` everywhere.
+    Up to 9 bytes hold at most 63 bits, so only a 10-byte long can leave the 64-bit range.
+    """
     b = data[pos]
     if b < 0x80:
         return _ZIGZAG[b], pos + 1
     acc = b & 0x7F
-    shift = 7
-    for i in range(pos + 1, min(end, pos + 10)):
-        b = data[i]
-        acc |= (b & 0x7F) << shift
-        if b < 0x80:
-            value = (acc >> 1) ^ -(acc & 1)
-            if not _INT64_MIN <= value <= _INT64_MAX:
-                raise _bad("long out of 64-bit range")
-            return value, i + 1
-        shift += 7
+    b = data[pos + 1]
+    if b < 0x80:
+        acc |= b << 7
+        return (acc >> 1) ^ -(acc & 1), pos + 2
+    acc |= (b & 0x7F) << 7
+    b = data[pos + 2]
+    if b < 0x80:
+        acc |= b << 14
+        return (acc >> 1) ^ -(acc & 1), pos + 3
+    acc |= (b & 0x7F) << 14
+    b = data[pos + 3]
+    if b < 0x80:
+        acc |= b << 21
+        return (acc >> 1) ^ -(acc & 1), pos + 4
+    acc |= (b & 0x7F) << 21
+    b = data[pos + 4]
+    if b < 0x80:
+        acc |= b << 28
+        return (acc >> 1) ^ -(acc & 1), pos + 5
+    acc |= (b & 0x7F) << 28
+    b = data[pos + 5]
+    if b < 0x80:
+        acc |= b << 35
+        return (acc >> 1) ^ -(acc & 1), pos + 6
+    acc |= (b & 0x7F) << 35
+    b = data[pos + 6]
+    if b < 0x80:
+        acc |= b << 42
+        return (acc >> 1) ^ -(acc & 1), pos + 7
+    acc |= (b & 0x7F) << 42
+    b = data[pos + 7]
+    if b < 0x80:
+        acc |= b << 49
+        return (acc >> 1) ^ -(acc & 1), pos + 8
+    acc |= (b & 0x7F) << 49
+    b = data[pos + 8]
+    if b < 0x80:
+        acc |= b << 56
+        return (acc >> 1) ^ -(acc & 1), pos + 9
+    acc |= (b & 0x7F) << 56
+    b = data[pos + 9]
+    if b < 0x80 and pos + 10 <= end:
+        acc |= b << 63
+        value = (acc >> 1) ^ -(acc & 1)
+        if _INT64_MIN <= value <= _INT64_MAX:
+            return value, pos + 10
+        raise _bad("long out of 64-bit range")
     raise _bad("truncated or overlong varint")
 
 
@@ -470,12 +596,67 @@ def _headers(data: bytes, pos: int, end: int) -> tuple[tuple[Headers, ...], int]
             out.append(tuple(items) if items else _NO_HEADERS)
 
 
+def _same_length_items(data: bytes, pos: int, end: int) -> tuple[tuple[bytes, ...] | None, int]:
+    """An ``array<union{null, bytes}>`` column whose items are all non-null and of one length
+    below 8192, in one block followed by the end of the array, read by C-level operations: three
+    strided slices check every item's branch and length bytes (item ``i`` then starts exactly
+    ``i`` strides in, by induction) and one cached ``struct`` unpacks all items. Returns
+    ``(None, pos)`` when the column is not of that shape (the caller reads it item by item)."""
+    b = data[pos]
+    if not (0 < b < 0x80 and not b & 1) or data[pos + 1] != 2:
+        return None, pos
+    n = b >> 1
+    first = pos + 1
+    c = data[first + 1]
+    if c < 0x80:  # length < 64: one length byte
+        if c & 1:
+            return None, pos
+        length = c >> 1
+        prefix = 2
+    else:
+        d = data[first + 2]
+        if d >= 0x80 or c & 1:
+            return None, pos
+        length = ((c & 0x7F) | (d << 7)) >> 1
+        prefix = 3
+    stride = prefix + length
+    stop = first + n * stride
+    if (
+        stop >= end
+        or data[stop] != 0
+        or data[first:stop:stride] != _TWOS[n]
+        or data[first + 1 : stop : stride].count(c) != n
+        or (prefix == 3 and data[first + 2 : stop : stride].count(d) != n)
+    ):
+        return None, pos
+    unpack = _UNPACKERS.get((n, stride))
+    if unpack is None:
+        unpack = _unpacker(n, prefix, stride)
+    return unpack(data, first), stop + 1
+
+
+def _unpacker(n: int, prefix: int, stride: int) -> Any:
+    """The cached ``unpack_from`` of ``n`` items of ``stride`` bytes, each ``prefix`` bytes of
+    union branch and length, then the bytes."""
+    if len(_UNPACKERS) >= _MAX_UNPACKERS:  # bounded: lengths come from the wire
+        _UNPACKERS.clear()
+    unpack = _UNPACKERS[n, stride] = struct.Struct(f"{prefix}x{stride - prefix}s" * n).unpack_from
+    return unpack
+
+
 def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
     end = len(data)
     groups: list[RecordGroup] = []
     total = 0
     zigzag = _ZIGZAG
-    g, pos = _block(data, 0, end)
+    runs = _RUNS_END
+    unpackers = _UNPACKERS
+    g = data[0]
+    if 0 < g < 0x80 and not g & 1:  # one block of fewer than 64 groups
+        g >>= 1
+        pos = 1
+    else:
+        g, pos = _block(data, 0, end)
     while g:
         for _ in range(g):
             b = data[pos]
@@ -502,18 +683,92 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
                 ts_type, pos = _read_long(data, pos, end)
             base_offset, pos = _read_long(data, pos, end)
             base_ts, pos = _read_long(data, pos, end)
-            offsets, pos = _longs(data, pos, end, base_offset)
-            timestamps, pos = _longs(data, pos, end, base_ts)
-            keys, pos = _nullables(data, pos, end)
-            values, pos = _nullables(data, pos, end)
-            headers, pos = _headers(data, pos, end)
+            # Offset and timestamp deltas: consecutive (0, 1, 2, ...: one bytes comparison) is
+            # the usual case, and then the offsets' range check is on the ends only.
+            b = data[pos]
+            n = b >> 1
+            nxt = pos + 1 + n
+            if 0 < b < 0x80 and not b & 1 and data[pos + 1 : nxt + 1] == runs[n]:
+                offsets: tuple[int, ...] = tuple(range(base_offset, base_offset + n))
+                pos = nxt + 1
+                if base_offset < 0 or base_offset + n - 1 > _INT64_MAX:
+                    raise _bad("offset out of range")
+            else:
+                offsets, pos = _longs(data, pos, end, base_offset)
+                if offsets and (min(offsets) < 0 or max(offsets) > _INT64_MAX):
+                    raise _bad("offset out of range")
+            b = data[pos]
+            n = b >> 1
+            nxt = pos + 1 + n
+            if 0 < b < 0x80 and not b & 1 and data[pos + 1 : nxt + 1] == runs[n]:
+                timestamps: tuple[int, ...] = tuple(range(base_ts, base_ts + n))
+                pos = nxt + 1
+            else:
+                timestamps, pos = _longs(data, pos, end, base_ts)
+            # keys, then values: all of one length (_same_length_items, inlined) or item by item
+            column: tuple[bytes | None, ...] | None = None
+            b = data[pos]
+            if 0 < b < 0x80 and not b & 1 and data[pos + 1] == 2:
+                n = b >> 1
+                first = pos + 1
+                c = data[first + 1]
+                if c < 0x80 and not c & 1:  # one length byte
+                    stride = 2 + (c >> 1)
+                    stop = first + n * stride
+                    if (
+                        stop < end
+                        and data[stop] == 0
+                        and data[first:stop:stride] == _TWOS[n]
+                        and data[first + 1 : stop : stride].count(c) == n
+                    ):
+                        unpack = unpackers.get((n, stride))
+                        if unpack is None:
+                            unpack = _unpacker(n, 2, stride)
+                        column = unpack(data, first)
+                        pos = stop + 1
+            if column is None:
+                column, pos = _nullables(data, pos, end)
+            keys = column
+            column = None
+            b = data[pos]
+            if 0 < b < 0x80 and not b & 1 and data[pos + 1] == 2:
+                n = b >> 1
+                first = pos + 1
+                c = data[first + 1]
+                d = data[first + 2] if c >= 0x80 else 0x80
+                if d < 0x80 and not c & 1:  # two length bytes: 64..8191
+                    stride = 3 + (((c & 0x7F) | (d << 7)) >> 1)
+                    stop = first + n * stride
+                    if (
+                        stop < end
+                        and data[stop] == 0
+                        and data[first:stop:stride] == _TWOS[n]
+                        and data[first + 1 : stop : stride].count(c) == n
+                        and data[first + 2 : stop : stride].count(d) == n
+                    ):
+                        unpack = unpackers.get((n, stride))
+                        if unpack is None:
+                            unpack = _unpacker(n, 3, stride)
+                        column = unpack(data, first)
+                        pos = stop + 1
+                elif c < 0x80 and not c & 1:
+                    column, pos = _same_length_items(data, pos, end)
+            if column is None:
+                column, pos = _nullables(data, pos, end)
+            values = column
+            # headers: a column of empty arrays is one comparison
+            b = data[pos]
+            n = b >> 1
+            if 0 < b < 0x80 and not b & 1 and data[pos + 1 : pos + n + 2] == _ZEROS[n]:
+                headers = (_NO_HEADERS,) * n
+                pos += n + 2
+            else:
+                headers, pos = _headers(data, pos, end)
             n = len(offsets)
             if not (len(timestamps) == len(keys) == len(values) == len(headers) == n):
                 raise _bad("record batch columns differ in length")
             if not 0 <= partition <= 0x7FFFFFFF or not 0 <= ts_type <= 2:
                 raise _bad("partition or timestamp type out of range")
-            if n and (min(offsets) < 0 or max(offsets) > _INT64_MAX):
-                raise _bad("offset out of range")
             group = _new(RecordGroup)
             _g_topic(group, topic)
             _g_partition(group, partition)
@@ -525,7 +780,11 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
             _g_headers(group, headers)
             groups.append(group)
             total += n
-        g, pos = _block(data, pos, end)
+        if data[pos] == 0:
+            g = 0
+            pos += 1
+        else:
+            g, pos = _block(data, pos, end)
     if pos != end:
         raise RemoteProtocolError(DropReason.TRAILING_BYTES, "bytes after the record batch")
     return tuple(groups), total

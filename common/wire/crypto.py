@@ -40,12 +40,14 @@ def nonce(session_id: bytes, sequence: int) -> bytes:
 class SessionCipher:
     """Seals and opens the datagrams of one session under one key."""
 
-    __slots__ = ("_aead", "_prefix", "key", "session_id")
+    __slots__ = ("_prefix", "aead", "key", "session_id")
 
     def __init__(self, key: Key, session_id: bytes) -> None:
         self.key = key
         self.session_id = session_id
-        self._aead = AESGCM(session_key(key, session_id))
+        #: The AES-GCM object under the session key: created once per (key, session), because
+        #: ``AESGCM`` construction (key schedule) costs as much as sealing a datagram.
+        self.aead = AESGCM(session_key(key, session_id))
         self._prefix = session_id[:4]
 
     def __repr__(self) -> str:
@@ -53,7 +55,7 @@ class SessionCipher:
 
     def seal(self, sequence: int, plaintext: bytes, aad: bytes) -> bytes:
         """Ciphertext with the 16-byte tag appended."""
-        return self._aead.encrypt(self._prefix + sequence.to_bytes(8, "big"), plaintext, aad)
+        return self.aead.encrypt(self._prefix + sequence.to_bytes(8, "big"), plaintext, aad)
 
     def open(self, sequence: int, ciphertext: bytes, aad: bytes) -> bytes:
         """Plaintext, if the tag verifies.
@@ -62,6 +64,6 @@ class SessionCipher:
             RemoteProtocolError: AUTH_FAILED.
         """
         try:
-            return self._aead.decrypt(self._prefix + sequence.to_bytes(8, "big"), ciphertext, aad)
+            return self.aead.decrypt(self._prefix + sequence.to_bytes(8, "big"), ciphertext, aad)
         except InvalidTag:
             raise RemoteProtocolError(DropReason.AUTH_FAILED, "GCM tag mismatch") from None

@@ -21,8 +21,12 @@ the estimate lowered.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Final
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from common.errors import ConfigError, LocalProtocolError
 from common.wire import compression as gzip_codec
@@ -52,8 +56,10 @@ from common.wire.envelope import (
     MAX_SEQUENCE,
     SESSION_ID_SIZE,
     SMALL_LONGS,
+    TAG_SIZE,
     VERSION,
     encode_long,
+    varint_size,
 )
 from common.wire.events import RESEND_PHASES
 from common.wire.keyring import KeyRing
@@ -93,6 +99,9 @@ _set_data, _set_sequence, _set_completes = (
     getattr(OutgoingDatagram, name).__set__ for name in OutgoingDatagram.__slots__
 )
 _SMALL = len(SMALL_LONGS)
+#: Header bytes 24..43 of a one-datagram message: sequence, key id, fragment index 0 and count 1
+#: (as one uint32 of value 1), message length.
+_SEQUENCE_KEY_ONE_TOTAL: Final = struct.Struct(">QIII")
 _NO_HEADERS = b"\x00"  # an empty Avro array
 _TABLE = len(BYTES_ITEMS)
 
@@ -143,6 +152,16 @@ class Encoder:
         self._builder = BatchBuilder()
         self._deadline: float | None = None
         self._cipher: SessionCipher | None = None
+        # _record_datagram's cache, filled by _message (generation -1: not yet)
+        self._framing_generation = -1
+        self._framing_key_id = 0
+        self._framing_aead: AESGCM | None = None
+        self._framing_prefix = (
+            MAGIC
+            + bytes((VERSION, KIND_RECORD_BATCH, COMPRESSION_NONE, CIPHER_AES_256_GCM))
+            + session_id
+        )
+        self._nonce_prefix = session_id[:4]
         self.records_sealed = 0
         """Records put into datagrams so far in this session (the batches already sealed)."""
 
@@ -224,6 +243,75 @@ class Encoder:
                 f"record {topic}:{partition}:{offset} has a field out of range"
             )
         builder = self._builder
+        group = builder.last
+        if (
+            group is not None
+            and partition == group.partition
+            and topic == group.topic
+            and timestamp_type == group.ts_type
+        ):
+            # The usual case, the record joins the group of the one before it: BatchBuilder.append
+            # inlined (same size arithmetic, same bytes), one call less per record.
+            item_size = n
+            d = offset - group.base_offset
+            if 0 <= d < 64:
+                od = SMALL_LONGS[d]
+                n += 1
+            else:
+                od = encode_long(d)
+                n += len(od)
+            d = timestamp - group.base_ts
+            if 0 <= d < 64:
+                td = SMALL_LONGS[d]
+                n += 1
+            else:
+                td = encode_long(d)
+                n += len(td)
+            c = group.count
+            if c >= 63 and (c == 63 or c >= 8191):
+                n += 5 * (varint_size((c + 1) << 1) - varint_size(c << 1))
+            n += builder.size
+            target = self._target
+            if n <= target:
+                builder.size = n
+                builder.records += 1
+                group.count = c + 1
+                group.od += od
+                group.td += td
+                keys = group.keys
+                keys += kprefix
+                if key:
+                    keys += key
+                values = group.values
+                values += vprefix
+                if value:
+                    values += value
+                group.headers += headers_blob
+                if offset > group.high:  # noqa: PLR1730  a compare is cheaper than max()
+                    group.high = offset
+                if n < target:
+                    return []
+                return self._seal()
+            if builder.groups == 1 and not self._gzip:
+                # Full, and the record opens the next batch in the same group: seal the batch
+                # and restart the builder in place on this record (no new builder or group).
+                out = self._record_datagram(
+                    builder.encode(), ((topic, partition, group.high),), builder.records
+                )
+                builder.restart(
+                    group, offset, timestamp, kprefix, key, vprefix, value, headers_blob, item_size
+                )
+            else:
+                out = self._seal()
+                builder = self._builder
+                builder.append(
+                    topic, partition, timestamp_type, offset, timestamp, kprefix, key, vprefix,
+                    value, headers_blob, item_size, 0,
+                )  # fmt: skip
+            self._deadline = now + self._linger
+            if builder.size >= target:
+                out += self._seal()
+            return out
         # A record that cannot fit even before its two delta bytes is not offered to ``append``
         # (which would refuse it): one call less per datagram, the same batches and bytes.
         if (builder.size + n <= self._target or not builder.records) and builder.append(
@@ -342,6 +430,39 @@ class Encoder:
 
     # -- framing ----------------------------------------------------------------------------
 
+    def _record_datagram(
+        self, payload: bytes, completes: tuple[tuple[str, int, int], ...], records: int
+    ) -> list[OutgoingDatagram]:
+        """A sealed record batch without compression: ``_message`` with the header prefix and
+        the cipher cached while the key ring is unchanged (``KeyRing.generation``), so one
+        datagram costs one ``struct`` pack, one AES-GCM call and one join. Same bytes."""
+        total = len(payload)
+        keyring = self._keyring
+        aead = self._framing_aead
+        if (
+            total > self._capacity
+            or keyring is None
+            or aead is None
+            or keyring.generation != self._framing_generation
+            or self._next_sequence >= MAX_SEQUENCE
+        ):
+            self.records_sealed += records
+            return self._message(KIND_RECORD_BATCH, payload, completes)
+        sequence = self._next_sequence
+        self._next_sequence = sequence + 1
+        self.records_sealed += records
+        tail = _SEQUENCE_KEY_ONE_TOTAL.pack(sequence, self._framing_key_id, 1, total)
+        header = self._framing_prefix + tail
+        body = aead.encrypt(self._nonce_prefix + tail[:8], payload, header)
+        datagram = _new(OutgoingDatagram)
+        n = total + TAG_SIZE
+        _set_data(
+            datagram, b"".join((header, SMALL_LONGS[n] if n < _SMALL else encode_long(n), body))
+        )
+        _set_sequence(datagram, sequence)
+        _set_completes(datagram, completes)
+        return [datagram]
+
     def _message(
         self, kind: int, payload: bytes, completes: tuple[tuple[str, int, int], ...]
     ) -> list[OutgoingDatagram]:
@@ -372,11 +493,16 @@ class Encoder:
         if self._keyring is None:
             cipher_code, key_id, cipher = CIPHER_NONE, 0, None
         else:
-            key = self._keyring.active
+            keyring = self._keyring
+            key = keyring.active
             cipher = self._cipher
             if cipher is None or cipher.key is not key:
                 cipher = self._cipher = SessionCipher(key, self._session_id)
             cipher_code, key_id = CIPHER_AES_256_GCM, key.key_id
+            # what _record_datagram reuses until the ring changes
+            self._framing_generation = keyring.generation
+            self._framing_key_id = key_id
+            self._framing_aead = cipher.aead
         first = self._next_sequence
         if count == 1:  # the usual case: one datagram, no slicing
             if first > MAX_SEQUENCE:

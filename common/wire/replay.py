@@ -1,33 +1,45 @@
 """Per-session anti-replay windows (RFC 4303 §3.4.3 style), bounded in number (LRU).
 
-A window remembers the highest authenticated sequence number of a session and a bitmap of the
-``size`` sequence numbers below it. A sequence number above the highest is new; one inside the
-window is new unless its bit is set (DUPLICATE: redundant copies end here); one below the window
-is REPLAYED. The decoder checks (without updating) before authentication, so copies are dropped
-without paying for AES, and checks-and-updates only after authentication, so forged datagrams
-cannot move a window. When more than ``max_sessions`` sessions are active, the least recently
-used window is forgotten: authentic datagrams of that session could then be accepted once more
-(docs/protocol.md §7.4).
+A window remembers the highest authenticated sequence number of a session and which of the
+``size`` sequence numbers up to it were seen. A sequence number above the highest is new; one
+inside the window is new unless it was seen (DUPLICATE: redundant copies end here); one below
+the window is REPLAYED. The decoder checks (without updating) before authentication, so copies
+are dropped without paying for AES, and checks-and-updates only after authentication, so forged
+datagrams cannot move a window. When more than ``max_sessions`` sessions are active, the least
+recently used window is forgotten: authentic datagrams of that session could then be accepted
+once more (docs/protocol.md §7.4).
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 from collections.abc import Mapping
 
 from common.wire.events import DropReason
 
+_EMPTY = (1 << 64) - 1
+
 
 class ReplayWindow:
-    """The window of one session; bit 0 of ``bitmap`` is ``highest``."""
+    """The window of one session: ``slots[s % size]`` holds the last sequence ``s`` seen there.
 
-    __slots__ = ("bitmap", "highest", "mask", "size")
+    Why this is exact (RFC 6479's idea without the bitmap): a sequence ``s`` inside the window
+    (``highest - size < s <= highest``) shares its slot only with sequences that differ by a
+    multiple of ``size``; any such sequence other than ``s`` is either below the window (written
+    earlier, then overwritten by ``s`` if ``s`` was seen) or above ``highest`` (not seen yet). So
+    ``slots[s % size] == s`` exactly when ``s`` was seen. Check and update are O(1) and touch one
+    8-byte slot, where a shifted bitmap of ``size`` bits costs a big-integer shift per datagram.
+    Memory: 8 bytes per slot (64 KiB per session at the default 8192).
+    """
+
+    __slots__ = ("highest", "size", "slots")
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self.mask = (1 << size) - 1
         self.highest = -1
-        self.bitmap = 0
+        # "Empty" is 2**64-1; that value can only be checked once it is ``highest``, i.e. seen.
+        self.slots = array("Q", (_EMPTY,)) * size
 
     def check(self, sequence: int) -> DropReason | None:
         """Why ``sequence`` must be dropped, or None if it is new."""
@@ -36,38 +48,36 @@ class ReplayWindow:
             return None
         if diff >= self.size:
             return DropReason.REPLAYED
-        if (self.bitmap >> diff) & 1:
+        if self.slots[sequence % self.size] == sequence:
             return DropReason.DUPLICATE
         return None
 
     def update(self, sequence: int) -> None:
         """Mark ``sequence`` as seen (call only after ``check`` returned None)."""
-        diff = sequence - self.highest
-        if diff > 0:
-            self.bitmap = ((self.bitmap << diff) | 1) & self.mask if diff < self.size else 1
+        self.slots[sequence % self.size] = sequence
+        if sequence > self.highest:  # noqa: PLR1730  a compare is cheaper than max()
             self.highest = sequence
-        else:
-            self.bitmap |= 1 << -diff
 
 
 class ReplayGuard:
     """Windows for at most ``max_sessions`` sessions, least recently used evicted first."""
 
-    __slots__ = ("_max_sessions", "_size", "_windows")
+    __slots__ = ("_max_sessions", "_size", "windows")
 
     def __init__(self, *, window: int, max_sessions: int) -> None:
         self._size = window
         self._max_sessions = max_sessions
-        self._windows: OrderedDict[bytes, ReplayWindow] = OrderedDict()
+        #: session id -> window, least recently used first (the decoder's fast path reads it).
+        self.windows: OrderedDict[bytes, ReplayWindow] = OrderedDict()
 
     def precheck(self, session_id: bytes, sequence: int) -> DropReason | None:
         """The cheap pre-authentication check; changes nothing."""
-        window = self._windows.get(session_id)
+        window = self.windows.get(session_id)
         return None if window is None else window.check(sequence)
 
     def accept(self, session_id: bytes, sequence: int) -> DropReason | None:
         """Check and record an authenticated datagram; None means it is new."""
-        windows = self._windows
+        windows = self.windows
         window = windows.get(session_id)
         if window is None:
             if len(windows) >= self._max_sessions:
@@ -83,4 +93,4 @@ class ReplayGuard:
     @property
     def last_sequence(self) -> Mapping[bytes, int]:
         """Highest authenticated sequence per tracked session."""
-        return {s: w.highest for s, w in self._windows.items()}
+        return {s: w.highest for s, w in self.windows.items()}

@@ -22,7 +22,15 @@ from typing import Any, Final
 from fastavro import schemaless_reader, schemaless_writer
 
 from common.errors import RemoteProtocolError
-from common.wire.envelope import SMALL_LONGS, encode_long, load_schema, varint_size
+from common.wire.envelope import (
+    LAST14,
+    MORE14,
+    SMALL_LONGS,
+    encode_long,
+    encode_varint,
+    load_schema,
+    varint_size,
+)
 from common.wire.events import RESEND_PHASES, DropReason, Headers, Record, RecordGroup, records_of
 
 RECORD_BATCH_SCHEMA: Final = load_schema("record_batch")
@@ -91,15 +99,20 @@ class _Group:
     __slots__ = (
         "base_offset",
         "base_ts",
+        "const_head",
         "count",
         "head",
         "headers",
         "high",
         "keys",
         "od",
+        "offset_high",
+        "offset_high_bytes",
         "partition",
         "td",
         "topic",
+        "ts_high",
+        "ts_high_bytes",
         "ts_type",
         "values",
     )
@@ -118,7 +131,10 @@ class _Group:
             head = _HEADS[topic, partition, ts_type] = (
                 _string(topic) + _long(partition) + _long(ts_type)
             )
+        self.const_head = head
         self.head = head + encode_long(offset) + encode_long(ts)
+        self.offset_high = self.ts_high = -1
+        self.offset_high_bytes = self.ts_high_bytes = b""
         self.count = 0
         self.od = bytearray()
         self.td = bytearray()
@@ -174,10 +190,26 @@ class BatchBuilder:
         """Empty the batch (already encoded by the caller) down to ``group``, its only group,
         and put one record in it: what a new builder and ``append`` would hold, without
         allocating either. ``n`` is the record's key, value and headers size as for ``append``."""
-        head = _HEADS.get((group.topic, group.partition, group.ts_type))
-        if head is None:
-            head = _string(group.topic) + _long(group.partition) + _long(group.ts_type)
-        head += encode_long(offset) + encode_long(timestamp)
+        # The group head's base offset and timestamp varints: the low 14 bits from a table, the
+        # rest (which changes every 8192 offsets or 8.192 s) cached on the group.
+        z = offset << 1  # zigzag of a non-negative offset
+        if z < 0x4000:  # 14 bits
+            head = group.const_head + LAST14[z]
+        else:
+            high = z >> 14
+            if high != group.offset_high:
+                group.offset_high = high
+                group.offset_high_bytes = encode_varint(high)
+            head = group.const_head + MORE14[z & 0x3FFF] + group.offset_high_bytes
+        z = (timestamp << 1) ^ (timestamp >> 63)
+        if z < 0x4000:  # 14 bits
+            head += LAST14[z]
+        else:
+            high = z >> 14
+            if high != group.ts_high:
+                group.ts_high = high
+                group.ts_high_bytes = encode_varint(high)
+            head += MORE14[z & 0x3FFF] + group.ts_high_bytes
         group.head = head
         group.base_offset = group.high = offset
         group.base_ts = timestamp

@@ -236,12 +236,6 @@ class Encoder:
         n += vn
         if size > self._max_record_size:
             raise RecordTooLarge(topic, partition, offset, size, self._max_record_size)
-        if not (
-            0 <= partition <= 0x7FFFFFFF and 0 <= offset < (1 << 63) and 0 <= timestamp_type <= 2
-        ):
-            raise LocalProtocolError(
-                f"record {topic}:{partition}:{offset} has a field out of range"
-            )
         builder = self._builder
         group = builder.last
         if (
@@ -249,7 +243,8 @@ class Encoder:
             and partition == group.partition
             and topic == group.topic
             and timestamp_type == group.ts_type
-        ):
+            and 0 <= offset < (1 << 63)
+        ):  # partition and timestamp type were checked with the group's first record
             # The usual case, the record joins the group of the one before it: BatchBuilder.append
             # inlined (same size arithmetic, same bytes), one call less per record.
             item_size = n
@@ -312,6 +307,12 @@ class Encoder:
             if builder.size >= target:
                 out += self._seal()
             return out
+        if not (
+            0 <= partition <= 0x7FFFFFFF and 0 <= offset < (1 << 63) and 0 <= timestamp_type <= 2
+        ):
+            raise LocalProtocolError(
+                f"record {topic}:{partition}:{offset} has a field out of range"
+            )
         # A record that cannot fit even before its two delta bytes is not offered to ``append``
         # (which would refuse it): one call less per datagram, the same batches and bytes.
         if (builder.size + n <= self._target or not builder.records) and builder.append(

@@ -62,7 +62,11 @@ def varint_size(n: int) -> int:
 
 def _encode_long_slow(n: int) -> bytes:
     """Avro long: zigzag then little-endian base-128 varint (one byte at a time)."""
-    n = (n << 1) ^ (n >> 63)
+    return encode_varint((n << 1) ^ (n >> 63))
+
+
+def encode_varint(n: int) -> bytes:
+    """The little-endian base-128 varint of ``n >= 0`` (no zigzag), one byte at a time."""
     out = bytearray()
     while n > 0x7F:
         out.append((n & 0x7F) | 0x80)
@@ -73,11 +77,11 @@ def _encode_long_slow(n: int) -> bytes:
 
 #: Precomputed zigzag varints for small non-negative longs (lengths, counts, small deltas).
 SMALL_LONGS: Final = tuple(_encode_long_slow(i) for i in range(1 << 14))
-#: ``_MORE14[z]``: the 14 low bits ``z`` of a larger zigzagged long as two varint bytes that both
+#: ``MORE14[z]``: the 14 low bits ``z`` of a larger zigzagged long as two varint bytes that both
 #: say "more follows"; a long is then at most four table joins instead of a loop per byte.
-_MORE14: Final = tuple(bytes(((z & 0x7F) | 0x80, (z >> 7) | 0x80)) for z in range(1 << 14))
-#: ``_LAST14[z]``: the varint bytes of ``z`` (already zigzagged, or the high part of a long).
-_LAST14: Final = tuple(
+MORE14: Final = tuple(bytes(((z & 0x7F) | 0x80, (z >> 7) | 0x80)) for z in range(1 << 14))
+#: ``LAST14[z]``: the varint bytes of ``z`` (already zigzagged, or the high part of a long).
+LAST14: Final = tuple(
     bytes((z,)) if z < 0x80 else bytes(((z & 0x7F) | 0x80, z >> 7)) for z in range(1 << 14)
 )
 
@@ -86,21 +90,21 @@ def encode_long(n: int) -> bytes:
     """Avro long: zigzag then little-endian base-128 varint (``n`` in the signed 64-bit range)."""
     z = (n << 1) ^ (n >> 63)
     if z < 0x4000:
-        return _LAST14[z]
-    low = _MORE14[z & 0x3FFF]
+        return LAST14[z]
+    low = MORE14[z & 0x3FFF]
     z >>= 14
     if z < 0x4000:
-        return low + _LAST14[z]
-    low += _MORE14[z & 0x3FFF]
+        return low + LAST14[z]
+    low += MORE14[z & 0x3FFF]
     z >>= 14
     if z < 0x4000:
-        return low + _LAST14[z]
-    low += _MORE14[z & 0x3FFF]
+        return low + LAST14[z]
+    low += MORE14[z & 0x3FFF]
     z >>= 14
     if z < 0x4000:
-        return low + _LAST14[z]
-    low += _MORE14[z & 0x3FFF]
-    return low + _LAST14[z >> 14]  # 64 bits: 56 above, at most 8 left
+        return low + LAST14[z]
+    low += MORE14[z & 0x3FFF]
+    return low + LAST14[z >> 14]  # 64 bits: 56 above, at most 8 left
 
 
 def decode_long(data: bytes, pos: int, limit: int) -> tuple[int, int]:

@@ -11,7 +11,12 @@ input). Prints a table, then one JSON object as the last line.
 
     .venv/bin/python bench/receiver.py [--rates 50000,100000,150000] [--seconds 3]
         [--datagram-size 8952] [--compression lz4] [--bootstrap HOST:PORT]
-        [--receiver-arg=--backlog-max-records --receiver-arg=30000]
+        [--receiver-arg=--backlog-max-records --receiver-arg=30000] [--profile]
+
+``--profile`` samples the receiver with py-spy (the ``bench`` extra) during the last offered rate
+and prints, per stage of the socket-to-librdkafka path, its inclusive share of the sampled Python
+time (native librdkafka threads are not sampled; ``produce()`` and ``poll()`` are, as C calls made
+from Python). The raw collapsed stacks are kept next to the broker's data for flame graphs.
 """
 
 from __future__ import annotations
@@ -21,7 +26,10 @@ import json
 import multiprocessing
 import os
 import platform
+import shutil
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -177,6 +185,80 @@ def produce_baseline(bootstrap: str, topic: str, count: int, compression: str) -
     return count / (time.perf_counter() - start)
 
 
+#: Stages of the receive path for --profile: (label, Python function that starts it, or None) and
+#: (label, text of the source line a C call is made from: py-spy sees no frame for a C function,
+#: so a sample whose innermost frame sits on that line is time inside the call). Inclusive shares;
+#: nested stages overlap their parents.
+PROFILE_STAGES = (
+    ("datagram handling (all)", "_on_datagram"),
+    ("  decode (Decoder.receive_datagram)", "receive_datagram"),
+    ("  sink.write_batch", "write_batch"),
+    ("service after a burst", "_after_burst"),
+    ("socket drain loop (all)", "_drain"),
+)
+PROFILE_C_CALLS = (
+    ("  producer.produce() (C, leaf)", "produce"),
+    ("  producer.poll() (C, leaf)", ".poll("),
+    ("  AES-GCM decrypt (C, leaf)", ".decrypt("),
+    ("  recv_into / recvmsg_into (C, leaf)", "recv"),
+)
+
+
+def _frame(text: str) -> tuple[str, str, int]:
+    """``Class.method (path:line)`` -> (method, path, line)."""
+    name, _, where = text.partition(" (")
+    path, _, line = where.rstrip(")").rpartition(":")
+    return name.rsplit(".", 1)[-1], path, int(line) if line.isdigit() else 0
+
+
+def _source_line(path: str, line: int, cache: dict[str, list[str]]) -> str:
+    if path not in cache:
+        file = Path(__file__).resolve().parents[1] / path
+        cache[path] = file.read_text().splitlines() if file.is_file() else []
+    lines = cache[path]
+    return lines[line - 1] if 0 < line <= len(lines) else ""
+
+
+def start_profile(pid: int, path: Path) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling ``pid`` into collapsed stacks at ``path``; None if py-spy is missing."""
+    exe = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(exe).exists():
+        print("--profile: py-spy not found (pip install py-spy)", file=sys.stderr)
+        return None
+    cmd = [exe, "record", "-p", str(pid), "-r", "250", "-f", "raw", "-o", str(path)]
+    cmd.append("--nonblocking")  # do not pause the receiver per sample (it would lose datagrams)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def stop_profile(proc: subprocess.Popen[bytes], path: Path) -> dict[str, float]:
+    """Stop py-spy (it writes its file on SIGINT) and return the stage shares in percent."""
+    proc.send_signal(signal.SIGINT)
+    proc.wait(30)
+    total = 0
+    labels = [label for label, _ in (*PROFILE_STAGES, *PROFILE_C_CALLS)]
+    hits = dict.fromkeys(labels, 0)
+    cache: dict[str, list[str]] = {}
+    for line in path.read_text().splitlines():
+        stack, _, count_text = line.rpartition(" ")
+        if not count_text.isdigit():
+            continue
+        count = int(count_text)
+        frames = [_frame(f) for f in stack.split(";")]
+        functions = {name for name, _, _ in frames}
+        if "_drain" not in functions and "_service" not in functions:
+            continue  # other threads (metrics server, metadata lookups), idle loop frames
+        total += count
+        for label, function in PROFILE_STAGES:
+            if function in functions:
+                hits[label] += count
+        leaf_text = _source_line(frames[-1][1], frames[-1][2], cache)
+        for label, text in PROFILE_C_CALLS:
+            if text in leaf_text:
+                hits[label] += count
+                break
+    return {label: round(100 * n / total, 1) if total else 0.0 for label, n in hits.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -195,6 +277,9 @@ def main() -> int:
         metavar="ARG",
         help="extra argument for kafka-diode receive (repeat; e.g. --receiver-arg=--sockets)",
     )
+    parser.add_argument(
+        "--profile", action="store_true", help="py-spy the receiver during the last rate"
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-receiver-"))
@@ -210,6 +295,7 @@ def main() -> int:
     key_file = work / "keys.json"
     ring = write_key_file(key_file)
     runs = []
+    profile: dict[str, float] = {}
     try:
         rx = ReceiverProcess(
             bootstrap, "bench.{topic}", work, key_file=key_file,
@@ -227,6 +313,9 @@ def main() -> int:
                 per_datagram = count / len(datagrams)
                 base = counters(rx)
                 cpu0 = cpu_seconds(rx.pid)
+                spy = None
+                if args.profile and rate == rates[-1]:
+                    spy = start_profile(rx.pid, work / "profile.txt")
                 t0 = time.perf_counter()
                 sent_for = run_blaster(rx.port, datagrams, rate / per_datagram)
                 # Wait until every record read is accounted for: delivered, or dropped by the
@@ -251,6 +340,8 @@ def main() -> int:
                     time.sleep(0.1)  # polling a condition under a deadline
                     now = counters(rx)
                 cpu = cpu_seconds(rx.pid) - cpu0
+                if spy is not None:
+                    profile = stop_profile(spy, work / "profile.txt")
                 got_d = now["datagrams"] - base["datagrams"]
                 delivered = now["delivered"] - base["delivered"]
                 active = max(last_change - t0, sent_for)  # first datagram to last delivery
@@ -301,6 +392,10 @@ def main() -> int:
     )
     print(f"baseline bare drain loop, unpaced sender: {rate_text}")
     print(f"baseline bare produce loop: {produce:,.0f} records/s")
+    if profile:
+        print(f"profile of the last rate (share of sampled main-thread time; {work}/profile.txt):")
+        for label, share in profile.items():
+            print(f"  {share:5.1f} %  {label}")
     result = {
         "bench": "receiver",
         "python": platform.python_version(),
@@ -318,6 +413,8 @@ def main() -> int:
         "baseline_drain_unpaced_loss_rate": round(drain_max["loss_rate"], 5),
         "baseline_produce_records_per_s": round(produce),
     }
+    if profile:
+        result["profile_percent"] = profile
     print(json.dumps(result))
     return 0
 

@@ -23,6 +23,11 @@ Delivery order and buffering:
 5. On shutdown :meth:`close` flushes for at most ``shutdown_timeout`` seconds, then purges what is
    left and reports it as lost ranges.
 
+Per-record cost (docs/benchmarks.md, Receiver): ``produce()`` is called with positional arguments
+only (keyword arguments cost it a dict per call, ~0.3 us of ~2 us); the raw topic, target
+partition and two of the four provenance headers are computed once per group (one source
+partition). ``produce_batch()`` is not used: it takes no headers, which the raw layout needs.
+
 Partition counts come from metadata lookups on a worker thread (they block), cached per raw topic
 and refreshed every ``metadata_refresh`` seconds; the raw partition is the source partition modulo
 that count (docs/topics.md). A finished lookup is applied by the next :meth:`service`, so the first
@@ -37,7 +42,8 @@ import concurrent.futures
 import logging
 import time
 from collections import deque
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Producer
 
@@ -79,6 +85,38 @@ class _PerFacilityLimit(logging.Filter):
 
 librdkafka_log.addFilter(_PerFacilityLimit())
 
+
+class ProducerApi(Protocol):
+    """The part of ``confluent_kafka.Producer`` the sink uses (a seam for pure unit tests)."""
+
+    def produce(  # noqa: PLR0917  confluent-kafka's signature; the sink calls it positionally
+        self,
+        topic: str,
+        value: str | bytes | None = None,
+        key: str | bytes | None = None,
+        partition: int = -1,
+        callback: Callable[[Any, Any], None] | None = None,
+        on_delivery: Callable[[Any, Any], None] | None = None,
+        timestamp: int = 0,
+        headers: Headers | None = None,
+    ) -> None: ...
+
+    def poll(self, timeout: float = -1) -> int: ...
+
+    def flush(self, timeout: float = -1) -> int: ...
+
+    def purge(
+        self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True
+    ) -> None: ...
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> Any: ...
+
+    def __len__(self) -> int: ...
+
+
+#: Builds the producer from librdkafka properties (plus the Python client's callback keys).
+ProducerFactory = Callable[[dict[str, Any]], ProducerApi]
+
 #: (raw topic, source topic, source partition, source offset, value, key, timestamp, headers, bytes)
 _Item = tuple[str, str, int, int, bytes | None, str, int, Headers, int]
 _RETRY_LOOKUP = 2.0  # seconds between metadata attempts for a topic that is not there yet
@@ -88,10 +126,17 @@ _POLL_INTERVAL = 0.005  # at most one producer.poll(0) per this many seconds fro
 class RawTopicSink:
     """Idempotent producer for the raw topic, with a bounded backlog and a loss report."""
 
-    def __init__(self, config: ReceiverConfig, stats: ReceiverStats) -> None:
+    def __init__(
+        self,
+        config: ReceiverConfig,
+        stats: ReceiverStats,
+        *,
+        producer_factory: ProducerFactory = Producer,
+    ) -> None:
         self._config = config
         self._stats = stats
         self._rlog = RateLimitedLog(log)
+        self._producer_factory = producer_factory
         self._producer = self._new_producer()
         self._raw_topics: dict[str, str] = {}  # source topic -> raw topic
         self._partitions: dict[str, int] = {}  # raw topic -> partition count
@@ -112,13 +157,13 @@ class RawTopicSink:
 
     # -- producer -----------------------------------------------------------------------------
 
-    def _new_producer(self) -> Producer:
+    def _new_producer(self) -> ProducerApi:
         props: dict[str, Any] = dict(self._config.producer_config())
         props["delivery.report.only.error"] = True  # the Python client wants a bool here
         props["on_delivery"] = self._on_delivery
         props["error_cb"] = self._on_error
         props["logger"] = librdkafka_log
-        return Producer(props)
+        return self._producer_factory(props)
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         # Called from poll()/flush() on the thread that polls: the event loop thread.
@@ -169,11 +214,7 @@ class RawTopicSink:
             topic = group.topic
             partition = group.partition
             raw = raw_topics.get(topic) or self._raw_topic(topic)
-            tt = group.timestamp_type
-            tt_header = (
-                "diode.timestamp-type",
-                TIMESTAMP_TYPES[tt] if 0 <= tt <= 2 else b"%d" % tt,
-            )
+            tt_header = _timestamp_type_header(group.timestamp_type)
             prefix = f"{topic}:{partition}:"
             # Per group, not per record: one raw topic, one target partition. ``direct`` is false
             # while the raw topic's records wait in the backlog (partition count unknown, or
@@ -201,7 +242,8 @@ class RawTopicSink:
                 ts = rts if rts > 0 else 0
                 if direct:
                     try:
-                        produce(raw, value, key, target, timestamp=ts, headers=headers)
+                        # positional: keywords would cost produce() a dict per call (~0.3 us)
+                        produce(raw, value, key, target, None, None, ts, headers)
                         produced += 1
                         continue
                     except BufferError:
@@ -229,9 +271,8 @@ class RawTopicSink:
         if count is None:
             return False
         try:
-            self._producer.produce(
-                raw, value, key, partition % count, timestamp=ts, headers=headers
-            )
+            # positional: keyword arguments cost produce() a dict per call
+            self._producer.produce(raw, value, key, partition % count, None, None, ts, headers)
         except BufferError:
             return False
         except KafkaException as exc:
@@ -440,7 +481,13 @@ class RawTopicSink:
         return lost
 
 
-def _partition_count(producer: Producer, raw: str, timeout: float) -> int | None:
+def _timestamp_type_header(timestamp_type: int) -> tuple[str, bytes]:
+    """The ``diode.timestamp-type`` header (docs/topics.md)."""
+    value = TIMESTAMP_TYPES[timestamp_type] if 0 <= timestamp_type <= 2 else b"%d" % timestamp_type
+    return ("diode.timestamp-type", value)
+
+
+def _partition_count(producer: ProducerApi, raw: str, timeout: float) -> int | None:
     """Partition count of ``raw`` (blocking; runs on the metadata thread), None if not there."""
     metadata = producer.list_topics(topic=raw, timeout=timeout)
     topic = metadata.topics.get(raw)

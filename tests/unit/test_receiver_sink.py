@@ -1,0 +1,208 @@
+"""RawTopicSink's produce paths against a pure fake of the producer interface (no Kafka).
+
+What the real broker does is covered by tests/integration/test_receiver*.py; here the point is the
+sink's own bookkeeping: the exact positional ``produce()`` call (raw layout of docs/topics.md),
+and every record that the producer refuses ending in the backlog, the overflow count with its
+range logged, or the delivery-error count -- never silently lost, never produced twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from common.wire.events import RecordBatch, RecordGroup
+from receiver.config import ReceiverConfig
+from receiver.kafka_sink import RawTopicSink
+from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
+from receiver.raw_format import raw_headers, session_hex
+
+SESSION = bytes(range(16))
+
+
+class _Topic:
+    def __init__(self, partitions: int) -> None:
+        self.error = None
+        self.partitions = dict.fromkeys(range(partitions))
+
+
+class _Metadata:
+    def __init__(self, topics: dict[str, int]) -> None:
+        self.topics = {name: _Topic(n) for name, n in topics.items()}
+
+
+class FakeProducer:
+    """Accepts ``room`` records, then raises BufferError; ``refuse`` keys raise KafkaException."""
+
+    def __init__(self, topics: dict[str, int]) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.room = 1_000_000
+        self.refuse: set[str] = set()
+        self._topics = topics
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        assert not kwargs, "the sink calls produce() positionally"
+        if args[2] in self.refuse:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+        if self.room <= 0:
+            raise BufferError("Local: Queue full")
+        self.room -= 1
+        self.calls.append(args)
+
+    def poll(self, timeout: float = -1) -> int:
+        return 0
+
+    def flush(self, timeout: float = -1) -> int:
+        return 0
+
+    def purge(self, in_queue: bool = True, in_flight: bool = True, blocking: bool = True) -> None:
+        pass
+
+    def list_topics(self, topic: str | None = None, timeout: float = -1) -> _Metadata:
+        return _Metadata(self._topics)
+
+    def __len__(self) -> int:
+        return 0
+
+
+def _group(
+    partition: int, offsets: range, *, headers: bool = False, ts0: int = 1000
+) -> RecordGroup:
+    n = len(offsets)
+    return RecordGroup(
+        topic="src",
+        partition=partition,
+        timestamp_type=1,
+        offsets=tuple(offsets),
+        timestamps=tuple(ts0 + i for i in range(n)),
+        keys=tuple(None if i % 3 == 0 else b"k%d" % i for i in range(n)),
+        values=tuple(None if i % 4 == 0 else b"v%d" % i for i in range(n)),
+        headers=tuple((("h", b"x"), ("n", None)) if headers else () for _ in range(n)),
+    )
+
+
+def _batch(*groups: RecordGroup) -> RecordBatch:
+    return RecordBatch(
+        session_id=SESSION, sequence=0, groups=groups, count=sum(len(g) for g in groups)
+    )
+
+
+def _sink(fake: FakeProducer, *, backlog: int = 100_000) -> tuple[RawTopicSink, ReceiverStats]:
+    config = ReceiverConfig(
+        bootstrap_servers="fake:9092",
+        raw_topic="raw",
+        allow_cleartext=True,
+        backlog_max_records=backlog,
+        overflow_report_interval=1,
+    )
+    stats = ReceiverStats()
+    sink = RawTopicSink(config, stats, producer_factory=lambda _props: fake)
+    assert asyncio.run(sink.wait_metadata("raw", 5.0))
+    return sink, stats
+
+
+def _expected(batch: RecordBatch, partitions: int) -> list[tuple[Any, ...]]:
+    hexed = session_hex(SESSION)
+    return [
+        (
+            "raw",
+            r.value,
+            f"{r.topic}:{r.partition}:{r.offset}",
+            r.partition % partitions,
+            None,
+            None,
+            max(r.timestamp, 0),
+            raw_headers(r, hexed),
+        )
+        for r in batch.records
+    ]
+
+
+@pytest.mark.parametrize("headers", [False, True])
+def test_produce_calls_carry_the_raw_layout(headers: bool) -> None:
+    fake = FakeProducer({"raw": 3})
+    sink, stats = _sink(fake)
+    batch = _batch(_group(4, range(10, 17), headers=headers), _group(5, range(3), headers=headers))
+    sink.write_batch(batch)
+    assert fake.calls == _expected(batch, 3)
+    assert stats.produced == batch.count
+    assert sink.backlog_records == 0
+
+
+def test_missing_timestamp_uses_the_broker_clock_and_keeps_the_header() -> None:
+    fake = FakeProducer({"raw": 1})
+    sink, _ = _sink(fake)
+    sink.write_batch(_batch(_group(0, range(3), ts0=-1)))
+    assert [call[6] for call in fake.calls] == [0, 0, 1]
+    assert [dict(call[7])["diode.timestamp"] for call in fake.calls] == [b"-1", b"0", b"1"]
+
+
+def test_queue_full_mid_group_backlogs_the_rest_in_order() -> None:
+    fake = FakeProducer({"raw": 2})
+    sink, stats = _sink(fake)
+    fake.room = 3
+    batch = _batch(_group(0, range(100, 108)), _group(1, range(50, 52)))
+    sink.write_batch(batch)
+    assert stats.produced == 3
+    assert sink.backlog_records == batch.count - 3
+    # later records of the same raw topic queue behind the backlog, even with room again
+    fake.room = 1_000_000
+    later = _batch(_group(0, range(108, 110)))
+    sink.write_batch(later)
+    assert sink.backlog_records == batch.count - 3 + 2
+    sink.service()
+    assert sink.backlog_records == 0
+    assert stats.produced == batch.count + 2
+    assert fake.calls == _expected(batch, 2) + _expected(later, 2)
+    assert not stats.drops
+
+
+def test_full_backlog_overflows_with_ranges_logged(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeProducer({"raw": 1})
+    sink, stats = _sink(fake, backlog=4)
+    fake.room = 2
+    sink.write_batch(_batch(_group(7, range(10))))
+    assert stats.produced == 2
+    assert sink.backlog_records == 4  # offsets 2..5
+    assert stats.drops == {DOWNSTREAM_OVERFLOW: 4}  # offsets 6..9
+    with caplog.at_level(logging.ERROR, logger="receiver.kafka_sink"):
+        sink.report_losses(1e9, force=True)
+    assert "4 records dropped: downstream buffers full" in caplog.text
+    assert "src:7:6-9" in caplog.text
+    fake.room = 1_000_000
+    sink.service()
+    assert [call[2] for call in fake.calls] == [f"src:7:{i}" for i in range(6)]
+    assert stats.produced + stats.drops[DOWNSTREAM_OVERFLOW] == 10
+
+
+def test_refused_record_is_counted_and_the_group_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeProducer({"raw": 1})
+    sink, stats = _sink(fake)
+    fake.refuse = {"src:0:3"}
+    sink.write_batch(_batch(_group(0, range(6))))
+    assert [call[2] for call in fake.calls] == [f"src:0:{i}" for i in (0, 1, 2, 4, 5)]
+    assert stats.produced == 5
+    assert stats.delivery_errors == 1
+    assert sink.backlog_records == 0
+    with caplog.at_level(logging.ERROR, logger="receiver.kafka_sink"):
+        sink.report_losses(1e9, force=True)
+    assert "1 records could not be delivered" in caplog.text
+
+
+def test_unknown_partition_count_holds_everything_until_known() -> None:
+    fake = FakeProducer({"raw": 2})
+    config = ReceiverConfig(bootstrap_servers="fake:9092", raw_topic="raw", allow_cleartext=True)
+    stats = ReceiverStats()
+    sink = RawTopicSink(config, stats, producer_factory=lambda _props: fake)
+    batch = _batch(_group(3, range(5)))
+    sink.write_batch(batch)
+    assert sink.backlog_records == 5
+    assert fake.calls == []
+    assert asyncio.run(sink.wait_metadata("raw", 5.0))
+    sink.service()
+    assert fake.calls == _expected(batch, 2)
+    assert stats.produced == 5

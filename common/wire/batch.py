@@ -758,6 +758,8 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
                             unpack = _unpacker(n, 2, stride)
                         column = unpack(data, first)
                         pos = stop + 1
+                else:
+                    column, pos = _same_length_items(data, pos, end)
             if column is None:
                 column, pos = _nullables(data, pos, end)
             keys = column

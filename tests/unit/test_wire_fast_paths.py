@@ -1,0 +1,213 @@
+"""The codec's fast paths give exactly what the general paths (and fastavro) give.
+
+Each speed-up in ``common.wire`` (docs/benchmarks.md "Codec") has a twin here that compares it
+with a slower reference: the table varints with the byte loop, the unrolled varint reader with
+the reference reader, the column-wide key/value reads with fastavro on the same bytes (valid or
+mutated), the replay slots with a set of seen sequence numbers, and the encoder's in-place batch
+roll-over with the Avro schema, datagram by datagram.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+
+import pytest
+from fastavro import schemaless_reader, schemaless_writer
+
+from common.errors import RemoteProtocolError
+from common.wire import Decoder, DropReason, Encoder, Key, KeyRing, Record, WireConfig
+from common.wire import batch as batch_module
+from common.wire.batch import RECORD_BATCH_SCHEMA, BatchBuilder, decode_record_groups
+from common.wire.crypto import SessionCipher
+from common.wire.envelope import ENVELOPE_SCHEMA, decode_long, encode_long, encode_varint
+from common.wire.events import records_of
+from common.wire.replay import ReplayWindow
+from tests.wire_support import SESSION, drain, encode_all, feed
+from tests.wire_support import records_of as records_in
+
+
+def _longs(rnd: random.Random, n: int) -> list[int]:
+    edges = [0, -1, 1, 63, 64, -64, -65, 8191, 8192, -(2**63), 2**63 - 1, 2**62, -(2**62)]
+    return edges + [rnd.randrange(-(2**63), 2**63) >> rnd.randrange(64) for _ in range(n)]
+
+
+def test_table_varints_equal_the_byte_loop() -> None:
+    for n in _longs(random.Random(1), 20_000):
+        assert encode_long(n) == encode_varint((n << 1) ^ (n >> 63)), n
+
+
+def test_unrolled_reader_equals_the_reference_reader() -> None:
+    for n in _longs(random.Random(2), 20_000):
+        data = encode_long(n) + b"\x07"
+        assert batch_module._read_long(data, 0, len(data)) == decode_long(data, 0, len(data))
+
+
+def test_unrolled_reader_refuses_overlong_and_out_of_range_longs() -> None:
+    for data in (b"\xff" * 10 + b"\x01", b"\xff" * 9 + b"\x02"):
+        with pytest.raises(RemoteProtocolError):
+            batch_module._read_long(data, 0, len(data))
+    with pytest.raises(IndexError):  # decode_record_groups turns this into MALFORMED
+        batch_module._read_long(b"\x80\x80", 0, 2)
+
+
+def _fastavro_records(data: bytes) -> list[Record]:
+    buf = io.BytesIO(data)
+    datum = schemaless_reader(buf, RECORD_BATCH_SCHEMA, None)
+    assert buf.tell() == len(data)
+    out = []
+    for g in datum["groups"]:
+        offset, ts = g["base_offset"], g["base_timestamp"]
+        for od, td, k, v, h in zip(
+            g["offset_deltas"],
+            g["timestamp_deltas"],
+            g["keys"],
+            g["values"],
+            g["headers"],
+            strict=True,
+        ):
+            headers = tuple((x["key"], x["value"]) for x in h)
+            out.append(Record(g["topic"], g["partition"], offset + od, ts + td,
+                              g["timestamp_type"], k, v, headers))  # fmt: skip
+    return out
+
+
+@pytest.mark.parametrize("length", [0, 1, 50, 63, 64, 200, 8191, 8192])
+@pytest.mark.parametrize("count", [1, 5, 63, 64])
+def test_same_length_columns_decode_as_fastavro_does(length: int, count: int) -> None:
+    builder = BatchBuilder()
+    for i in range(count):
+        builder.try_add("t", 0, 1, i, i, bytes([i % 251]) * length, b"v" * length, b"\x00", 1 << 24)
+    data = builder.encode()
+    groups, n = decode_record_groups(data)
+    assert n == count
+    assert list(records_of(groups)) == _fastavro_records(data)
+
+
+def test_mutated_batches_decode_as_fastavro_or_are_malformed() -> None:
+    """Lying lengths, branches and counts: our column reads never disagree with fastavro."""
+    rnd = random.Random(3)
+    builder = BatchBuilder()
+    for i in range(5):
+        builder.try_add("events", 0, 1, 100 + i, 7 + i, b"k" * 50, b"v" * 200, b"\x00", 1 << 20)
+    valid = builder.encode()
+    agreed = 0
+    for _ in range(3000):
+        data = bytearray(valid)
+        for _ in range(rnd.randint(1, 3)):
+            data[rnd.randrange(len(data))] = rnd.choice(
+                [0, 2, 4, 100, 0x80, 0x90, 0xFF, rnd.randrange(256)]
+            )
+        data = bytes(data)
+        try:
+            reference = _fastavro_records(data)
+        except Exception:  # any fastavro failure: ours must then be MALFORMED
+            reference = None
+        try:
+            ours = list(records_of(decode_record_groups(data)[0]))
+        except RemoteProtocolError:
+            continue
+        # ours accepted it: fastavro must read the same records (our checks are stricter)
+        assert ours == reference, data.hex()
+        agreed += 1
+    assert agreed  # some mutations (inside values) stay valid and must agree
+
+
+def test_struct_unpacker_cache_is_bounded() -> None:
+    for length in range(300):
+        builder = BatchBuilder()
+        for i in range(3):
+            builder.try_add("t", 0, 1, i, i, None, b"x" * (64 + length), b"\x00", 1 << 20)
+        decode_record_groups(builder.encode())
+    assert len(batch_module._UNPACKERS) <= batch_module._MAX_UNPACKERS
+
+
+@pytest.mark.parametrize("size", [64, 100])
+def test_replay_slots_equal_a_set_of_seen_sequences(size: int) -> None:
+    rnd = random.Random(size)
+    window = ReplayWindow(size)
+    seen: set[int] = set()
+    highest = -1
+    base = rnd.choice([0, 2**64 - 5000])
+    for _ in range(20_000):
+        seq = min(
+            2**64 - 1, max(0, base + highest + rnd.randint(-3 * size, 5) if highest >= 0 else base)
+        )
+        if highest - seq >= size:
+            expected = DropReason.REPLAYED
+        elif seq in seen:
+            expected = DropReason.DUPLICATE
+        else:
+            expected = None
+        assert window.check(seq) is expected, (seq, highest)
+        if expected is None:
+            window.update(seq)
+            seen.add(seq)
+            highest = max(highest, seq)
+        base = 0 if highest >= 0 else base
+
+
+def test_replay_window_top_sequence_is_not_mistaken_for_an_empty_slot() -> None:
+    window = ReplayWindow(64)
+    window.update(2**64 - 2)
+    assert window.check(2**64 - 1) is None
+    window.update(2**64 - 1)
+    assert window.check(2**64 - 1) is DropReason.DUPLICATE
+    assert window.check(2**64 - 3) is None
+
+
+def _payloads(datagrams: list[bytes], key: Key) -> list[bytes]:
+    cipher = SessionCipher(key, SESSION)
+    out = []
+    for data in datagrams:
+        env = schemaless_reader(io.BytesIO(data), ENVELOPE_SCHEMA, None)
+        header = data[:44]
+        out.append(cipher.open(int.from_bytes(env["sequence"], "big"), env["payload"], header))
+    return out
+
+
+@pytest.mark.parametrize("value_size", [0, 37, 200, 1300])
+def test_encoder_roll_over_batches_are_the_schema_bytes(value_size: int) -> None:
+    key = Key.generate()
+    enc = Encoder(WireConfig(max_datagram_size=1472), KeyRing([key]), session_id=SESSION)
+    records = [
+        Record("events", p, 10_000 + i, 1_700_000_000_000 + i // 3, 1, b"k" * 50,
+               b"v" * value_size, ())
+        for p in (0, 1) for i in range(40)
+    ]  # fmt: skip
+    out = encode_all(enc, records)
+    assert len(out) > 2
+    assert [d.sequence for d in out] == list(range(len(out)))
+    decoded = []
+    for payload in _payloads([d.data for d in out], key):
+        buf = io.BytesIO()
+        schemaless_writer(
+            buf,
+            RECORD_BATCH_SCHEMA,
+            schemaless_reader(io.BytesIO(payload), RECORD_BATCH_SCHEMA, None),
+        )
+        assert buf.getvalue() == payload  # byte for byte what fastavro writes
+        decoded += _fastavro_records(payload)
+    assert decoded == records
+    for d in out:  # every datagram says which offsets it completes
+        assert d.completes
+
+
+def test_decoder_fast_path_follows_key_replacement_and_reordering() -> None:
+    old, new = Key.generate(), Key.generate()
+    sender, receiver = KeyRing([old]), KeyRing([old])
+    enc = Encoder(WireConfig(), sender, session_id=SESSION)
+    dec = Decoder(WireConfig(), receiver)
+    first = encode_all(enc, [Record("t", 0, i, i, 1, b"k", b"v", ()) for i in range(3)])
+    second = encode_all(enc, [Record("t", 0, i, i, 1, b"k", b"v", ()) for i in range(3, 6)])
+    assert len(records_in(feed(dec, second + first))) == 6  # out of order: the general path
+    (drop,) = feed(dec, second)
+    assert drop.reason is DropReason.DUPLICATE
+    receiver.replace(KeyRing([new]))  # the cached cipher's key left the ring
+    sender.add(new, activate=True)
+    third = encode_all(enc, [Record("t", 0, 9, 9, 1, b"k", b"v", ())])
+    stale = Encoder(WireConfig(), KeyRing([old]), session_id=SESSION, first_sequence=100)
+    (drop,) = feed(dec, encode_all(stale, [Record("t", 0, 1, 1, 1, None, None, ())]))
+    assert drop.reason is DropReason.UNKNOWN_KEY
+    assert len(records_in(feed(dec, third))) == 1
+    assert not drain(dec)

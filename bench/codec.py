@@ -90,7 +90,9 @@ ROW_SCHEMA = parse_schema(
 )
 
 
-def make_records(n: int, *, round_robin: bool = False) -> list[tuple]:
+def make_records(n: int, *, round_robin: bool = False, vary: bool = False) -> list[tuple]:
+    """``n`` records; ``vary``: values of 150-250 bytes (200 on average) and three records per
+    millisecond, so neither the equal-length column reads nor consecutive timestamps apply."""
     rnd = random.Random(42)
     words = [b"click", b"view", b"purchase", b"login", b"logout", b"search"]
     out = []
@@ -102,11 +104,13 @@ def make_records(n: int, *, round_robin: bool = False) -> list[tuple]:
             rnd.randrange(10**6),
         )
         value += rnd.randbytes(40).hex().encode()
-        value = (value + b" " * 200)[:199] + b"}"
+        size = rnd.randint(150, 250) if vary else 200
+        value = (value + b" " * size)[: size - 1] + b"}"
         key = (b"customer-%041d" % rnd.randrange(10**12))[:50]
         # a consumer hands out runs of one partition; --round-robin interleaves 4 partitions
         p = i % 4 if round_robin else (i // 1000) % 4
-        out.append(("events", p, i, 1_700_000_000_000 + i, 1, key, value, ()))
+        ts = 1_700_000_000_000 + (i // 3 if vary else i)
+        out.append(("events", p, i, ts, 1, key, value, ()))
     return out
 
 
@@ -234,18 +238,21 @@ def main() -> int:
     ap.add_argument(
         "--round-robin", action="store_true", help="interleave 4 partitions record by record"
     )
+    ap.add_argument(
+        "--vary", action="store_true", help="values of 150-250 bytes, 3 records per millisecond"
+    )
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--tree", help="import common from this checkout (--tree=DIR)")
     ap.add_argument("--interleave", metavar="DIR", help="alternate rounds against DIR/common")
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
-    records = make_records(args.records, round_robin=args.round_robin)
+    records = make_records(args.records, round_robin=args.round_robin, vary=args.vary)
     if args.interleave:
         load = os.getloadavg()[0]
         figures = interleave(args.interleave, records, args.rounds)
         summary = {
             "bench": "codec_interleave", "records_per_round": args.records,
-            "rounds": args.rounds, "before": args.interleave, "load_avg_1m_start": round(load, 2),
+            "rounds": args.rounds, "vary": args.vary, "before": args.interleave, "load_avg_1m_start": round(load, 2),
             "load_avg_1m_end": round(os.getloadavg()[0], 2), **figures,
         }  # fmt: skip
         for k, v in summary.items():
@@ -263,6 +270,7 @@ def main() -> int:
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         "round_robin": args.round_robin,
+        "vary": args.vary,
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "tree": args.tree or "this checkout",
     }

@@ -252,8 +252,9 @@ def main() -> int:
         figures = interleave(args.interleave, records, args.rounds)
         summary = {
             "bench": "codec_interleave", "records_per_round": args.records,
-            "rounds": args.rounds, "vary": args.vary, "before": args.interleave, "load_avg_1m_start": round(load, 2),
-            "load_avg_1m_end": round(os.getloadavg()[0], 2), **figures,
+            "rounds": args.rounds, "vary": args.vary, "before": args.interleave,
+            "load_avg_1m_start": round(load, 2), "load_avg_1m_end": round(os.getloadavg()[0], 2),
+            **figures,
         }  # fmt: skip
         for k, v in summary.items():
             print(f"{k:<42}{v}")

@@ -12,34 +12,29 @@ once more (docs/protocol.md §7.4).
 
 from __future__ import annotations
 
-from array import array
 from collections import OrderedDict
 from collections.abc import Mapping
 
 from common.wire.events import DropReason
 
-_EMPTY = (1 << 64) - 1
-
 
 class ReplayWindow:
-    """The window of one session: ``slots[s % size]`` holds the last sequence ``s`` seen there.
+    """The window of one session: ``seen[s % size]`` says whether sequence ``s`` was seen.
 
-    Why this is exact (RFC 6479's idea without the bitmap): a sequence ``s`` inside the window
-    (``highest - size < s <= highest``) shares its slot only with sequences that differ by a
-    multiple of ``size``; any such sequence other than ``s`` is either below the window (written
-    earlier, then overwritten by ``s`` if ``s`` was seen) or above ``highest`` (not seen yet). So
-    ``slots[s % size] == s`` exactly when ``s`` was seen. Check and update are O(1) and touch one
-    8-byte slot, where a shifted bitmap of ``size`` bits costs a big-integer shift per datagram.
-    Memory: 8 bytes per slot (64 KiB per session at the default 8192).
+    A ring of ``size`` flag bytes (RFC 6479's idea, a byte per flag): position ``s % size``
+    belongs to ``s`` while ``highest - size < s <= highest``. When ``highest`` advances, the
+    positions of the sequences it skipped are cleared (they held flags of sequences that just
+    left the window), so a flag is never stale. Check and update are O(1) for in-order datagrams
+    (the usual advance by one writes one byte), where a shifted bitmap of ``size`` bits costs a
+    big-integer shift per datagram. Memory: ``size`` bytes per session.
     """
 
-    __slots__ = ("highest", "size", "slots")
+    __slots__ = ("highest", "seen", "size")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.highest = -1
-        # "Empty" is 2**64-1; that value can only be checked once it is ``highest``, i.e. seen.
-        self.slots = array("Q", (_EMPTY,)) * size
+        self.seen = bytearray(size)
 
     def check(self, sequence: int) -> DropReason | None:
         """Why ``sequence`` must be dropped, or None if it is new."""
@@ -48,13 +43,26 @@ class ReplayWindow:
             return None
         if diff >= self.size:
             return DropReason.REPLAYED
-        if self.slots[sequence % self.size] == sequence:
+        if self.seen[sequence % self.size]:
             return DropReason.DUPLICATE
         return None
 
     def update(self, sequence: int) -> None:
         """Mark ``sequence`` as seen (call only after ``check`` returned None)."""
-        self.slots[sequence % self.size] = sequence
+        size = self.size
+        skipped = sequence - self.highest - 1  # sequences the window slides over unseen
+        if skipped > 0:
+            if skipped >= size:
+                self.seen[:] = bytes(size)
+            else:
+                start = (self.highest + 1) % size
+                stop = start + skipped
+                if stop <= size:
+                    self.seen[start:stop] = bytes(skipped)
+                else:
+                    self.seen[start:] = bytes(size - start)
+                    self.seen[: stop - size] = bytes(stop - size)
+        self.seen[sequence % size] = 1
         if sequence > self.highest:  # noqa: PLR1730  a compare is cheaper than max()
             self.highest = sequence
 

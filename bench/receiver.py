@@ -33,11 +33,13 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from confluent_kafka import Producer
+from prometheus_client.parser import text_string_to_metric_families
 
 from common.wire import WireConfig
 from common.wire.encoder import Encoder
@@ -66,6 +68,31 @@ def encode(ring, count: int, topic: str, datagram_size: int) -> tuple[list[bytes
     return out, []
 
 
+def encode_streams(
+    ring, count: int, topic: str, datagram_size: int, senders: int
+) -> list[list[bytes]]:
+    """``encode`` split over ``senders`` sessions: source partition p goes to sender p % senders
+    (partitions split between sender/receiver pairs, docs/receiver.md, scaling out)."""
+    if senders == 1:
+        return [encode(ring, count, topic, datagram_size)[0]]
+    encoders = [
+        Encoder(
+            WireConfig(max_datagram_size=datagram_size, linger=0), ring, session_id=os.urandom(16)
+        )
+        for _ in range(senders)
+    ]
+    value = os.urandom(VALUE)
+    out: list[list[bytes]] = [[] for _ in range(senders)]
+    for i in range(count):
+        key = (b"%050d" % i)[:KEY]
+        j = (i % 6) % senders
+        datagrams = encoders[j].add(topic, i % 6, i, 1_700_000_000_000 + i, 1, key, value, (), 0.0)
+        out[j] += [d.data for d in datagrams]
+    for j, enc in enumerate(encoders):
+        out[j] += [d.data for d in enc.flush()]
+    return out
+
+
 def blast(port: int, datagrams: list[bytes], rate_dps: float, done) -> None:
     """Send ``datagrams`` at ``rate_dps`` datagrams/s in 1 ms slices (runs in its own process)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -90,17 +117,43 @@ def blast(port: int, datagrams: list[bytes], rate_dps: float, done) -> None:
 
 
 def run_blaster(port: int, datagrams: list[bytes], rate_dps: float) -> float:
+    return run_blasters(port, [datagrams], rate_dps)
+
+
+def run_blasters(port: int, streams: list[list[bytes]], rate_dps: float) -> float:
+    """One blaster process (own socket, so own source port) per stream, sharing ``rate_dps``."""
     ctx = multiprocessing.get_context("fork")
-    done = ctx.Value("d", 0.0)
-    proc = ctx.Process(target=blast, args=(port, datagrams, rate_dps, done))
-    proc.start()
-    proc.join()
-    return float(done.value)
+    total = sum(len(s) for s in streams)
+    procs = []
+    for stream in streams:
+        done = ctx.Value("d", 0.0)
+        args = (port, stream, rate_dps * len(stream) / total, done)
+        procs.append((ctx.Process(target=blast, args=args), done))
+    for proc, _ in procs:
+        proc.start()
+    for proc, _ in procs:
+        proc.join()
+    return max(float(done.value) for _, done in procs)
 
 
-def counters(rx: ReceiverProcess) -> dict[str, float]:
-    """The receiver's counters from ONE scrape of its metrics endpoint."""
-    samples = rx.metrics()
+def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Every sample of one metrics endpoint: (name, sorted labels) -> value."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            out[key] = out.get(key, 0.0) + sample.value
+    return out
+
+
+def counters(rx: ReceiverProcess, workers: int = 1) -> dict[str, float]:
+    """The receiver's counters from ONE scrape of its metrics endpoint (per worker process)."""
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for index in range(workers):
+        for key, value in scrape(rx.metrics_port + index).items():
+            samples[key] = samples.get(key, 0.0) + value
 
     def get(name: str) -> float:
         return samples.get((f"kafka_diode_receiver_{name}", ()), 0.0)
@@ -118,8 +171,18 @@ def counters(rx: ReceiverProcess) -> dict[str, float]:
 
 
 def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """CPU seconds of ``pid`` and its live child processes (worker processes)."""
+    total = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if entry.name == str(pid) or fields[1] == str(pid):
+            total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def drain_baseline(datagrams: list[bytes], rate_dps: float) -> dict[str, float]:
@@ -197,8 +260,8 @@ PROFILE_STAGES = (
     ("socket drain loop (all)", "_drain"),
 )
 PROFILE_C_CALLS = (
-    ("  producer.produce() (C, leaf)", "produce"),
     ("  producer.poll() (C, leaf)", ".poll("),
+    ("  producer.produce() (C, leaf)", "produce("),
     ("  AES-GCM decrypt (C, leaf)", ".decrypt("),
     ("  recv_into / recvmsg_into (C, leaf)", "recv"),
 )
@@ -226,7 +289,7 @@ def start_profile(pid: int, path: Path) -> subprocess.Popen[bytes] | None:
         print("--profile: py-spy not found (pip install py-spy)", file=sys.stderr)
         return None
     cmd = [exe, "record", "-p", str(pid), "-r", "250", "-f", "raw", "-o", str(path)]
-    cmd.append("--nonblocking")  # do not pause the receiver per sample (it would lose datagrams)
+    cmd += ["--nonblocking", "--subprocesses"]  # no pauses (they lose datagrams); workers too
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -280,6 +343,18 @@ def main() -> int:
     parser.add_argument(
         "--profile", action="store_true", help="py-spy the receiver during the last rate"
     )
+    parser.add_argument(
+        "--senders",
+        type=int,
+        default=1,
+        help="blaster processes, each its own session and source port, partitions split",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="receiver --sockets N --worker-processes true (one process per socket)",
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-receiver-"))
@@ -299,25 +374,31 @@ def main() -> int:
     try:
         rx = ReceiverProcess(
             bootstrap, "bench.{topic}", work, key_file=key_file,
-            extra=["--kafka", f"compression.type={args.compression}", *args.receiver_arg],
+            extra=["--kafka", f"compression.type={args.compression}", *args.receiver_arg,
+                   *(["--sockets", str(args.workers), "--worker-processes", "true"]
+                     if args.workers > 1 else [])],
         )  # fmt: skip
         rx.start()
+        deadline = time.monotonic() + 60
+        while rx.log().count("receiving on") < args.workers and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling a condition under a deadline
         last_datagrams = None
         try:
             for rate in rates:
                 count = int(rate * args.seconds)
                 topic = f"r{rate}-{os.getpid()}"
                 create_topic(bootstrap, f"bench.{topic}", partitions=3)
-                datagrams, _ = encode(ring, count, topic, args.datagram_size)
+                streams = encode_streams(ring, count, topic, args.datagram_size, args.senders)
+                datagrams = [d for stream in streams for d in stream]
                 last_datagrams = (datagrams, rate, count)
                 per_datagram = count / len(datagrams)
-                base = counters(rx)
+                base = counters(rx, args.workers)
                 cpu0 = cpu_seconds(rx.pid)
                 spy = None
                 if args.profile and rate == rates[-1]:
                     spy = start_profile(rx.pid, work / "profile.txt")
                 t0 = time.perf_counter()
-                sent_for = run_blaster(rx.port, datagrams, rate / per_datagram)
+                sent_for = run_blasters(rx.port, streams, rate / per_datagram)
                 # Wait until every record read is accounted for: delivered, or dropped by the
                 # receiver (overflow, refused). One scrape per poll, 10 per second: each scrape
                 # costs the receiver ~1.4 ms of CPU under its GIL, and an earlier version of this
@@ -326,7 +407,7 @@ def main() -> int:
                 # printed was the deliveries divided by 63 s (a "collapse" that was the bench's).
                 deadline = time.monotonic() + 60
                 last, last_change = -1.0, t0
-                now = counters(rx)
+                now = counters(rx, args.workers)
                 while time.monotonic() < deadline:
                     delivered = now["delivered"] - base["delivered"]
                     if delivered != last:
@@ -338,8 +419,12 @@ def main() -> int:
                     ):
                         break
                     time.sleep(0.1)  # polling a condition under a deadline
-                    now = counters(rx)
+                    now = counters(rx, args.workers)
                 cpu = cpu_seconds(rx.pid) - cpu0
+                per_worker = [
+                    scrape(rx.metrics_port + i).get(("kafka_diode_receiver_datagrams_total", ()), 0)
+                    for i in range(args.workers)
+                ]
                 if spy is not None:
                     profile = stop_profile(spy, work / "profile.txt")
                 got_d = now["datagrams"] - base["datagrams"]
@@ -359,6 +444,7 @@ def main() -> int:
                         "receiver_drops": int(now["dropped"] - base["dropped"]),
                         "receiver_cpu_s": round(cpu, 2),
                         "records_per_cpu_s": round(delivered / cpu) if cpu else None,
+                        "datagrams_per_worker_total": [int(d) for d in per_worker],
                     }
                 )
                 print(json.dumps(runs[-1]), file=sys.stderr)
@@ -404,6 +490,8 @@ def main() -> int:
         "datagram_bytes": args.datagram_size,
         "value_bytes": VALUE,
         "producer_compression": args.compression,
+        "senders": args.senders,
+        "receiver_workers": args.workers,
         "cipher": "aes-256-gcm",
         "max_zero_loss_records_per_s": max((r["records_per_s"] for r in zero_loss), default=0),
         "runs": runs,

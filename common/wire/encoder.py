@@ -110,6 +110,16 @@ _MAX_RATIO = 8.0
 _RATIO_SAFETY = 0.85
 
 
+def _record_size(
+    key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
+) -> int:
+    """What ``max_record_size`` limits: key, value, header names and header values."""
+    size = (0 if key is None else len(key)) + (0 if value is None else len(value))
+    for name, hval in headers:
+        size += len(name) + (0 if hval is None else len(hval))
+    return size
+
+
 class Encoder:
     """Builds the datagrams of one sender session."""
 
@@ -215,27 +225,26 @@ class Encoder:
         """
         if key is None:
             kprefix, n = NULL_ITEM
-            size = 0
         else:
-            size = len(key)
-            kprefix, n = BYTES_ITEMS[size] if size < _TABLE else bytes_item(size)
+            n = len(key)
+            kprefix, n = BYTES_ITEMS[n] if n < _TABLE else bytes_item(n)
         if value is None:
             vprefix, vn = NULL_ITEM
         else:
             vn = len(value)
-            size += vn
             vprefix, vn = BYTES_ITEMS[vn] if vn < _TABLE else bytes_item(vn)
         if headers:
-            for name, hval in headers:
-                size += len(name) + (0 if hval is None else len(hval))
             headers_blob = encode_headers(headers)
             n += len(headers_blob)
         else:
             headers_blob = _NO_HEADERS
             n += 1
         n += vn
-        if size > self._max_record_size:
-            raise RecordTooLarge(topic, partition, offset, size, self._max_record_size)
+        # n, the encoded size, is at least the record's size: count that only when n is over
+        if n > self._max_record_size:
+            size = _record_size(key, value, headers)
+            if size > self._max_record_size:
+                raise RecordTooLarge(topic, partition, offset, size, self._max_record_size)
         builder = self._builder
         group = builder.last
         if (

@@ -16,7 +16,16 @@ import pytest
 from fastavro import schemaless_reader, schemaless_writer
 
 from common.errors import RemoteProtocolError
-from common.wire import Decoder, DropReason, Encoder, Key, KeyRing, Record, WireConfig
+from common.wire import (
+    Decoder,
+    DropReason,
+    Encoder,
+    Key,
+    KeyRing,
+    Record,
+    RecordTooLarge,
+    WireConfig,
+)
 from common.wire import batch as batch_module
 from common.wire.batch import RECORD_BATCH_SCHEMA, BatchBuilder, decode_record_groups
 from common.wire.crypto import SessionCipher
@@ -213,3 +222,23 @@ def test_decoder_fast_path_follows_key_replacement_and_reordering() -> None:
     assert drop.reason is DropReason.UNKNOWN_KEY
     assert len(records_in(feed(dec, third))) == 1
     assert not drain(dec)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "headers", "fits"),
+    [
+        (b"k" * 50, b"v" * 50, (), True),  # exactly max_record_size; encoded it is more
+        (b"k" * 50, b"v" * 51, (), False),
+        (None, b"v" * 90, (("h" * 5, b"x" * 5),), True),
+        (None, b"v" * 90, (("h" * 5, b"x" * 6),), False),
+    ],
+)
+def test_max_record_size_counts_raw_bytes_at_the_boundary(key, value, headers, fits) -> None:
+    enc = Encoder(WireConfig(max_record_size=100), KeyRing([Key.generate()]), session_id=SESSION)
+    if fits:
+        enc.add("t", 0, 0, 0, 1, key, value, headers, 0.0)
+        assert enc.pending_records == 1
+    else:
+        with pytest.raises(RecordTooLarge):
+            enc.add("t", 0, 0, 0, 1, key, value, headers, 0.0)
+        assert enc.pending_records == 0

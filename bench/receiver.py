@@ -12,6 +12,7 @@ input). Prints a table, then one JSON object as the last line.
     .venv/bin/python bench/receiver.py [--rates 50000,100000,150000] [--seconds 3]
         [--datagram-size 8952] [--compression lz4] [--bootstrap HOST:PORT]
         [--receiver-arg=--backlog-max-records --receiver-arg=30000] [--profile]
+        [--senders 2] [--workers 2]
 
 ``--profile`` samples the receiver with py-spy (the ``bench`` extra) during the last offered rate
 and prints, per stage of the socket-to-librdkafka path, its inclusive share of the sampled Python

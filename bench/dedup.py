@@ -110,6 +110,13 @@ class CountingWriter(TransactionalBatchWriter):
     passthrough = False
     write_s = 0.0  # seconds in write_table (the Kafka transaction), the rest of addBatch is Spark
 
+    @property
+    def records_kind(self):
+        return "record" if self.passthrough else super().records_kind
+
+    def record_count(self, records):
+        return records.num_rows if self.passthrough else super().record_count(records)
+
     def _produce_records(self, producer, records):
         if not self.passthrough:
             return super()._produce_records(producer, records)

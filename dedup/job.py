@@ -26,9 +26,9 @@ Theory of operation (docs/dedup.md has the long form):
    transaction fenced by the batch id (effectively-once, see that module). The writer re-reads
    the first-seen raw records by their raw position and restores them (``dedup/raw_record.py``).
 
-Output rows carry ``kind`` = ``record`` (a first-seen record: its source offset and raw
-position, no payload), ``gap`` (key and JSON value of a gap report) or ``stat`` (one per group
-and batch: counters for metrics).
+Output rows carry ``kind`` = ``records`` (the group's first-seen records of the batch: source
+offset and raw position of each, packed in one binary column; no payload), ``gap`` (key and JSON
+value of a gap report) or ``stat`` (one per group and batch: counters for metrics).
 """
 
 from __future__ import annotations
@@ -58,7 +58,16 @@ from pyspark.sql.types import (
 
 from dedup import gaps, spark_compat
 from dedup.config import DedupConfig
-from dedup.raw_record import CONTROL_HEADER, KEY_PATTERN, PROVENANCE, TIMESTAMP_PATTERN
+from dedup.raw_record import (
+    CONTROL_HEADER,
+    KEY_PATTERN,
+    KIND_RECORDS,
+    MAX_POSITIONS_PER_ROW,
+    POSITION_FIELDS,
+    PROVENANCE,
+    TIMESTAMP_PATTERN,
+    pack_positions,
+)
 
 if TYPE_CHECKING:
     from dedup.writer import TransactionalBatchWriter
@@ -77,10 +86,8 @@ OUTPUT_SCHEMA = StructType(
         StructField("src_topic", StringType()),
         StructField("src_partition", IntegerType()),
         StructField("src_offset", LongType()),
-        # The raw record to re-read: index into (*RAW_TOPICS, CONTROL_TOPIC), partition, offset.
-        StructField("raw_topic", IntegerType()),
-        StructField("raw_partition", IntegerType()),
-        StructField("raw_offset", LongType()),
+        # kind "records": the first-seen records of the group, packed (see POSITION_FIELDS)
+        StructField("positions", BinaryType()),
         StructField("gap_key", BinaryType()),
         StructField("gap_value", BinaryType()),
         StructField("delivered", LongType()),
@@ -270,14 +277,14 @@ def detect_group(
             stats["duplicates"] = len(rows) - stats["delivered"]
             take = rows[delivered]
             if len(take):
-                records = _rows("record", topic, partition, len(take))
-                records.update(
-                    {
-                        name: batch[name].to_numpy()[take]
-                        for name in ("src_offset", "raw_topic", "raw_partition", "raw_offset")
-                    }
-                )
-                out.append(_frame(records, len(take)))
+                columns = [batch[name].to_numpy()[take] for name in POSITION_FIELDS]
+                blobs = [
+                    pack_positions([c[i : i + MAX_POSITIONS_PER_ROW] for c in columns])
+                    for i in range(0, len(take), MAX_POSITIONS_PER_ROW)
+                ]
+                records = _rows(KIND_RECORDS, topic, partition, len(blobs))
+                records["positions"] = blobs
+                out.append(_frame(records, len(blobs)))
         beats = batch[kinds == KIND_HEARTBEAT]
         stats["heartbeats"] = len(beats)
         if len(beats):

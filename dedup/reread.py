@@ -68,6 +68,10 @@ def consumer_conf(
         "auto.offset.reset": "error",
         "isolation.level": "read_uncommitted",
         "queued.min.messages": 20_000,
+        # A fetch at the log end waits this long at the broker, and the next batch's first fetch
+        # queues behind it (librdkafka's default 500 ms cost ~1 s per batch): keep it short. The
+        # consumer is unassigned between batches, so this never becomes idle polling.
+        "fetch.wait.max.ms": 10,
         "queued.max.messages.kbytes": 32_768,
     }
     for name in SHARED_SOURCE_OPTIONS:
@@ -108,53 +112,71 @@ class RawRereader:
             RawRecordGoneError: a requested offset no longer exists in the raw topic.
             ServiceError: Kafka reported another error, or nothing arrived within the timeout.
         """
-        if not offsets:
+        for _, messages in self.read_many([(topic, partition, offsets)]):
+            yield messages
+
+    def read_many(
+        self, wanted: Sequence[tuple[str, int, Sequence[int]]]
+    ) -> Iterator[tuple[int, list[Message]]]:
+        """``read`` for several raw partitions at once: ``(index into wanted, records)`` steps.
+
+        All partitions are fetched together (librdkafka prefetches each in the background), so
+        the fetch latency of one is hidden behind the others' records; each partition's records
+        still come in offset order. Records after a partition's last wanted one are skipped. The
+        (topic, partition) pairs must differ.
+
+        Raises:
+            RawRecordGoneError: a requested offset no longer exists in the raw topic.
+            ServiceError: Kafka reported another error, or nothing arrived within the timeout.
+        """
+        walkers: dict[tuple[str, int], _Walker] = {}
+        for index, (topic, partition, offsets) in enumerate(wanted):
+            if offsets:
+                walkers[(topic, partition)] = _Walker(index, topic, partition, offsets)
+        if not walkers:
             return
         if self._consumer is None:
             self._consumer = Consumer(self._conf)
         consumer = self._consumer
-        consumer.assign([TopicPartition(topic, partition, offsets[0])])
-        count, i = len(offsets), 0
-        want, last = offsets[0], offsets[-1]
-        position = want
+        positions = [TopicPartition(w.topic, w.partition, w.want) for w in walkers.values()]
+        consumer.assign(positions)
+        active = len(walkers)
         deadline = time.monotonic() + self._timeout_s
         try:
-            while i < count:
+            while active:
                 # consume() waits until it has this many messages (or the poll timeout): never ask
-                # for more than the offsets left up to the last wanted one, which exist unless
+                # for more than the offsets left up to the last wanted ones, which exist unless
                 # offsets are missing (transaction markers, compaction) - then the short timeout.
-                wanted_span = min(self._chunk, last - position + 1)
-                messages = consumer.consume(wanted_span, POLL_TIMEOUT_S)
+                span = sum(w.last - w.position + 1 for w in walkers.values() if not w.done)
+                messages = consumer.consume(min(self._chunk, span), POLL_TIMEOUT_S)
                 if not messages:
                     if time.monotonic() > deadline:
+                        late = next(w for w in walkers.values() if not w.done)
                         raise ServiceError(
-                            f"re-reading raw records of {topic}:{partition} from offset {want}: "
-                            f"nothing arrived in {self._timeout_s:.0f} s; is Kafka up?"
+                            f"re-reading raw records of {late.topic}:{late.partition} from offset "
+                            f"{late.want}: nothing arrived in {self._timeout_s:.0f} s; is Kafka up?"
                         )
                     continue
                 deadline = time.monotonic() + self._timeout_s
-                out: list[Message] = []
+                out: dict[int, list[Message]] = {}
                 for msg in messages:
+                    walker = walkers.get((msg.topic() or "", msg.partition() or 0))
                     err = msg.error()
                     if err is not None:
-                        raise self._error(err, topic, partition, want)
-                    offset = msg.offset()
-                    if offset is None:
-                        continue
-                    position = offset + 1
-                    if offset < want:
-                        continue  # between two first-seen records: a duplicate, control, ...
-                    if offset > want:
-                        raise _gone(topic, partition, want)
-                    out.append(msg)
-                    i += 1
-                    if i == count:
-                        break
-                    want = offsets[i]
-                if out:
-                    yield out
+                        w = walker or next(iter(walkers.values()))
+                        raise self._error(err, w.topic, w.partition, w.want)
+                    if walker is None or walker.done:
+                        continue  # prefetched past the last wanted record before the pause
+                    if walker.take(msg):
+                        out.setdefault(walker.index, []).append(msg)
+                        if walker.done:
+                            # Not paused: a paused partition stays paused across unassign and
+                            # assign, and resuming it later cost ~1 s per partition. Its
+                            # prefetch (bounded by queued.min.messages) is dropped instead.
+                            active -= 1
+                yield from out.items()
         finally:
-            # Drop the prefetch of this partition before the next one is read.
+            # Drop the prefetch before the next batch assigns new positions.
             consumer.unassign()
 
     @staticmethod
@@ -165,6 +187,36 @@ class RawRereader:
         if code in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION):
             return _gone(topic, partition, want, detail=str(err))
         return ServiceError(f"re-reading raw records of {topic}:{partition} failed: {err}")
+
+
+class _Walker:
+    """One raw partition's walk over its wanted offsets (strictly increasing)."""
+
+    __slots__ = ("done", "i", "index", "last", "offsets", "partition", "position", "topic", "want")
+
+    def __init__(self, index: int, topic: str, partition: int, offsets: Sequence[int]) -> None:
+        self.index, self.topic, self.partition = index, topic, partition
+        self.offsets, self.i = offsets, 0
+        self.want, self.last = offsets[0], offsets[-1]
+        self.position = self.want
+        self.done = False
+
+    def take(self, msg: Message) -> bool:
+        """True if ``msg`` is the next wanted record; raises if a wanted one was skipped."""
+        offset = msg.offset()
+        if offset is None:
+            return False
+        self.position = offset + 1
+        if offset < self.want:
+            return False  # between two first-seen records: a duplicate, control, malformed
+        if offset > self.want:
+            raise _gone(self.topic, self.partition, self.want)
+        self.i += 1
+        if self.i == len(self.offsets):
+            self.done = True
+        else:
+            self.want = self.offsets[self.i]
+        return True
 
 
 def _gone(topic: str, partition: int, offset: int, detail: str = "") -> RawRecordGoneError:

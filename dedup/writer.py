@@ -48,7 +48,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 
 from common.errors import ServiceError
 from common.metrics import CollectorRegistry, Counter, Gauge
-from dedup.raw_record import Header, restore
+from dedup.raw_record import KIND_RECORDS, POSITION_FIELDS, Header, restore, unpack_positions
 from dedup.reread import DEFAULT_CHUNK, RawRereader, consumer_conf
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,9 @@ class BatchResult:
 
 class TransactionalBatchWriter:
     """``foreachBatch`` target: one Kafka transaction per batch id, skipping committed ones."""
+
+    #: The output kind whose rows carry clean records (``dedup.raw_record.KIND_RECORDS``).
+    records_kind = KIND_RECORDS
 
     def __init__(self, settings: WriterSettings, metrics: DedupMetrics | None = None) -> None:
         self.settings = settings
@@ -448,17 +451,17 @@ class TransactionalBatchWriter:
         producer = self._producer or self._start()
         self._producer = producer
         kinds = table.column("kind")
-        records = table.filter(pc.equal(kinds, "record"))
+        records = table.filter(pc.equal(kinds, self.records_kind))
         gap_rows = table.filter(pc.equal(kinds, "gap"))
         stats = table.filter(pc.equal(kinds, "stat"))
-        result = BatchResult(batch_id, records=records.num_rows, gaps=gap_rows.num_rows)
+        result = BatchResult(batch_id, records=self.record_count(records), gaps=gap_rows.num_rows)
         inputs = sum(
             pc.sum(stats.column(name)).as_py() or 0
             for name in ("delivered", "duplicates", "malformed", "heartbeats", "resets")
         )
         if inputs or result.records:
             self.last_input_at = time.monotonic()
-        if records.num_rows == 0 and gap_rows.num_rows == 0:
+        if result.records == 0 and gap_rows.num_rows == 0:
             # Nothing to publish: no transaction, no marker. A replay of this batch is empty too.
             result.skipped = True
             if self.metrics is not None:
@@ -505,11 +508,19 @@ class TransactionalBatchWriter:
             log.exception("abort failed; the producer is dropped (the next start fences it)")
             self._producer = None
 
+    def record_count(self, records: pa.Table) -> int:
+        """Clean records in the ``records`` rows of a batch (packed: 8 bytes per field)."""
+        if records.num_rows == 0:
+            return 0
+        size = pc.sum(pc.binary_length(records.column("positions"))).as_py() or 0
+        return int(size) // (8 * len(POSITION_FIELDS))
+
     def _produce_records(self, producer: Producer, records: pa.Table) -> int:
         """Re-read one batch's first-seen raw records, restore them, produce them (the hot loop).
 
-        Raw partition by raw partition, in raw offset order (docs/dedup.md "Order"); one chunk of
-        raw records at a time, so the driver never holds the batch's payload.
+        All raw partitions of the batch are read together, each in raw offset order
+        (docs/dedup.md "Order"); one chunk of raw records at a time, so the driver never holds the
+        batch's payload.
 
         Raises:
             RawRecordGoneError: a first-seen raw record was deleted before this re-read.
@@ -518,59 +529,73 @@ class TransactionalBatchWriter:
         if records.num_rows == 0:
             return 0
         raw_topics = self.settings.raw_topics
-        raw_topic = records.column("raw_topic").to_numpy()
-        raw_partition = records.column("raw_partition").to_numpy()
-        raw_offset = records.column("raw_offset").to_numpy()
-        src_offset = records.column("src_offset").to_numpy()
-        # Clean target per record: computed once per distinct source (topic, partition).
-        src = pc.dictionary_encode(records.column("src_topic")).combine_chunks()
-        src_names = src.dictionary.to_pylist()
-        source_key = (src.indices.to_numpy().astype(np.int64) << 32) | records.column(
-            "src_partition"
-        ).to_numpy().astype(np.int64)
-        sources, source_of = np.unique(source_key, return_inverse=True)
+        packed = [unpack_positions(blob) for blob in records.column("positions").to_pylist()]
+        positions = np.concatenate(packed)
+        src_offset, raw_topic, raw_partition, raw_offset = positions.T
+        # Clean target per row (one source partition each), then per record.
         targets: list[tuple[str, int, bytes]] = []
-        for key in sources.tolist():
-            topic, partition = src_names[key >> 32], key & 0xFFFFFFFF
-            name = self.clean_name(topic)
-            prefix = f"{topic}:{partition}:".encode()
-            targets.append((name, partition % self._partition_count(producer, name), prefix))
+        index_of: dict[tuple[str, int], int] = {}
+        row_target = []
+        for topic, partition in zip(
+            records.column("src_topic").to_pylist(),
+            records.column("src_partition").to_pylist(),
+            strict=True,
+        ):
+            if (topic, partition) not in index_of:
+                name = self.clean_name(topic)
+                index_of[(topic, partition)] = len(targets)
+                count = self._partition_count(producer, name)
+                targets.append((name, partition % count, f"{topic}:{partition}:".encode()))
+            row_target.append(index_of[(topic, partition)])
+        source_of = np.repeat(np.asarray(row_target), [len(p) for p in packed])
         order = np.lexsort((raw_offset, raw_partition, raw_topic))
         group_key = (raw_topic[order].astype(np.int64) << 32) | raw_partition[order]
         bounds = [0, *(np.flatnonzero(np.diff(group_key)) + 1).tolist(), len(order)]
-        reader = self._rereader()
-        produce = producer.produce
-        written = 0
+        wanted: list[tuple[str, int, list[int]]] = []
+        plans: list[tuple[list[int], list[int]]] = []  # per raw partition: targets, src offsets
         for start, end in itertools.pairwise(bounds):
             rows = order[start:end]
             topic_index, partition = int(raw_topic[rows[0]]), int(raw_partition[rows[0]])
             if not 0 <= topic_index < len(raw_topics):
                 raise ServiceError(f"raw topic index {topic_index} is not one the query reads")
-            which = source_of[rows].tolist()
-            expected_offsets = src_offset[rows].tolist()
-            j = 0
-            for chunk in reader.read(raw_topics[topic_index], partition, raw_offset[rows].tolist()):
-                for msg in chunk:
-                    name, target, prefix = targets[which[j]]
-                    restored = restore(cast("list[Header]", msg.headers() or ()))
-                    if restored is None or msg.key() != b"%s%d" % (prefix, expected_offsets[j]):
-                        raise ServiceError(
-                            f"raw record {raw_topics[topic_index]}:{partition} offset "
-                            f"{msg.offset()} is not the record the query chose (key "
-                            f"{msg.key()!r}, expected {prefix.decode()}{expected_offsets[j]}): was "
-                            "the raw topic deleted and re-created? The batch is aborted."
-                        )
-                    key, timestamp, headers = restored
-                    extra: dict[str, Any] = {"headers": headers} if headers else {}
-                    while True:
-                        try:
-                            produce(name, msg.value(), key, target, timestamp=timestamp, **extra)
-                            break
-                        except BufferError:
-                            producer.poll(0.05)  # the local queue is full: let librdkafka send
-                    j += 1
-            written += j
-        return written
+            wanted.append((raw_topics[topic_index], partition, raw_offset[rows].tolist()))
+            plans.append((source_of[rows].tolist(), src_offset[rows].tolist()))
+        produce = producer.produce
+        done = [0] * len(plans)
+        for index, chunk in self._rereader().read_many(wanted):
+            which, expected_offsets = plans[index]
+            j = done[index]
+            for msg in chunk:
+                name, target, prefix = targets[which[j]]
+                restored = restore(cast("list[Header]", msg.headers() or ()))
+                if restored is None or msg.key() != b"%s%d" % (prefix, expected_offsets[j]):
+                    topic, partition, _ = wanted[index]
+                    raise ServiceError(
+                        f"raw record {topic}:{partition} offset {msg.offset()} is not the record "
+                        f"the query chose (key {msg.key()!r}, expected {prefix.decode()}"
+                        f"{expected_offsets[j]}): was the raw topic deleted and re-created? "
+                        "The batch is aborted."
+                    )
+                key, timestamp, headers = restored  # headers: list[Header], as produce() takes
+                while True:
+                    try:
+                        if headers:
+                            produce(
+                                name,
+                                msg.value(),
+                                key,
+                                target,
+                                timestamp=timestamp,
+                                headers=headers,  # type: ignore[arg-type]
+                            )
+                        else:
+                            produce(name, msg.value(), key, target, timestamp=timestamp)
+                        break
+                    except BufferError:
+                        producer.poll(0.05)  # the local queue is full: let librdkafka send
+                j += 1
+            done[index] = j
+        return sum(done)
 
     def _produce_gaps(self, producer: Producer, gap_rows: pa.Table) -> None:
         if gap_rows.num_rows == 0:

@@ -17,6 +17,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from dedup.raw_record import KIND_RECORDS, pack_positions
 from dedup.reread import RawRecordGoneError
 from dedup.writer import TransactionalBatchWriter, WriterSettings
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records
@@ -49,21 +50,35 @@ def raw_record(src_partition: int, offset: int, key: bytes | None, value: bytes 
 
 
 def decisions(rows: list[tuple[int, int, int]]) -> pa.Table:
-    """Record rows (source partition, source offset, raw offset in raw partition 0) + a stat row."""
-    n = len(rows) + 1
+    """As the stateful step emits them: one packed ``records`` row per source partition (source
+    partition, source offset, raw offset in raw partition 0) + a stat row."""
+    by_partition: dict[int, list[tuple[int, int]]] = {}
+    for partition, offset, raw_offset in rows:
+        by_partition.setdefault(partition, []).append((offset, raw_offset))
+    parts = sorted(by_partition)
+    blobs = [
+        pack_positions(
+            [
+                [o for o, _ in by_partition[p]],
+                [0] * len(by_partition[p]),
+                [0] * len(by_partition[p]),
+                [r for _, r in by_partition[p]],
+            ]
+        )
+        for p in parts
+    ]
+    n = len(parts) + 1
     columns: dict[str, Any] = {
-        "kind": ["record"] * len(rows) + ["stat"],
+        "kind": [KIND_RECORDS] * len(parts) + ["stat"],
         "src_topic": [SOURCE] * n,
-        "src_partition": pa.array([p for p, _, _ in rows] + [0], pa.int32()),
-        "src_offset": pa.array([o for _, o, _ in rows] + [None], pa.int64()),
-        "raw_topic": pa.array([0] * len(rows) + [None], pa.int32()),
-        "raw_partition": pa.array([0] * len(rows) + [None], pa.int32()),
-        "raw_offset": pa.array([r for _, _, r in rows] + [None], pa.int64()),
+        "src_partition": pa.array([*parts, 0], pa.int32()),
+        "src_offset": pa.nulls(n, pa.int64()),
+        "positions": pa.array([*blobs, None], pa.binary()),
         "gap_key": pa.nulls(n, pa.binary()),
         "gap_value": pa.nulls(n, pa.binary()),
     }
     for name in STAT_COLUMNS:
-        columns[name] = pa.array([None] * len(rows) + [len(rows)], pa.int64())
+        columns[name] = pa.array([None] * len(parts) + [len(rows)], pa.int64())
     return pa.table(columns)
 
 

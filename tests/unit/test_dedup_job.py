@@ -15,6 +15,7 @@ import pyarrow as pa
 import pytest
 
 from dedup import gaps, job
+from dedup.raw_record import unpack_positions
 from dedup.writer import DedupMetrics
 
 PARAMS = job.DetectParams(
@@ -81,6 +82,12 @@ def settle(state: FakeState) -> pd.DataFrame:
     return pd.concat(outs, ignore_index=True)
 
 
+def positions(out: pd.DataFrame) -> list[tuple[int, ...]]:
+    """The first-seen records of ``out``'s ``records`` rows, unpacked."""
+    rows = out[out["kind"] == "records"]["positions"]
+    return [tuple(int(x) for x in p) for blob in rows for p in unpack_positions(blob)]
+
+
 def open_gaps(out: pd.DataFrame) -> list[tuple[int, int]]:
     values = [json.loads(v) for v in out[out["kind"] == "gap"]["gap_value"]]
     return [(g["first"], g["last"]) for g in values if g["state"] == "open"]
@@ -113,7 +120,7 @@ def test_a_reset_is_applied_before_the_saved_state_is_read() -> None:
     assert "kafka-diode dedup reset --topic T --partition P --yes" in message
     assert "--topic t --partition 0" in message
     out = run(state, (RESET, 0, -1, -1), (DATA, 6, -1, -1), (HB, 6, 0, 9_999))
-    assert list(out[out["kind"] == "record"]["src_offset"]) == [6]
+    assert [p[0] for p in positions(out)] == [6]
     stat = out[out["kind"] == "stat"].iloc[0]
     assert stat["resets"] == 1
     restored = gaps.PartitionDetector.from_bytes(state.get[0], gaps.DetectorConfig(window_size=64))
@@ -156,13 +163,9 @@ def test_record_rows_carry_the_raw_position_of_the_first_copy_and_no_payload() -
     out = run(
         FakeState(), (DATA, 5, -1, -1), (DATA, 5, -1, -1), (DATA, 4, -1, -1), (DATA, 6, -1, -1)
     )
-    records = out[out["kind"] == "record"]
-    assert list(zip(records["src_offset"], records["raw_offset"], strict=True)) == [
-        (4, 102),
-        (5, 100),
-        (6, 103),
-    ]
-    assert set(records["raw_topic"]) == {0}
+    # one packed row per group: (src_offset, raw_topic, raw_partition, raw_offset), source order
+    assert len(out[out["kind"] == "records"]) == 1
+    assert positions(out) == [(4, 0, 0, 102), (5, 0, 0, 100), (6, 0, 0, 103)]
     assert not {"key", "value", "headers", "timestamp"} & set(out.columns)
     assert list(out.columns) == [f.name for f in job.OUTPUT_SCHEMA.fields]
 

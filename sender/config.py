@@ -60,7 +60,9 @@ class SenderConfig:
     kafka: dict[str, str] = field(default_factory=dict)
     """librdkafka consumer properties passed through (security.protocol, sasl.*, ssl.*, ...)."""
     target_ports: tuple[int, ...] = ()
-    """Extra destination ports on the target host; datagrams go round-robin over all ports."""
+    """Extra destination ports on the target host (each also a receiver socket, listen_ports).
+    Messages go round-robin over all ports; the fragments and copies of one message stay on one
+    port; heartbeats go to every port."""
     bind: str = ""
     """Source address host[:port] to send from (picks the interface); empty: kernel chooses."""
     send_buffer: int = 4 * 1024 * 1024
@@ -130,6 +132,10 @@ class SenderConfig:
         for port in self.target_ports:
             if not 1 <= port <= 65535:
                 raise ConfigError("target_ports", f"port {port} is out of range", "use 1..65535")
+        if len(set(self.target_ports)) != len(self.target_ports):
+            raise ConfigError("target_ports", "lists a port twice", "name each port once")
+        if len(self.target_ports) > 63:
+            raise ConfigError("target_ports", "has more than 63 ports", "use at most 63")
         if self.bind:
             parse_address("bind", self.bind, default_port=0)
         if not self.topics:

@@ -24,6 +24,16 @@ the pump takes a shorter path that skips the pacer and the delayed-copy heap ent
 
 Heartbeats jump the queue: their high offsets only name offsets already sent, so they can never
 claim more than left, and a link saturated by a long backlog still shows signs of life.
+
+Several targets (``target_ports``): the destination is chosen per *message*, round-robin, never
+per datagram. A datagram whose fragment index is 0 (envelope bytes 36-37, docs/protocol.md) starts
+a message and moves to the next target; its further fragments and every copy of each datagram
+follow it to the same target, so one receiver socket (or worker process) sees a whole message and
+drops the copies in its own replay window. Round-robin rather than a hash of the partition: a
+message holds records of several partitions, and round-robin spreads the load evenly whatever the
+partitions' rates. Control messages (heartbeats, resend markers, via ``enqueue``) go to *every*
+target, so each receiver socket sees the session alive and a dead worker does not hide tail loss;
+record batches that ``enqueue`` is handed (sealed ahead of a heartbeat) still go to one target.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from common.wire.envelope import KIND_RECORD_BATCH
 from sender.pacing import Pacer
 from sender.transport import SendResult, UdpSender
 
@@ -43,6 +54,12 @@ if TYPE_CHECKING:
     from common.wire import Encoder, OutgoingDatagram
 
 Headers = Sequence[tuple[str, bytes | None]] | None
+
+#: Envelope byte of the message kind (``common.wire.envelope.HEADER`` field 3).
+_KIND = 5
+#: Envelope bytes of the fragment index (uint16 big-endian, docs/protocol.md §3 header layout,
+#: ``common.wire.envelope.HEADER`` field 9); 0 marks the first datagram of a message.
+_FRAGMENT_INDEX_HIGH, _FRAGMENT_INDEX_LOW = 36, 37
 
 #: ``submit`` pumps once this many datagrams wait (bounds how long a burst waits while a consumer
 #: batch is encoded: ~32 x 1.4 KB, well under a millisecond of encoding).
@@ -52,15 +69,22 @@ PUMP_EVERY = 32
 class _Item:
     """One datagram waiting in the backlog, with what sending it completes."""
 
-    __slots__ = ("completes", "copies_left", "data", "records")
+    __slots__ = ("completes", "copies_left", "data", "records", "target")
 
     def __init__(
-        self, data: bytes, completes: tuple[tuple[str, int, int], ...], records: int, copies: int
+        self,
+        data: bytes,
+        completes: tuple[tuple[str, int, int], ...],
+        records: int,
+        copies: int,
+        target: int = 0,
     ) -> None:
         self.data = data
         self.completes = completes
         self.records = records
         self.copies_left = copies
+        self.target = target
+        """Index of the ``UdpSender`` target every copy of this datagram goes to."""
 
 
 class SendPipeline:
@@ -88,6 +112,8 @@ class SendPipeline:
         self._max_backlog = max_backlog_bytes
         self._on_pressure = on_pressure
         self._clock = clock
+        self._targets = udp.target_count
+        self._target = self._targets - 1  # target of the last message; the first goes to 0
         self._queue: deque[_Item] = deque()
         self._delayed: list[tuple[float, int, _Item]] = []  # (due, tie-break, item)
         self._tie = itertools.count()
@@ -164,8 +190,8 @@ class SendPipeline:
             self._arm_linger()
 
     def enqueue(self, datagrams: Iterable[OutgoingDatagram], *, front: bool = False) -> None:
-        """Queue datagrams built outside ``add`` (heartbeats, resend markers)."""
-        self._enqueue(list(datagrams), front=front)
+        """Queue datagrams built outside ``add`` (heartbeats, resend markers) to every target."""
+        self._enqueue(list(datagrams), front=front, everywhere=True)
 
     def flush(self) -> None:
         """Emit whatever the encoder holds back for its linger time."""
@@ -213,20 +239,40 @@ class SendPipeline:
         self._arm_linger()
 
     def _enqueue(
-        self, datagrams: list[OutgoingDatagram], *, front: bool = False, pump: bool = True
+        self,
+        datagrams: list[OutgoingDatagram],
+        *,
+        front: bool = False,
+        pump: bool = True,
+        everywhere: bool = False,
     ) -> None:
         sealed = self.encoder.records_sealed
         records = sealed - self._emitted_records  # the last datagram completes them
         self._emitted_records = sealed
         copies = self._copies
+        targets = self._targets
         size = 0
         item: _Item | None = None
-        if front:
-            items = [_Item(d.data, d.completes, 0, copies) for d in datagrams]
+        if front or everywhere or targets > 1:
+            items: list[_Item] = []
+            target = self._target
+            for d in datagrams:
+                data = d.data
+                if everywhere and data[_KIND] != KIND_RECORD_BATCH:
+                    # A control message (a heartbeat, a resend marker): every target gets it.
+                    items.extend(_Item(data, d.completes, 0, copies, t) for t in range(targets))
+                    continue
+                if not (data[_FRAGMENT_INDEX_HIGH] | data[_FRAGMENT_INDEX_LOW]):
+                    target = target + 1 if target + 1 < targets else 0  # a new message
+                items.append(_Item(data, d.completes, 0, copies, target))
+            self._target = target
             size = sum(len(i.data) for i in items)
-            self._queue.extendleft(reversed(items))
+            if front:
+                self._queue.extendleft(reversed(items))
+            else:
+                self._queue.extend(items)
             item = items[-1] if items else None
-        else:
+        else:  # the hot path: one target, records in order
             append = self._queue.append
             for d in datagrams:
                 data = d.data
@@ -294,10 +340,10 @@ class SendPipeline:
                     self._timer_due = now + wait
                     self._timer = self._loop.call_later(wait, self._on_timer)
                     return
-            result = udp.send(item.data)
+            result = udp.send(item.data, item.target)
             if result is SendResult.BLOCKED:
                 self._waiting_writable = True
-                udp.wait_writable(self._loop, self._on_writable)
+                udp.wait_writable(self._loop, self._on_writable, item.target)
                 return
             if result is SendResult.SENT:
                 pacer.take(size, now)
@@ -337,10 +383,10 @@ class SendPipeline:
             while queue:
                 item = queue[0]
                 data = item.data
-                result = send(data)
+                result = send(data, item.target)
                 if result is blocked:
                     self._waiting_writable = True
-                    udp.wait_writable(self._loop, self._on_writable)
+                    udp.wait_writable(self._loop, self._on_writable, item.target)
                     break
                 queue.popleft()
                 size = len(data)

@@ -77,7 +77,12 @@ def resolve(key: str, host: str, port: int) -> tuple[int, tuple[str, int]]:
 
 
 class UdpSender:
-    """Connected, non-blocking UDP sockets, one per target; datagrams go round-robin."""
+    """Connected, non-blocking UDP sockets, one per target; the caller picks the target.
+
+    Which target a datagram goes to is the send pipeline's decision (``SendPipeline``: one target
+    per *message*, so the fragments and copies of a message stay on one receiver socket); this
+    class only keeps the sockets and counts errors.
+    """
 
     def __init__(
         self,
@@ -100,8 +105,6 @@ class UdpSender:
         """Datagrams the kernel accepted."""
         self._socks: list[socket.socket] = []
         self._sends: list[Callable[[bytes], int]] = []
-        self._next = 0
-        self._round_robin = False
         self._waiting: tuple[asyncio.AbstractEventLoop, int] | None = None
         try:
             for host, port in targets:
@@ -123,7 +126,11 @@ class UdpSender:
             self.close()
             raise
         self._sends = [s.send for s in self._socks]
-        self._round_robin = len(self._sends) > 1
+
+    @property
+    def target_count(self) -> int:
+        """How many targets (sockets) there are; valid indexes are ``0 .. target_count - 1``."""
+        return len(self._sends)
 
     @property
     def local_addresses(self) -> list[tuple[str, int]]:
@@ -134,16 +141,13 @@ class UdpSender:
         name = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
         self.errors[name] = self.errors.get(name, 0) + 1
 
-    def send(self, data: bytes) -> SendResult:
-        """Hand one datagram to the next socket; never raises ``OSError``."""
-        index = self._next
+    def send(self, data: bytes, target: int = 0) -> SendResult:
+        """Hand one datagram to the socket of ``target``; never raises ``OSError``."""
         try:
-            self._sends[index](data)
+            self._sends[target](data)
         except OSError as exc:
-            return self._send_failed(index, data, exc)
+            return self._send_failed(target, data, exc)
         self.sent += 1
-        if self._round_robin:
-            self._next = (index + 1) % len(self._sends)
         return SendResult.SENT
 
     def _send_failed(self, index: int, data: bytes, exc: OSError) -> SendResult:
@@ -163,12 +167,13 @@ class UdpSender:
             else:
                 self.sent += 1
                 result = SendResult.SENT
-        self._next = (index + 1) % len(self._sends)
         return result
 
-    def wait_writable(self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
-        """Call ``callback`` once, on the loop, when the next socket can take a datagram."""
-        fd = self._socks[self._next].fileno()
+    def wait_writable(
+        self, loop: asyncio.AbstractEventLoop, callback: Callable[[], None], target: int = 0
+    ) -> None:
+        """Call ``callback`` once, on the loop, when the socket of ``target`` can take one."""
+        fd = self._socks[target].fileno()
         if self._waiting is not None:
             self._waiting[0].remove_writer(self._waiting[1])
 

@@ -62,6 +62,8 @@ def test_layers_file_env_flags() -> None:
         ({"kafka": {"enable.auto.commit": "true"}}, "kafka.enable.auto.commit"),
         ({"max_datagram_size": 100}, "max_datagram_size"),
         ({"heartbeat_interval": 0}, "heartbeat_interval"),
+        ({"target_ports": [9001, 9001]}, "target_ports"),
+        ({"target_ports": [0]}, "target_ports"),
         ({"password": "pw", "insecure_cleartext": False}, "salt"),
     ],
 )

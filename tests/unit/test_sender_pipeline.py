@@ -255,3 +255,93 @@ def test_heartbeat_jumps_the_queue_and_names_only_sent_offsets() -> None:
             rig.close()
 
     run(scenario())
+
+
+class PortRig:
+    """A pipeline with two targets, each a loopback socket with its own decoder (two workers)."""
+
+    def __init__(self, *, copies: int, spacing: float) -> None:
+        self.keys = ring()
+        self.rx = []
+        for _ in range(2):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            sock.bind(("127.0.0.1", 0))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
+            sock.setblocking(False)
+            self.rx.append(sock)
+        self.udp = UdpSender([("127.0.0.1", s.getsockname()[1]) for s in self.rx])
+        loop = asyncio.get_running_loop()
+        self.pipeline = SendPipeline(
+            encoder=Encoder(WIRE, self.keys, session_id=os.urandom(16)),
+            pacer=Pacer(PacingConfig(), loop.time()),
+            udp=self.udp,
+            loop=loop,
+            copies=copies,
+            copy_spacing=spacing,
+        )
+        self.decoders = [Decoder(WIRE, self.keys) for _ in self.rx]
+        self.events: list[list[object]] = [[], []]
+
+    def receive(self) -> None:
+        for sock, decoder, events in zip(self.rx, self.decoders, self.events, strict=True):
+            while True:
+                try:
+                    data = sock.recv(65536)
+                except BlockingIOError:
+                    break
+                decoder.receive_datagram(data, 0.0)
+                while (event := decoder.next_event()) is not None:
+                    events.append(event)
+
+    def close(self) -> None:
+        self.pipeline.close()
+        self.udp.close()
+        for sock in self.rx:
+            sock.close()
+
+
+@pytest.mark.parametrize(("copies", "spacing"), [(1, 0.0), (2, 0.0), (2, 0.005)])
+def test_two_targets_get_whole_messages_and_their_copies(copies: int, spacing: float) -> None:
+    async def scenario() -> None:
+        rig = PortRig(copies=copies, spacing=spacing)
+        try:
+            offsets = range(300)
+            for o in offsets:
+                # every 25th record is large: a message of several fragments
+                value = bytes([o % 251]) * (6000 if o % 25 == 0 else 120)
+                rig.pipeline.add("t", o % 3, o, 0, 1, None, value, None)
+                if o % 100 == 99:
+                    hb = rig.pipeline.encoder.heartbeat(
+                        sender_id="s",
+                        started_at_ms=1,
+                        sent_at_ms=2,
+                        high_offsets=(("t", 0, 0),),
+                        low_offsets=(("t", 0, 0),),
+                        counters=(),
+                    )
+                    rig.pipeline.enqueue(hb, front=True)
+            assert await rig.pipeline.drain(5.0)
+            rig.receive()
+            seen = []
+            for decoder, events in zip(rig.decoders, rig.events, strict=True):
+                records = [r for e in events if isinstance(e, RecordBatch) for r in e.records]
+                assert records, "each target gets a share of the messages"
+                seen += [(r.offset, r.value) for r in records]
+                # whole messages: nothing waits in reassembly, nothing dropped but copies
+                assert decoder.reassemblies_in_flight == 0
+                assert set(decoder.drops) <= {DropReason.DUPLICATE}
+                # every heartbeat reached every target
+                assert sum(isinstance(e, Heartbeat) for e in events) == 3
+            expected = [(o, bytes([o % 251]) * (6000 if o % 25 == 0 else 120)) for o in offsets]
+            assert sorted(seen) == expected  # exactly once over both targets
+            duplicates = sum(d.drops.get(DropReason.DUPLICATE, 0) for d in rig.decoders)
+            assert (
+                duplicates
+                == rig.pipeline.copies_sent
+                == (copies - 1) * (rig.pipeline.datagrams_sent // copies)
+            )
+            assert rig.pipeline.sent_high == {("t", 0): 297, ("t", 1): 298, ("t", 2): 299}
+        finally:
+            rig.close()
+
+    run(scenario())

@@ -1,4 +1,4 @@
-"""The UDP glue on real loopback sockets: round-robin, ICMP errors, blocking, bad addresses."""
+"""The UDP glue on real loopback sockets: targets by index, ICMP errors, blocking, bad addresses."""
 
 import asyncio
 import socket
@@ -24,15 +24,17 @@ def unused_port() -> int:
     return port
 
 
-def test_datagrams_go_round_robin_over_targets() -> None:
+def test_each_datagram_goes_to_the_target_the_caller_names() -> None:
     a, b = receiver(), receiver()
     udp = UdpSender([("127.0.0.1", a.getsockname()[1]), ("127.0.0.1", b.getsockname()[1])])
     try:
-        for i in range(4):
-            assert udp.send(f"d{i}".encode()) is SendResult.SENT
-        assert [a.recv(100), a.recv(100)] == [b"d0", b"d2"]
-        assert [b.recv(100), b.recv(100)] == [b"d1", b"d3"]
-        assert udp.sent == 4
+        assert udp.target_count == 2
+        for i, target in enumerate((0, 1, 1, 0)):
+            assert udp.send(f"d{i}".encode(), target) is SendResult.SENT
+        assert udp.send(b"d4") is SendResult.SENT  # default: the first target
+        assert [a.recv(100), a.recv(100), a.recv(100)] == [b"d0", b"d3", b"d4"]
+        assert [b.recv(100), b.recv(100)] == [b"d1", b"d2"]
+        assert udp.sent == 5
     finally:
         udp.close()
         a.close()

@@ -8,12 +8,13 @@ Theory of operation (docs/dedup.md has the long form):
 2. **Classify in SQL** (JVM, vectorised): split the key ``<topic>:<partition>:<offset>`` on its
    last two ``:``; a record with a ``diode.control`` header is a control record (``heartbeat`` or
    ``reset``); a data record must end with the four provenance headers of docs/topics.md in order,
-   which are stripped here: the clean key comes from ``diode.key`` and the timestamp from
-   ``diode.timestamp``. Anything else is *malformed*: counted, never forwarded.
+   with a ``diode.timestamp`` the writer's ``raw_record.restore`` accepts (the same rule, so every
+   data record can be restored later). Anything else is *malformed*: counted, never forwarded.
 3. **Project away the payload.** Only small integer columns go on: the source (topic, partition,
    offset), the kind, the heartbeat fields and the raw record's own position (index of its topic
    in ``(*RAW_TOPICS, CONTROL_TOPIC)``, partition, offset). Key, value and headers never reach the
-   shuffle, Arrow or pandas: that round trip was most of the job's cost (docs/benchmarks.md).
+   shuffle, Arrow or pandas: that round trip was most of the job's cost (docs/benchmarks.md
+   "Third round").
 4. **Detect per source (topic, partition)** with ``applyInPandasWithState``: the state is the pure
    detector's ``to_bytes()`` (``dedup/gaps.py``); each group's rows of one micro-batch are handled
    as a whole: resets first, then ``observe_many`` over the data offsets sorted by source offset
@@ -21,7 +22,8 @@ Theory of operation (docs/dedup.md has the long form):
    gap scan when ``GAP_EMIT_INTERVAL_SEC`` has passed since the last one. Timeouts run the scan
    for partitions that received nothing (Spark fires timeouts only for keys without data).
    ``now`` is Spark's batch timestamp, which is recorded in the offset log, so a replayed batch
-   computes the same output from the same state.
+   computes the same output from the same state. The first-seen records leave packed, one
+   binary ``positions`` value per group (``raw_record.pack_positions``), not a row each.
 5. **Write** each micro-batch with ``dedup.writer.TransactionalBatchWriter`` in one Kafka
    transaction fenced by the batch id (effectively-once, see that module). The writer re-reads
    the first-seen raw records by their raw position and restores them (``dedup/raw_record.py``).

@@ -101,6 +101,7 @@ class Receiver:
             producer_queue=lambda: sink.queued,
             backlog_records=lambda: sink.backlog_records,
             rcvbuf_bytes=lambda: self._rcvbuf,
+            sockets=lambda: [(d.port, d.datagrams, d.kernel_drops) for d in self._drainers],
         )
         common_metrics.serve(
             make_registry(self.stats, gauges), self.config.metrics_port, self.config.metrics_addr
@@ -121,7 +122,8 @@ class Receiver:
                 drainer.start(loop)
             self._service_handle = loop.call_later(_SERVICE_INTERVAL, self._service)
             log.info(
-                "receiving on %s -> %s (raw topic %s)",
+                "%sreceiving on %s -> %s (raw topic %s)",
+                "" if self._worker is None else f"worker {self._worker}: ",
                 ", ".join(f"{h}:{p}" for h, p in self.addresses),
                 self.config.bootstrap_servers,
                 self.config.raw_topic,
@@ -143,27 +145,31 @@ class Receiver:
 
     def _open_sockets(self) -> None:
         cfg = self.config
-        for _ in range(cfg.sockets):
-            sock, granted = open_udp_socket(
-                cfg.listen_host,
-                cfg.listen_port if not self.addresses else self.addresses[0][1],
-                reuse_port=self._reuse_port,
-                rcvbuf=cfg.rcvbuf_bytes,
+        for wanted in cfg.ports():
+            bound = wanted  # port 0: the sockets after the first share the port it was given
+            for _ in range(cfg.sockets):
+                self._open_socket(bound)
+                bound = self.addresses[-1][1]
+
+    def _open_socket(self, port: int) -> None:
+        cfg = self.config
+        sock, granted = open_udp_socket(
+            cfg.listen_host, port, reuse_port=self._reuse_port, rcvbuf=cfg.rcvbuf_bytes
+        )
+        if not self.addresses:
+            self._rcvbuf = granted
+            log_rcvbuf(cfg.rcvbuf_bytes, granted)
+        host, port = sock.getsockname()[:2]
+        self.addresses.append((host, port))
+        self._drainers.append(
+            SocketDrainer(
+                sock,
+                self._on_datagram,
+                self._after_burst,
+                max_per_wakeup=cfg.max_datagrams_per_wakeup,
+                on_error=self._on_socket_error,
             )
-            if not self.addresses:
-                self._rcvbuf = granted
-                log_rcvbuf(cfg.rcvbuf_bytes, granted)
-            host, port = sock.getsockname()[:2]
-            self.addresses.append((host, port))
-            self._drainers.append(
-                SocketDrainer(
-                    sock,
-                    self._on_datagram,
-                    self._after_burst,
-                    max_per_wakeup=cfg.max_datagrams_per_wakeup,
-                    on_error=self._on_socket_error,
-                )
-            )
+        )
 
     # -- hot path -----------------------------------------------------------------------------
 
@@ -367,7 +373,7 @@ def run_workers(config: ReceiverConfig) -> int:
             args=(config.for_worker(i), i),
             name=f"receiver-worker-{i}",
         )
-        for i in range(config.sockets)
+        for i in range(config.socket_count())
     ]
     for proc in procs:
         proc.start()

@@ -89,6 +89,6 @@ def main(argv: Sequence[str], prog: str = "kafka-diode receive") -> int:
     log.info("settings: %s", json.dumps(settings.describe(config), sort_keys=True))
     from receiver import app  # noqa: PLC0415  loads confluent_kafka and uvloop only to run
 
-    if config.worker_processes and config.sockets > 1:
+    if config.worker_processes and config.socket_count() > 1:
         return app.run_workers(config)
     return app.run(config)

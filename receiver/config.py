@@ -68,8 +68,11 @@ class ReceiverConfig:
     """Address the UDP sockets bind to (0.0.0.0 for all IPv4 interfaces, :: for IPv6)."""
     listen_port: int = 9470
     """UDP port the sender sends to."""
+    listen_ports: tuple[int, ...] = ()
+    """Extra UDP ports besides listen_port (the sender's target_ports), each with its own
+    socket(s); one sender spreads its messages over all of them."""
     sockets: int = 1
-    """UDP sockets sharing the address via SO_REUSEPORT (the kernel spreads senders by address)."""
+    """UDP sockets per port sharing it via SO_REUSEPORT (the kernel spreads senders by address)."""
     worker_processes: bool = False
     """Run one worker process per socket (each with its own decoder, producer and metrics port)."""
     rcvbuf_bytes: int = 64 * 1024 * 1024
@@ -144,6 +147,21 @@ class ReceiverConfig:
         )
         need(0 <= self.listen_port <= 65535, "listen_port", "is outside 0..65535", "e.g. 9470")
         need(1 <= self.sockets <= 64, "sockets", f"{self.sockets} is outside 1..64", "e.g. 2")
+        for port in self.listen_ports:
+            need(1 <= port <= 65535, "listen_ports", f"port {port} is outside 1..65535", "9471")
+        ports = self.ports()
+        need(
+            len(set(ports)) == len(ports),
+            "listen_ports",
+            "names a port twice (or listen_port again)",
+            "list each extra port once, without listen_port",
+        )
+        need(
+            len(ports) * self.sockets <= 64,
+            "listen_ports",
+            f"{len(ports)} ports x {self.sockets} sockets is more than 64 sockets",
+            "use fewer ports or fewer sockets per port",
+        )
         need(
             4096 <= self.rcvbuf_bytes <= 1 << 31,
             "rcvbuf_bytes",
@@ -197,6 +215,14 @@ class ReceiverConfig:
                 )
         self.wire_config()  # validates the wire limits, naming the key
 
+    def ports(self) -> tuple[int, ...]:
+        """Every UDP port listened on: ``listen_port`` first, then ``listen_ports``."""
+        return (self.listen_port, *self.listen_ports)
+
+    def socket_count(self) -> int:
+        """Sockets in all: ``sockets`` per port (and worker processes, with worker_processes)."""
+        return len(self.ports()) * self.sockets
+
     def wire_config(self) -> WireConfig:
         """The decoder's limits, taken from this configuration."""
         values: dict[str, Any] = {name: getattr(self, name) for name in WIRE_FIELDS}
@@ -217,6 +243,17 @@ class ReceiverConfig:
         return self.raw_topic.replace("{topic}", source_topic)
 
     def for_worker(self, index: int) -> ReceiverConfig:
-        """This configuration for worker process ``index``: one socket, its own metrics port."""
-        port = self.metrics_port + index if self.metrics_port else 0
-        return dataclasses.replace(self, sockets=1, worker_processes=False, metrics_port=port)
+        """This configuration for worker process ``index``: one socket, its own metrics port.
+
+        Workers ``0 .. sockets - 1`` listen on ``listen_port``, the next ``sockets`` on the first
+        of ``listen_ports``, and so on.
+        """
+        metrics = self.metrics_port + index if self.metrics_port else 0
+        return dataclasses.replace(
+            self,
+            listen_port=self.ports()[index // self.sockets],
+            listen_ports=(),
+            sockets=1,
+            worker_processes=False,
+            metrics_port=metrics,
+        )

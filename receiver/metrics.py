@@ -82,6 +82,8 @@ class Gauges:
     producer_queue: Callable[[], int] = lambda: 0
     backlog_records: Callable[[], int] = lambda: 0
     rcvbuf_bytes: Callable[[], int] = lambda: 0
+    sockets: Callable[[], list[tuple[int, int, int]]] = list
+    """Per socket of this process, in order: (local port, datagrams read, kernel drops)."""
 
 
 class ReceiverCollector(Collector):
@@ -152,6 +154,22 @@ class ReceiverCollector(Collector):
         for session, value in list(s.last_sequence.items()):
             seq.add_metric([session], value)
         yield seq
+        per_socket = g.sockets()
+        datagrams = CounterMetricFamily(
+            f"{PREFIX}_socket_datagrams",
+            "Datagrams read per UDP socket (socket: index in this process, port: its local port).",
+            labels=["socket", "port"],
+        )
+        drops_by_socket = CounterMetricFamily(
+            f"{PREFIX}_socket_kernel_drops",
+            "Datagrams the kernel dropped per UDP socket (receive buffer full).",
+            labels=["socket", "port"],
+        )
+        for index, (port, read, dropped) in enumerate(per_socket):
+            datagrams.add_metric([str(index), str(port)], read)
+            drops_by_socket.add_metric([str(index), str(port)], dropped)
+        yield datagrams
+        yield drops_by_socket
 
 
 def make_registry(stats: ReceiverStats, gauges: Gauges) -> CollectorRegistry:

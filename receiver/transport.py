@@ -125,6 +125,10 @@ class SocketDrainer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.kernel_drops = 0
         """Cumulative kernel drop counter of this socket (SO_RXQ_OVFL or /proc)."""
+        self.datagrams = 0
+        """Datagrams read from this socket (per-socket metrics: which port carries what)."""
+        self.port = int(sock.getsockname()[1])
+        """The local port this socket is bound to."""
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Register with ``loop``; reading starts at the next loop iteration."""
@@ -151,6 +155,7 @@ class SocketDrainer:
 
     def _drain(self) -> None:
         sock, view, deliver = self._sock, self._view, self._on_datagram
+        read = 0
         try:
             # First read of the burst samples the kernel drop counter (SO_RXQ_OVFL).
             nbytes, ancdata, _, _ = sock.recvmsg_into([self._buf], _CMSG_SPACE)
@@ -158,10 +163,12 @@ class SocketDrainer:
                 if level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
                     drops = _U32.unpack_from(data)[0]
                     self.kernel_drops = max(self.kernel_drops, drops)
+            read = 1
             deliver(bytes(view[:nbytes]))
             recv_into = sock.recv_into
             for _ in range(self._max - 1):
                 nbytes = recv_into(view)
+                read += 1
                 deliver(bytes(view[:nbytes]))
         except BlockingIOError:
             pass
@@ -170,4 +177,5 @@ class SocketDrainer:
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self._on_error(exc)
+        self.datagrams += read
         self._on_wakeup_done()

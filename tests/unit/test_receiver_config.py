@@ -61,6 +61,14 @@ def test_producer_config_pins_idempotence_and_bounds_the_queue() -> None:
         ({"allow_cleartext": True, "replay_window": 3}, "replay_window"),
         ({"allow_cleartext": True, "rcvbuf_bytes": 10}, "rcvbuf_bytes"),
         ({"allow_cleartext": True, "listen_portt": 1}, "listen_portt"),
+        ({"allow_cleartext": True, "listen_ports": [0]}, "listen_ports"),
+        ({"allow_cleartext": True, "listen_ports": [70000]}, "listen_ports"),
+        ({"allow_cleartext": True, "listen_ports": [9471, 9471]}, "listen_ports"),
+        ({"allow_cleartext": True, "listen_port": 9471, "listen_ports": [9471]}, "listen_ports"),
+        (
+            {"allow_cleartext": True, "listen_ports": list(range(9471, 9480)), "sockets": 8},
+            "listen_ports",
+        ),
     ],
 )
 def test_bad_values_name_the_key(values, key) -> None:
@@ -105,3 +113,22 @@ def test_unreadable_key_file_exits_2(tmp_path: Path, capsys) -> None:
     bad.write_text("not json")
     assert cli.main(["--key-file", str(bad), "--check-config"]) == 2
     assert "k.json" in capsys.readouterr().err
+
+
+def test_workers_are_laid_out_port_by_port() -> None:
+    cfg = _build(
+        file_values={
+            "allow_cleartext": True,
+            "listen_port": 9470,
+            "listen_ports": [9480, 9490],
+            "sockets": 2,
+            "worker_processes": True,
+            "metrics_port": 9600,
+        }
+    )
+    assert cfg.ports() == (9470, 9480, 9490)
+    assert cfg.socket_count() == 6
+    workers = [cfg.for_worker(i) for i in range(cfg.socket_count())]
+    assert [w.listen_port for w in workers] == [9470, 9470, 9480, 9480, 9490, 9490]
+    assert {(w.listen_ports, w.sockets, w.worker_processes) for w in workers} == {((), 1, False)}
+    assert [w.metrics_port for w in workers] == list(range(9600, 9606))

@@ -60,6 +60,8 @@ def test_drains_every_datagram_in_bounded_bursts() -> None:
     asyncio.run(main())
     tx.close()
     assert got == payloads  # whole, in order, independent copies
+    assert drainer.datagrams == len(payloads)
+    assert drainer.port == port
     steps = [b - a for a, b in zip([0, *bursts], bursts, strict=False)]
     assert max(steps) <= 7  # bounded per wakeup: the loop gets its turn
 

@@ -12,7 +12,12 @@ input). Prints a table, then one JSON object as the last line.
     .venv/bin/python bench/receiver.py [--rates 50000,100000,150000] [--seconds 3]
         [--datagram-size 8952] [--compression lz4] [--bootstrap HOST:PORT]
         [--receiver-arg=--backlog-max-records --receiver-arg=30000] [--profile]
-        [--senders 2] [--workers 2]
+        [--senders 2] [--workers 2] [--ports 2]
+
+``--ports N`` makes the receiver listen on N ports (``listen_ports``) and each blaster spread its
+session over them as the sender does with ``target_ports``: per message, round-robin (a datagram
+with fragment index 0 starts a message and moves to the next port). With ``--workers W`` and
+``--ports N`` there are W worker processes in all, W / N sockets per port.
 
 ``--profile`` samples the receiver with py-spy (the ``bench`` extra) during the last offered rate
 and prints, per stage of the socket-to-librdkafka path, its inclusive share of the sampled Python
@@ -94,11 +99,23 @@ def encode_streams(
     return out
 
 
-def blast(port: int, datagrams: list[bytes], rate_dps: float, done) -> None:
+def message_ports(datagrams: list[bytes], count: int) -> list[int]:
+    """Port index per datagram: round-robin per message (sender/pipeline.py's rule)."""
+    out = []
+    target = count - 1
+    for data in datagrams:
+        if not (data[36] | data[37]):  # fragment index 0: a new message
+            target = (target + 1) % count
+        out.append(target)
+    return out
+
+
+def blast(ports: list[int], datagrams: list[bytes], rate_dps: float, done) -> None:
     """Send ``datagrams`` at ``rate_dps`` datagrams/s in 1 ms slices (runs in its own process)."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
-    addr = ("127.0.0.1", port)
+    addrs = [("127.0.0.1", port) for port in ports]
+    where = message_ports(datagrams, len(ports))
     start = time.perf_counter()
     sent = 0
     n = len(datagrams)
@@ -106,7 +123,7 @@ def blast(port: int, datagrams: list[bytes], rate_dps: float, done) -> None:
         due = min(n, int((time.perf_counter() - start) * rate_dps) + 1)
         while sent < due:
             try:
-                sock.sendto(datagrams[sent], addr)
+                sock.sendto(datagrams[sent], addrs[where[sent]])
             except BlockingIOError:
                 break
             sent += 1
@@ -118,17 +135,17 @@ def blast(port: int, datagrams: list[bytes], rate_dps: float, done) -> None:
 
 
 def run_blaster(port: int, datagrams: list[bytes], rate_dps: float) -> float:
-    return run_blasters(port, [datagrams], rate_dps)
+    return run_blasters([port], [datagrams], rate_dps)
 
 
-def run_blasters(port: int, streams: list[list[bytes]], rate_dps: float) -> float:
+def run_blasters(ports: list[int], streams: list[list[bytes]], rate_dps: float) -> float:
     """One blaster process (own socket, so own source port) per stream, sharing ``rate_dps``."""
     ctx = multiprocessing.get_context("fork")
     total = sum(len(s) for s in streams)
     procs = []
     for stream in streams:
         done = ctx.Value("d", 0.0)
-        args = (port, stream, rate_dps * len(stream) / total, done)
+        args = (ports, stream, rate_dps * len(stream) / total, done)
         procs.append((ctx.Process(target=blast, args=args), done))
     for proc, _ in procs:
         proc.start()
@@ -356,7 +373,21 @@ def main() -> int:
         default=1,
         help="receiver --sockets N --worker-processes true (one process per socket)",
     )
+    parser.add_argument(
+        "--ports",
+        type=int,
+        default=1,
+        help="receiver ports (listen_ports); blasters spread messages over them round-robin",
+    )
     args = parser.parse_args()
+    if args.ports < 1 or (args.workers > 1 and args.workers % args.ports):
+        parser.error("--workers must be a multiple of --ports")
+    extra_ports = [free_udp_port() for _ in range(args.ports - 1)]
+    layout: list[str] = []
+    if extra_ports:
+        layout += ["--listen-ports", ",".join(map(str, extra_ports))]
+    if args.workers > 1:
+        layout += ["--sockets", str(args.workers // args.ports), "--worker-processes", "true"]
     rates = [int(r) for r in args.rates.split(",")]
     work = Path(tempfile.mkdtemp(prefix="bench-receiver-"))
     broker = None
@@ -376,8 +407,7 @@ def main() -> int:
         rx = ReceiverProcess(
             bootstrap, "bench.{topic}", work, key_file=key_file,
             extra=["--kafka", f"compression.type={args.compression}", *args.receiver_arg,
-                   *(["--sockets", str(args.workers), "--worker-processes", "true"]
-                     if args.workers > 1 else [])],
+                   *layout],
         )  # fmt: skip
         rx.start()
         deadline = time.monotonic() + 60
@@ -399,7 +429,7 @@ def main() -> int:
                 if args.profile and rate == rates[-1]:
                     spy = start_profile(rx.pid, work / "profile.txt")
                 t0 = time.perf_counter()
-                sent_for = run_blasters(rx.port, streams, rate / per_datagram)
+                sent_for = run_blasters([rx.port, *extra_ports], streams, rate / per_datagram)
                 # Wait until every record read is accounted for: delivered, or dropped by the
                 # receiver (overflow, refused). One scrape per poll, 10 per second: each scrape
                 # costs the receiver ~1.4 ms of CPU under its GIL, and an earlier version of this
@@ -493,6 +523,7 @@ def main() -> int:
         "producer_compression": args.compression,
         "senders": args.senders,
         "receiver_workers": args.workers,
+        "receiver_ports": args.ports,
         "cipher": "aes-256-gcm",
         "max_zero_loss_records_per_s": max((r["records_per_s"] for r in zero_loss), default=0),
         "runs": runs,

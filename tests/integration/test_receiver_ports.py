@@ -5,13 +5,17 @@ per-message choice of port) on real UDP sockets; the receiving end is ``kafka-di
 real process listening on two ports, in one process or with one worker process per port, writing
 to a real downstream broker. Every record must reach the raw topic exactly once, every large
 (fragmented) record must be reassembled where its fragments landed, and the redundant copies must
-be dropped as duplicates by the socket they reached.
+be dropped as duplicates by the socket they reached. The last test runs the whole real sender
+(``python -m sender --target-ports``, copies 2) from an upstream broker into two worker processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import subprocess
+import sys
 import urllib.request
 
 import pytest
@@ -21,8 +25,13 @@ from common.wire import Encoder, WireConfig
 from sender.pacing import Pacer, PacingConfig
 from sender.pipeline import SendPipeline
 from sender.transport import UdpSender
-from tests.integration.receiver_process import ReceiverProcess, free_udp_port, write_key_file
-from tests.kafka_helpers import consume_all, wait_until
+from tests.integration.receiver_process import (
+    ROOT,
+    ReceiverProcess,
+    free_udp_port,
+    write_key_file,
+)
+from tests.kafka_helpers import Record, consume_all, produce_records, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -149,3 +158,75 @@ def test_one_sender_over_two_ports_delivers_each_record_once(
     for r in data:
         assert r.value == value_of(int(r.key.decode().rsplit(":", 1)[1]))
         assert dict(r.headers)["diode.session"] == session.hex().encode()
+
+
+def test_real_sender_over_two_ports_into_two_workers(
+    upstream_kafka, downstream_kafka, kafka_topic, group_id, tmp_path
+):
+    """``kafka-diode send --target-ports`` -> ``receive --listen-ports --worker-processes``."""
+    source = kafka_topic(upstream_kafka, partitions=3)
+    raw_topic = kafka_topic(downstream_kafka, partitions=2)
+    records = [
+        Record(
+            key=f"key-{i}".encode(),
+            value=value_of(i),
+            headers=(),
+            partition=i % 3,
+            timestamp=1_700_000_000_000 + i,
+        )
+        for i in range(1200)
+    ]
+    positions = produce_records(upstream_kafka, source, records)
+    key_file = tmp_path / "keys.json"
+    write_key_file(key_file)
+    second = free_udp_port()
+    extra = ["--listen-ports", str(second), "--worker-processes", "true"]
+    rx = ReceiverProcess(
+        downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file, extra=extra
+    )
+    with rx:
+        wait_until(lambda: rx.log().count("receiving on") >= 2, 60)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DIODE_SENDER_")}
+        env["PYTHONPATH"] = str(ROOT)
+        with (tmp_path / "sender.log").open("wb") as sender_log:
+            sender = subprocess.Popen(
+                [
+                    sys.executable, "-m", "sender",
+                    "--bootstrap-servers", upstream_kafka.bootstrap,
+                    "--target", f"127.0.0.1:{rx.port}",
+                    "--target-ports", str(second),
+                    "--topics", source,
+                    "--group-id", group_id,
+                    "--start-position", "earliest",
+                    "--key-file", str(key_file),
+                    "--heartbeat-interval", "1",
+                    "--copies", "2",
+                    "--rate-datagrams", "5000",
+                ],
+                stdout=subprocess.DEVNULL, stderr=sender_log, env=env, cwd=ROOT,
+            )  # fmt: skip
+            try:
+                ports = [rx.metrics_port, rx.metrics_port + 1]
+
+                def each(name: str) -> list[float]:
+                    return [total([scrape(p)], name) for p in ports]
+
+                wait_until(lambda: sum(each("records_total")) >= 1200, 120, message="records")
+                wait_until(lambda: min(each("heartbeats_total")) >= 2, 60, message="heartbeats")
+                samples = [scrape(p) for p in ports]
+            finally:
+                sender.send_signal(signal.SIGTERM)
+                sender.wait(60)
+        assert total(samples, "records_total") == 1200  # each record decoded once overall
+        assert min(total([m], "records_total") for m in samples) > 0  # both workers got a share
+        reasons = {
+            dict(labels)["reason"]
+            for m in samples
+            for (name, labels), value in m.items()
+            if name == "kafka_diode_receiver_drops_total" and value
+        }
+        assert reasons <= {"duplicate"}  # no reassembly timeouts, no replays
+        assert rx.terminate() == 0
+    consumed = consume_all(downstream_kafka, raw_topic, timeout=60)
+    data = [r.key.decode() for r in consumed if not any(n == "diode.control" for n, _ in r.headers)]
+    assert sorted(data) == sorted(f"{source}:{p}:{o}" for p, o in positions)

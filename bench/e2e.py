@@ -248,7 +248,10 @@ def pid_usage(pid: int) -> tuple[float, int]:
 #: stage -> (component, metric family) whose growth is that stage's record count.
 STAGE_COUNTERS = {
     "sender": ("sender", "kafka_diode_sender_records_sent"),
-    "receiver": ("receiver", "kafka_diode_receiver_produced_records"),  # minus heartbeats
+    # Source records decoded (each is handed to the producer at once). Not produced_records:
+    # a heartbeat becomes one raw record per partition it names, so subtracting the heartbeat
+    # count left that counter growing until the end and "done after" meant nothing.
+    "receiver": ("receiver", "kafka_diode_receiver_records"),
     "dedup": ("dedup", "kafka_diode_dedup_records_forwarded"),
 }
 LOSS_COUNTERS = {
@@ -258,7 +261,6 @@ LOSS_COUNTERS = {
     "datagrams_received": ("receiver", "kafka_diode_receiver_datagrams"),
     "kernel_drops": ("receiver", "kafka_diode_receiver_kernel_drops"),
     "relay_dropped": ("relay", "kafka_diode_netem_datagrams"),
-    "receiver_heartbeats": ("receiver", "kafka_diode_receiver_heartbeats"),
 }
 
 
@@ -292,8 +294,6 @@ class Sampler(threading.Thread):
             if key == "relay_dropped":
                 samples = [s for s in samples if s[0].get("event", "").startswith("dropped")]
             out[key] = _sum(samples)
-        # Heartbeats become raw records too; the receiver stage counts source records only.
-        out["receiver"] -= out["receiver_heartbeats"]
         self._last = dict(out)
         for name, proc in self.pipeline.group.processes.items():
             if proc.proc is None or not proc.running:

@@ -45,6 +45,7 @@ from pyspark.sql import functions as F  # noqa: E402, N812
 from dedup import job  # noqa: E402
 from dedup.cli import writer_settings  # noqa: E402
 from dedup.config import from_sources  # noqa: E402
+from dedup.raw_record import pack_positions  # noqa: E402
 from dedup.writer import TransactionalBatchWriter, WriterSettings  # noqa: E402
 from kafka_diode.local_kafka.artifacts import spark_connector_jars  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
@@ -53,8 +54,14 @@ PARTITIONS = 8
 VALUE = b"v" * 200
 
 
-def prefill(bootstrap: str, topic: str, records: int, seed: int = 1) -> tuple[int, int]:
-    """Fill ``topic``; returns (raw records written, distinct offsets delivered)."""
+def prefill(
+    bootstrap: str, topic: str, records: int, seed: int = 1, firsts: list | None = None
+) -> tuple[int, int]:
+    """Fill ``topic``; returns (raw records written, distinct offsets delivered).
+
+    ``firsts``, if given, receives ``(partition, source offset, raw offset)`` of each first copy
+    (the raw partition is the source partition; raw offsets count from 0 per partition).
+    """
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
         future.result(30)
@@ -73,6 +80,7 @@ def prefill(bootstrap: str, topic: str, records: int, seed: int = 1) -> tuple[in
     written = distinct = 0
     session = b"ab" * 16
     for partition in range(PARTITIONS):
+        raw_offset = 0
         for offset in range(int(per_partition / 1.09)):
             if rng.random() < 0.01:
                 continue  # a gap
@@ -84,6 +92,9 @@ def prefill(bootstrap: str, topic: str, records: int, seed: int = 1) -> tuple[in
                 ("diode.timestamp-type", b"1"),
                 ("diode.session", session),
             ]
+            if firsts is not None:
+                firsts.append((partition, offset, raw_offset))
+            raw_offset += copies
             for _ in range(copies):
                 while True:
                     try:
@@ -167,6 +178,23 @@ class CountingWriter(TransactionalBatchWriter):
         return result
 
 
+def thread_cpu_s() -> dict[str, float]:
+    """CPU seconds of this process's threads so far, summed by thread name (the Python main
+    thread is the script's name; librdkafka's are ``rdk:main``, ``rdk:broker<n>``, ...)."""
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
+                text = f.read()
+        except OSError:
+            continue
+        name = text[text.index("(") + 1 : text.rindex(")")].rstrip("0123456789")
+        fields = text.rpartition(")")[2].split()
+        out[name] = round(out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick, 2)
+    return out
+
+
 def tree_cpu_s() -> float:
     """CPU seconds (user + system) of this process and its descendants alive now (the JVM, the
     Python workers, which Spark reuses; not a broker we started): robust to other load."""
@@ -202,6 +230,22 @@ def _is_broker(pid: int) -> bool:
         return False
 
 
+def steady(progresses) -> dict:
+    """Rows per second and batch times over the batches with input after the first two (JIT
+    warm-up, first fetches), from Spark's own ``triggerExecution`` durations."""
+    batches = [
+        (p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000.0)
+        for p in sorted(progresses, key=lambda p: p["batchId"])
+        if p.get("numInputRows")
+    ]
+    later = batches[2:]
+    rows, secs = sum(r for r, _ in later), sum(t for _, t in later)
+    return {
+        "batch_s": [round(t, 2) for _, t in batches],
+        "steady_records_per_s": round(rows / secs) if secs else None,
+    }
+
+
 def run_query(spark, config, writer, total: int, transform=None) -> tuple[float, dict]:
     """Seconds to read ``total`` rows, and where the micro-batches' time went (query progress)."""
     cpu_before = tree_cpu_s()
@@ -231,6 +275,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
                 durations[name] = durations.get(name, 0.0) + ms / 1000.0
         profile = {k: round(v, 2) for k, v in sorted(durations.items())}
         profile["batches_with_input"] = batches
+        profile |= steady(query.recentProgress)
         profile["write_table_s"] = round(writer.write_s, 2)
         profile["cpu_s"] = round(cpu_s, 1)
         profile["cpu_s_per_million"] = round(cpu_s * 1e6 / total, 1)
@@ -239,28 +284,41 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         query.stop()
 
 
-def run_sink_passthrough(spark, bootstrap: str, raw: str, out: str, checkpoint: Path, total: int):
+def run_sink_passthrough(
+    spark,
+    bootstrap: str,
+    raw: str,
+    out: str,
+    checkpoint: Path,
+    total: int,
+    source_options: dict,
+    sink_options: dict,
+    max_offsets: int,
+):
     """Spark's Kafka source -> Spark's Kafka sink, records unchanged: seconds and CPU profile."""
     cpu_before = tree_cpu_s()
     start = time.monotonic()
-    stream = (
+    reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("subscribe", raw)
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")
-        .option("maxOffsetsPerTrigger", "200000")
-        .load()
-        .select("key", "value", "headers", "partition")
+        .option("maxOffsetsPerTrigger", str(max_offsets))
     )
-    query = (
+    for name, value in source_options.items():
+        reader = reader.option(name, value)
+    stream = reader.load().select("key", "value", "headers", "partition")
+    writer = (
         stream.writeStream.format("kafka")
         .option("kafka.bootstrap.servers", bootstrap)
         .option("topic", out)
         .option("checkpointLocation", str(checkpoint))
         .trigger(processingTime="0 milliseconds")
-        .start()
     )
+    for name, value in sink_options.items():
+        writer = writer.option(name, value)
+    query = writer.start()
     try:
         seen: dict[int, int] = {}
         while sum(seen.values()) < total:
@@ -271,13 +329,97 @@ def run_sink_passthrough(spark, bootstrap: str, raw: str, out: str, checkpoint: 
                 seen[progress["batchId"]] = progress.get("numInputRows") or 0
         seconds = time.monotonic() - start
         cpu_s = tree_cpu_s() - cpu_before
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and len(
+            [p for p in query.recentProgress if p.get("numInputRows")]
+        ) < sum(1 for n in seen.values() if n):
+            query.awaitTermination(0.2)
         return seconds, {
             "cpu_s": round(cpu_s, 1),
             "cpu_s_per_million": round(cpu_s * 1e6 / total, 1),
             "batches_with_input": sum(1 for n in seen.values() if n),
+            **steady(query.recentProgress),
         }
     finally:
         query.stop()
+
+
+def driver_only(args: argparse.Namespace, bootstrap: str) -> int:
+    """The writer alone (no Spark): re-read + restore + produce of every first-seen record.
+
+    Batches of ``--max-offsets-per-trigger`` raw records, one transaction each, as the dedup's
+    ``foreachBatch`` would write them. CPU is this process's (Python + librdkafka threads).
+    """
+    tag = f"bench{int(time.time())}"
+    raw = f"{tag}.raw"
+    firsts: list[tuple[int, int, int]] = []
+    load_start = os.getloadavg()[0]
+    written, distinct = prefill(bootstrap, raw, args.records, firsts=firsts)
+    settings = WriterSettings(
+        bootstrap_servers=bootstrap,
+        clean_topic=f"{tag}.clean",
+        gap_topic=f"{tag}.gaps",
+        progress_topic=f"{tag}.progress",
+        transactional_id=f"{tag}.writer",
+        new_topic_partitions=PARTITIONS,
+        raw_topics=(raw,),
+    )
+    writer = TransactionalBatchWriter(settings)
+    writer.bind(tag)
+    writer.ensure_topics([settings.clean_topic])
+    writer.ensure_topics([settings.gap_topic, settings.progress_topic], compact=True)
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + 30  # new topics: wait for their leaders
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(timeout=10).topics
+        parts = [p for t in (settings.progress_topic, settings.clean_topic) if t in meta
+                 for p in meta[t].partitions.values()]  # fmt: skip
+        if parts and all(p.leader >= 0 and p.error is None for p in parts):
+            break
+        time.sleep(0.2)
+    names = [f.name for f in job.OUTPUT_SCHEMA.fields]
+    types = {"kind": pa.string(), "src_topic": pa.string(), "src_partition": pa.int32()}
+    types |= {"positions": pa.binary(), "gap_key": pa.binary(), "gap_value": pa.binary()}
+    schema = pa.schema([(n, types.get(n, pa.int64())) for n in names])
+    per_batch = max(1, round(args.max_offsets_per_trigger * distinct / written))
+    tables = []
+    for start in range(0, len(firsts), per_batch):
+        chunk = firsts[start : start + per_batch]
+        rows: dict[int, list[tuple[int, int, int]]] = {}
+        for partition, src, raw_offset in chunk:
+            rows.setdefault(partition, []).append((src, 0, partition, raw_offset))
+        data = {n: [None] * len(rows) for n in names}
+        data["kind"] = ["records"] * len(rows)
+        data["src_topic"] = ["src"] * len(rows)
+        data["src_partition"] = list(rows)
+        data["positions"] = [pack_positions(list(zip(*r, strict=True))) for r in rows.values()]
+        tables.append(pa.table(data, schema=schema))
+    cpu0, t0 = time.process_time(), time.monotonic()
+    produced = 0
+    for batch_id, table in enumerate(tables):
+        produced += writer.write_table(table, batch_id).records
+    seconds, cpu_s = time.monotonic() - t0, time.process_time() - cpu0
+    threads = thread_cpu_s()
+    writer.close()
+    print(
+        json.dumps(
+            {
+                "bench": "dedup_driver",
+                "raw_records": written,
+                "clean_records": produced,
+                "batches": len(tables),
+                "seconds": round(seconds, 2),
+                "records_per_s": round(produced / seconds),
+                "cpu_s": round(cpu_s, 2),
+                "cpu_us_per_record": round(cpu_s * 1e6 / produced, 2),
+                # whole-run CPU by thread name (prefill included for rdk threads of its clients)
+                "thread_cpu_s": threads,
+                "load_average_1m_start": round(load_start, 2),
+                "load_average_1m_end": round(os.getloadavg()[0], 2),
+            }
+        )
+    )
+    return 0
 
 
 def main() -> int:
@@ -291,6 +433,42 @@ def main() -> int:
         action="store_true",
         help="skip the transactional foreachBatch pass-through (the previous round's baseline)",
     )
+    parser.add_argument(
+        "--driver-only",
+        action="store_true",
+        help="no Spark: time the writer's re-read + restore + produce of the first-seen records",
+    )
+    parser.add_argument(
+        "--only", choices=("all", "passthrough", "dedup"), default="all", help="queries to run"
+    )
+    parser.add_argument(
+        "--source-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="option of Spark's Kafka source for every query (e.g. minPartitions=2)",
+    )
+    parser.add_argument(
+        "--sink-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="option of Spark's Kafka sink in the pass-through (e.g. kafka.linger.ms=50)",
+    )
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="LABEL:NAME=VALUE,sink:NAME=VALUE",
+        help="one more Spark-sink pass-through with these source (and sink:) options",
+    )
+    parser.add_argument(
+        "--spark-conf",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="Spark setting (e.g. spark.sql.shuffle.partitions=1)",
+    )
     args = parser.parse_args()
 
     broker = None
@@ -301,7 +479,7 @@ def main() -> int:
         broker.start()
         bootstrap = broker.bootstrap
     try:
-        return measure(args, bootstrap)
+        return driver_only(args, bootstrap) if args.driver_only else measure(args, bootstrap)
     finally:  # a failed run must not leave its broker behind
         if broker is not None:
             broker.stop()
@@ -317,7 +495,11 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
     prefill_s = time.monotonic() - t0
     tmp = Path(tempfile.mkdtemp(prefix="bench-dedup-ck-"))
 
+    def pairs(items: list[str]) -> dict[str, str]:
+        return dict(item.split("=", 1) for item in items)
+
     def config(name: str):
+        flags = {"kafka_source": args.source_option, "spark_conf": args.spark_conf}
         return from_sources(
             {
                 "RAW_TOPICS": raw,
@@ -333,7 +515,8 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
                 "PERSIST_INTERVAL_MS": "0",
                 "MAX_OFFSETS_PER_TRIGGER": str(args.max_offsets_per_trigger),
                 "ARROW_MAX_RECORDS_PER_BATCH": str(args.arrow_max_records_per_batch),
-            }
+            },
+            {k: v for k, v in flags.items() if v},
         )
 
     cfg = config("dedup")
@@ -356,13 +539,36 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
 
     results = {}
     try:
-        seconds, profile = run_sink_passthrough(
-            spark, bootstrap, raw, f"{tag}.sink.out", tmp / "sink", written
-        )
-        results["passthrough"] = {"records_per_s": round(written / seconds), "profile": profile}
-        print(f"passthrough (Kafka sink): {seconds:.1f} s; {profile}", file=sys.stderr)
-        runs = [("dedup", None)]
-        if not args.no_txn_passthrough:
+        if args.only != "dedup":
+            seconds, profile = run_sink_passthrough(
+                spark, bootstrap, raw, f"{tag}.sink.out", tmp / "sink", written,
+                pairs(args.source_option), pairs(args.sink_option), args.max_offsets_per_trigger,
+            )  # fmt: skip
+            results["passthrough"] = {"records_per_s": round(written / seconds), "profile": profile}
+            print(f"passthrough (Kafka sink): {seconds:.1f} s; {profile}", file=sys.stderr)
+        for i, variant in enumerate(args.variant):
+            # NAME:source.k=v,sink:k=v,... - one more pass-through query in the same session
+            label, _, spec = variant.partition(":")
+            source, sink = pairs(args.source_option), pairs(args.sink_option)
+            for item in filter(None, spec.split(",")):
+                if item.startswith("sink:"):
+                    sink |= pairs([item[5:]])
+                else:
+                    source |= pairs([item])
+            offsets = int(source.pop("maxOffsetsPerTrigger", args.max_offsets_per_trigger))
+            seconds, profile = run_sink_passthrough(
+                spark, bootstrap, raw, f"{tag}.v{i}.out", tmp / f"v{i}", written,
+                source, sink, offsets,
+            )  # fmt: skip
+            results[f"variant {label}"] = {
+                "records_per_s": round(written / seconds),
+                "profile": profile,
+                "source": source,
+                "sink": sink,
+            }
+            print(f"variant {label}: {seconds:.1f} s; {profile}", file=sys.stderr)
+        runs = [("dedup", None)] if args.only != "passthrough" else []
+        if not args.no_txn_passthrough and args.only == "all":
             runs.insert(0, ("passthrough_txn", passthrough_txn))
         for name, transform in runs:
             c = config(name)
@@ -374,7 +580,6 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             print(f"{name}: {written} records in {seconds:.1f} s; {profile}", file=sys.stderr)
     finally:
         spark.stop()
-    dedup, base = results["dedup"], results["passthrough"]
     out = {
         "bench": "dedup",
         "master": "local[2]",
@@ -384,22 +589,34 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         "partitions": PARTITIONS,
         "max_offsets_per_trigger": args.max_offsets_per_trigger,
         "arrow_max_records_per_batch": args.arrow_max_records_per_batch,
+        "source_options": pairs(args.source_option),
+        "sink_options": pairs(args.sink_option),
+        "spark_conf": pairs(args.spark_conf),
         "prefill_s": round(prefill_s, 1),
         "spark_start_s": round(spark_start_s, 1),
-        "dedup_records_per_s": dedup["records_per_s"],
-        "dedup_cpu_s_per_million": dedup["profile"]["cpu_s_per_million"],
-        "passthrough_records_per_s": base["records_per_s"],
-        "passthrough_cpu_s_per_million": base["profile"]["cpu_s_per_million"],
-        "ratio_to_passthrough": round(dedup["records_per_s"] / base["records_per_s"], 3),
-        "cpu_ratio_to_passthrough": round(
-            dedup["profile"]["cpu_s_per_million"] / base["profile"]["cpu_s_per_million"], 3
-        ),
-        "dedup_profile_s": dedup["profile"],
-        "passthrough_profile_s": base["profile"],
         "load_average_1m_start": round(load_start, 2),
         "load_average_1m_end": round(os.getloadavg()[0], 2),
         "target_records_per_s": 150_000,
     }
+    dedup, base = results.get("dedup"), results.get("passthrough")
+    if dedup is not None:
+        out["dedup_records_per_s"] = dedup["records_per_s"]
+        out["dedup_cpu_s_per_million"] = dedup["profile"]["cpu_s_per_million"]
+        out["dedup_profile_s"] = dedup["profile"]
+    if base is not None:
+        out["passthrough_records_per_s"] = base["records_per_s"]
+        out["passthrough_cpu_s_per_million"] = base["profile"]["cpu_s_per_million"]
+        out["passthrough_profile_s"] = base["profile"]
+    out["variants"] = {
+        k[8:]: {"records_per_s": v["records_per_s"], **v["profile"]}
+        for k, v in results.items()
+        if k.startswith("variant ")
+    }
+    if dedup is not None and base is not None:
+        out["ratio_to_passthrough"] = round(dedup["records_per_s"] / base["records_per_s"], 3)
+        out["cpu_ratio_to_passthrough"] = round(
+            dedup["profile"]["cpu_s_per_million"] / base["profile"]["cpu_s_per_million"], 3
+        )
     if "passthrough_txn" in results:
         txn = results["passthrough_txn"]
         out["passthrough_txn_records_per_s"] = txn["records_per_s"]

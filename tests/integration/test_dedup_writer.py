@@ -6,6 +6,8 @@
    written.
 2. A named raw record that retention deleted before the re-read fails the batch with an error
    naming raw topic, partition and offset; nothing of the batch becomes visible.
+3. A re-read raw record whose key is not the source offset the decision names (the bulk key
+   check) fails the batch naming that record; nothing becomes visible.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pytest
 from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from common.errors import ServiceError
 from dedup.raw_record import KIND_RECORDS, pack_positions
 from dedup.reread import RawRecordGoneError
 from dedup.writer import TransactionalBatchWriter, WriterSettings
@@ -162,3 +165,21 @@ def test_a_raw_record_gone_before_the_reread_fails_the_batch(downstream_kafka) -
     assert sorted(r.timestamp for r in clean) == [1_700_000_000_000] * 2
     progress = consume_all(downstream_kafka, f"progress.{tag}", timeout=30)
     assert [b'"batch_id": 1' in (r.value or b"") for r in progress] == [True]
+
+
+def test_a_raw_record_that_is_not_the_chosen_one_fails_the_batch(downstream_kafka) -> None:
+    # The keys are checked per chunk in bulk (writer._keys_match): a wrong key in the middle of a
+    # chunk must still fail the batch, and the error must name that record.
+    raw = create_topic(downstream_kafka, partitions=1)
+    tag = raw
+    records = [raw_record(0, o, b"k", b"v", (), 1_700_000_000_000) for o in range(5)]
+    records[3] = raw_record(0, 7, b"k", b"v", (), 1_700_000_000_000)  # raw 3 carries source 7
+    produce_records(downstream_kafka, raw, records)
+    writer = make_writer(downstream_kafka.bootstrap, raw, tag)
+    try:
+        with pytest.raises(ServiceError, match=rf"raw record {raw}:0 offset 3 is not the record"):
+            writer.write_table(decisions([(0, o, o) for o in range(5)]), 0)
+    finally:
+        writer.close()
+    progress = consume_all(downstream_kafka, f"progress.{tag}", timeout=10)
+    assert progress == []

@@ -58,29 +58,27 @@ VALUE = 200
 KEY = 50
 
 
-def encode(ring, count: int, topic: str, datagram_size: int) -> tuple[list[bytes], list[int]]:
-    """Datagrams for ``count`` records and, per datagram, how many records it completes."""
-    enc = Encoder(
-        WireConfig(max_datagram_size=datagram_size, linger=0), ring, session_id=os.urandom(16)
-    )
-    value = os.urandom(VALUE)
-    out: list[bytes] = []
-    for i in range(count):
-        key = (b"%050d" % i)[:KEY]
-        out += [
-            d.data for d in enc.add(topic, i % 6, i, 1_700_000_000_000 + i, 1, key, value, (), 0.0)
-        ]
-    out += [d.data for d in enc.flush()]
-    return out, []
+#: Records per run of one source partition: a Kafka consumer hands a sender runs of one
+#: partition with consecutive offsets (bench/codec.py does the same); ``--round-robin`` instead
+#: interleaves the partitions record by record (every record its own group: the worst case).
+RUN = 1000
+PARTITIONS = 6
+
+
+def source_position(i: int, round_robin: bool) -> tuple[int, int]:
+    """(source partition, offset) of the i-th record sent."""
+    if round_robin:
+        return i % PARTITIONS, i
+    run, within = divmod(i, RUN)
+    return run % PARTITIONS, (run // PARTITIONS) * RUN + within
 
 
 def encode_streams(
-    ring, count: int, topic: str, datagram_size: int, senders: int
+    ring, count: int, topic: str, datagram_size: int, senders: int, round_robin: bool = False
 ) -> list[list[bytes]]:
-    """``encode`` split over ``senders`` sessions: source partition p goes to sender p % senders
-    (partitions split between sender/receiver pairs, docs/receiver.md, scaling out)."""
-    if senders == 1:
-        return [encode(ring, count, topic, datagram_size)[0]]
+    """Datagrams of ``count`` records, split over ``senders`` sessions: source partition p goes
+    to sender p % senders (partitions split between sender/receiver pairs, docs/receiver.md,
+    scaling out)."""
     encoders = [
         Encoder(
             WireConfig(max_datagram_size=datagram_size, linger=0), ring, session_id=os.urandom(16)
@@ -91,8 +89,11 @@ def encode_streams(
     out: list[list[bytes]] = [[] for _ in range(senders)]
     for i in range(count):
         key = (b"%050d" % i)[:KEY]
-        j = (i % 6) % senders
-        datagrams = encoders[j].add(topic, i % 6, i, 1_700_000_000_000 + i, 1, key, value, (), 0.0)
+        partition, offset = source_position(i, round_robin)
+        j = partition % senders
+        datagrams = encoders[j].add(
+            topic, partition, offset, 1_700_000_000_000 + i, 1, key, value, (), 0.0
+        )
         out[j] += [d.data for d in datagrams]
     for j, enc in enumerate(encoders):
         out[j] += [d.data for d in enc.flush()]
@@ -349,6 +350,11 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--datagram-size", type=int, default=8952)
+    parser.add_argument(
+        "--round-robin",
+        action="store_true",
+        help="interleave the 6 source partitions record by record (default: runs of 1000)",
+    )
     parser.add_argument("--compression", default="lz4", help="producer compression.type")
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument(
@@ -419,7 +425,9 @@ def main() -> int:
                 count = int(rate * args.seconds)
                 topic = f"r{rate}-{os.getpid()}"
                 create_topic(bootstrap, f"bench.{topic}", partitions=3)
-                streams = encode_streams(ring, count, topic, args.datagram_size, args.senders)
+                streams = encode_streams(
+                    ring, count, topic, args.datagram_size, args.senders, args.round_robin
+                )
                 datagrams = [d for stream in streams for d in stream]
                 last_datagrams = (datagrams, rate, count)
                 per_datagram = count / len(datagrams)
@@ -519,6 +527,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         "load_avg_1m": round(os.getloadavg()[0], 2),
         "datagram_bytes": args.datagram_size,
+        "round_robin": args.round_robin,
         "value_bytes": VALUE,
         "producer_compression": args.compression,
         "senders": args.senders,

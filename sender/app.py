@@ -100,6 +100,10 @@ class SenderApp:
         """The ring the encoder uses (``None`` in cleartext); ``reload_keys`` swaps it in place."""
         self.keyring_reloads = 0
         self._key_mtime: int | None = None
+        self.stalled = False
+        """True while the stall check finds the consumer lagging with nothing read or sent."""
+        self.stalls = 0
+        self._reopen_wanted = False
 
     @property
     def max_backlog_bytes(self) -> int:
@@ -149,6 +153,7 @@ class SenderApp:
             loop=loop,
             copies=cfg.copies,
             copy_spacing=cfg.copy_spacing,
+            replay_window=cfg.replay_window,
             max_backlog_bytes=self.max_backlog_bytes,
             on_pressure=self._on_pressure,
             clock=self._clock,
@@ -172,6 +177,8 @@ class SenderApp:
         self._consume_task = self._spawn(self._consume_loop(), "consume")
         self._spawn(self._heartbeat_loop(), "heartbeat")
         self._spawn(self._commit_loop(), "commit")
+        if cfg.stall_timeout > 0:
+            self._spawn(self._stall_loop(cfg.stall_timeout), "stall-check")
         if cfg.key_file is not None and cfg.key_check_interval > 0 and keyring is not None:
             self._spawn(self._key_check_loop(cfg.key_file, cfg.key_check_interval), "key-check")
 
@@ -282,6 +289,14 @@ class SenderApp:
             if batch:
                 self._process(batch, pipeline)
             await asyncio.sleep(0)  # let the pump's timers and the other tasks run
+            if self._reopen_wanted:
+                if pending is not None:
+                    batch = await pending
+                    pending = None
+                    if batch:
+                        self._process(batch, pipeline)
+                self._reopen_wanted = False
+                await source.reopen()
             if source.needs_metadata and self._clock() >= next_refresh:
                 next_refresh = self._clock() + 30.0
                 await source.refresh_topics()
@@ -416,12 +431,16 @@ class SenderApp:
             low_offsets=low,
             counters=tuple(sorted(self.counters().items())),
         )
-        pipeline.enqueue(datagrams, front=True)
+        pipeline.enqueue(datagrams)
         self.heartbeats += 1
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            self._send_heartbeat()
+            pipeline = self.pipeline
+            # A heartbeat still waiting for the pacer would be overtaken by this newer one
+            # anyway: skip the tick, so heartbeats never queue up on a slow link.
+            if pipeline is None or not pipeline.scheduler.control_pending:
+                self._send_heartbeat()
             await asyncio.sleep(self.config.heartbeat_interval)
 
     # -- keys -------------------------------------------------------------------------------------
@@ -489,6 +508,45 @@ class SenderApp:
                     self.metrics.set_lag(await self.source.lag())
                 self.sync_metrics()
 
+    async def _stall_loop(self, limit: float) -> None:
+        """A sender that silently stops reading is the worst failure a diode can have (issue
+        #14): when nothing was read or sent for ``limit`` seconds while the broker holds records
+        this consumer has not read, say so (metric, ERROR log) and re-create the consumer."""
+        progress = (-1, -1)
+        since = self._clock()
+        while True:
+            await asyncio.sleep(min(5.0, limit / 4))
+            pipeline, source = self.pipeline, self.source
+            if pipeline is None or source is None:
+                continue
+            now = self._clock()
+            current = (self.records_read, pipeline.records_sent)
+            if current != progress:
+                progress, since = current, now
+                self.stalled = False
+                continue
+            if now - since < limit:
+                continue
+            lag = {tp: n for tp, n in (await source.lag(fresh=True)).items() if n > 0}
+            if not lag:
+                self.stalled = False
+                since = now
+                continue
+            self.stalled = True
+            self.stalls += 1
+            log.error(
+                "sender stalled: nothing read or sent for %.0f s while %d records wait in %s; "
+                "re-creating the Kafka consumer",
+                now - since,
+                sum(lag.values()),
+                ", ".join(f"{t}/{p}" for t, p in sorted(lag)),
+            )
+            self._reopen_wanted = True
+            if self._pressure is not None:
+                self._pressure.set()
+            since = now  # give the new consumer a whole limit before the next verdict
+            self.sync_metrics()
+
     def all_errors(self) -> dict[str, int]:
         """Every error counter by kind: ours, the source's and the socket's."""
         out = dict(self.errors)
@@ -510,6 +568,8 @@ class SenderApp:
             "commits": self.commits,
             "keyring_reloads": self.keyring_reloads,
             "paused": 1.0 if self._paused else 0.0,
+            "stalled": 1.0 if self.stalled else 0.0,
+            "stalls": self.stalls,
         }
         if p is not None:
             totals.update(

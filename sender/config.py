@@ -108,6 +108,18 @@ class SenderConfig:
     """Seconds one consumer call may wait for records."""
     max_backlog_bytes: int = 4 * 1024 * 1024
     """Datagram bytes waiting for pacing above which partitions pause (resumed below half)."""
+    replay_window: int = 8192
+    """The receiver's replay_window (datagrams): no datagram leaves more than half of it behind
+    the newest one sent, so the receiver never refuses the sender's own datagrams as replayed
+    (heartbeats overtake a backlog, spaced copies leave, only within that margin). Set it to the
+    receiver's value when that one is changed."""
+    reassembly_timeout: float = 10.0
+    """The receiver's reassembly_timeout (seconds): with pacing, start-up refuses a
+    max_record_size whose fragments (every copy counted) could not leave within 80 percent of it."""
+    stall_timeout: float = 60.0
+    """Seconds in which nothing was read or sent while the consumer lags behind the broker
+    before the sender reports a stall (metric kafka_diode_sender_stalled = 1, an ERROR log
+    naming the lagging partitions) and re-creates its consumer to recover; 0 is off."""
     commit_interval: float = 1.0
     """Seconds between offset commits (always after the datagrams were sent)."""
     retry_backoff_max: float = 30.0
@@ -186,6 +198,8 @@ class SenderConfig:
             value = getattr(self, key)
             if not (math.isfinite(value) and 0 < value <= 3600):
                 raise ConfigError(key, f"is {value}", "use 0 < seconds <= 3600")
+        if not (math.isfinite(self.stall_timeout) and 0 <= self.stall_timeout <= 86400):
+            raise ConfigError("stall_timeout", f"is {self.stall_timeout}", "use 0 (off) .. 86400 s")
         if not 0 < self.shutdown_timeout <= 3600:
             raise ConfigError(
                 "shutdown_timeout", f"is {self.shutdown_timeout}", "use 0 < s <= 3600"
@@ -208,6 +222,37 @@ class SenderConfig:
         del host
         self.wire_config()  # its own checks name the same keys
         self.pacing_config()
+        self._check_window_and_pacing()
+
+    def _check_window_and_pacing(self) -> None:
+        if not 64 <= self.replay_window <= 1 << 20:
+            raise ConfigError(
+                "replay_window", f"is {self.replay_window}", "use the receiver's value, 64..1048576"
+            )
+        if not (math.isfinite(self.reassembly_timeout) and 0 < self.reassembly_timeout <= 3600):
+            raise ConfigError(
+                "reassembly_timeout", f"is {self.reassembly_timeout}", "use the receiver's value"
+            )
+        seconds = self.largest_message_seconds()
+        if seconds > 0.8 * self.reassembly_timeout:
+            raise ConfigError(
+                "max_record_size",
+                f"a record of {self.max_record_size} bytes takes {seconds:.1f} s to leave at "
+                f"rate_bytes {self.rate_bytes:g} / rate_datagrams {self.rate_datagrams:g} "
+                f"with copies {self.copies}, longer than 80 % of the receiver's "
+                f"reassembly_timeout {self.reassembly_timeout:g} s, so it could never be "
+                "reassembled",
+                "lower max_record_size, raise rate_bytes/rate_datagrams, or raise "
+                "reassembly_timeout on both sides",
+            )
+
+    def largest_message_seconds(self) -> float:
+        """Seconds the pacer needs for every copy of a ``max_record_size`` record (0: unpaced)."""
+        message = self.max_record_size + 4096  # + framing: WireConfig.max_message_size's room
+        datagrams = -(-message // max(1, self.max_datagram_size - 128))  # header room per fragment
+        by_bytes = message * self.copies / self.rate_bytes if self.rate_bytes else 0.0
+        by_count = datagrams * self.copies / self.rate_datagrams if self.rate_datagrams else 0.0
+        return max(by_bytes, by_count)
 
     def start_timestamp_ms(self) -> int:
         """``start_timestamp`` in milliseconds since the epoch."""

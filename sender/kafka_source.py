@@ -211,21 +211,64 @@ class KafkaSource:
         self._committed.update(todo)
         return True
 
-    async def lag(self) -> dict[tuple[str, int], int]:
-        """Per assigned partition: high watermark minus the next offset to read (cached values)."""
-        return dict(await self._call(self._lag))
+    async def lag(self, *, fresh: bool = False) -> dict[tuple[str, int], int]:
+        """Per assigned partition: high watermark minus the next offset to read.
 
-    def _lag(self) -> dict[tuple[str, int], int]:
+        Before the first record of a partition was read, the next offset is the group's commit,
+        or (starting from the beginning) the low watermark, so a consumer that never reads shows
+        its lag too. ``fresh`` asks the broker for the watermarks instead of using the values the
+        last fetch brought (which a stalled consumer never updates): a blocking round trip, for
+        the stall check only.
+        """
+        return dict(await self._call(self._lag, fresh))
+
+    def _lag(self, fresh: bool = False) -> dict[tuple[str, int], int]:
         consumer = self._require()
         out: dict[tuple[str, int], int] = {}
+        from_start = self._config.start_position in ("earliest", "committed")
         try:
-            for tp in consumer.position(consumer.assignment()):
-                _low, high = consumer.get_watermark_offsets(tp, cached=True)
-                if high >= 0 and tp.offset >= 0:
-                    out[(tp.topic, tp.partition)] = max(0, high - tp.offset)
+            positions = consumer.position(consumer.assignment())
+            unread = [tp for tp in positions if tp.offset < 0]
+            commits = {
+                (tp.topic, tp.partition): tp.offset
+                for tp in (consumer.committed(unread, timeout=5.0) if fresh and unread else ())
+            }
+            for tp in positions:
+                if fresh:
+                    low, high = consumer.get_watermark_offsets(tp, timeout=5.0, cached=False)
+                else:
+                    low, high = consumer.get_watermark_offsets(tp, cached=True)
+                nxt = tp.offset
+                if nxt < 0:
+                    nxt = commits.get((tp.topic, tp.partition), -1)
+                if nxt < 0 and from_start:
+                    nxt = low
+                if high >= 0 and nxt >= 0:
+                    out[(tp.topic, tp.partition)] = max(0, high - nxt)
         except KafkaException:
             self._count("broker")
         return out
+
+    async def reopen(self) -> None:
+        """Replace the consumer with a new one (stall recovery): the old one leaves the group
+        (its revocation commits the sent offsets), the new one subscribes again and starts from
+        the group's commits. Call only between ``consume`` calls."""
+        await self._call(self._reopen)
+
+    def _reopen(self) -> None:
+        old = self._require()
+        try:
+            old.close()
+        except (KafkaException, RuntimeError) as exc:
+            log.warning("consumer close before re-creating it: %s", exc)
+        props: dict[str, Any] = dict(self._config.consumer_properties())
+        props["error_cb"] = self._on_error
+        props["on_commit"] = self._on_commit_cb
+        self._consumer = Consumer(props)
+        with self._lock:
+            self._assigned.clear()
+        self._subscribed = ()
+        self._refresh_topics()
 
     def assignment(self) -> set[tuple[str, int]]:
         """Partitions currently assigned to this sender."""

@@ -64,6 +64,14 @@ class SenderMetrics:
             ["topic", "partition"],
             registry=r,
         )
+        self.stalled = Gauge(
+            f"{_PREFIX}_stalled",
+            "1 while the consumer lags but nothing was read or sent for stall_timeout",
+            registry=r,
+        )
+        self.stalls = Counter(
+            f"{_PREFIX}_stalls", "Stalls detected (each re-created the consumer)", registry=r
+        )
         self.commits = Counter(f"{_PREFIX}_commits", "Successful offset commits", registry=r)
         self.keyring_reloads = Counter(
             f"{_PREFIX}_keyring_reloads", "Key file reloads that took effect", registry=r
@@ -89,6 +97,7 @@ class SenderMetrics:
             "pacing_delay",
             "commits",
             "keyring_reloads",
+            "stalls",
         ):
             if name in totals:
                 self._add(name, getattr(self, name), totals[name])
@@ -98,6 +107,8 @@ class SenderMetrics:
             self.backlog_bytes.set(totals["backlog_bytes"])
         if "paused" in totals:
             self.paused.set(totals["paused"])
+        if "stalled" in totals:
+            self.stalled.set(totals["stalled"])
 
     def set_lag(self, lag: Mapping[tuple[str, int], int]) -> None:
         """Set the consumer lag gauge per partition."""

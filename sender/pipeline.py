@@ -1,53 +1,37 @@
-"""The send path shared by live sending and resend: encoder -> backlog -> pacer -> UDP socket.
+"""The send path shared by live sending and resend: encoder -> scheduler -> UDP socket (glue).
 
 Delivery order (docs/sender.md, "Delivery order"): records go into the wire ``Encoder``; the
-datagrams it emits wait in one FIFO backlog; the pump hands them to the socket as fast as the
-``Pacer`` allows, every copy paced; only when the *last* copy of a datagram was handed to the
-socket (or refused by the kernel, which the link would have lost anyway) do the offsets it
-completes (``OutgoingDatagram.completes``) advance ``sent_high``. Callers commit ``sent_high + 1``
-and put ``sent_high`` in heartbeats, so neither ever runs ahead of what left the process.
+datagrams it emits go to the pure ``SendScheduler`` (sender/scheduler.py), which decides what
+leaves next (lanes, copies, targets, pacing) under the invariant that no datagram can fall out of
+its receiver's replay window; this module only moves datagrams from the scheduler to the socket
+and arms the timers it asks for. Only when the *last* copy of a datagram was handed to the socket
+(or refused by the kernel, which the link would have lost anyway) do the offsets it completes
+advance ``sent_high``. Callers commit ``sent_high + 1`` and put ``sent_high`` in heartbeats, so
+neither ever runs ahead of what left the process.
 
 Backpressure: the backlog is measured in bytes (every pending copy counted). Above
 ``max_backlog_bytes`` the pipeline reports pressure (``on_pressure(True)``) and the caller stops
 feeding it (the sender pauses its Kafka partitions); below half of it, pressure is released. The
 caller feeds at most two more consumer batches (the one in hand, the prefetched one) after
-pressure is reported, so memory stays bounded
-whatever the input rate.
+pressure is reported, so memory stays bounded whatever the input rate.
 
-The pump is synchronous (no task per datagram): it sends until the backlog is empty, the pacer
-asks for a delay (a loop timer resumes it) or the socket buffer is full (a writer callback resumes
-it). A caller adding a whole consumer batch uses the fast path instead of ``add``: it calls
+The pump is synchronous (no task per datagram): it sends until the scheduler has nothing due, asks
+for a delay (a loop timer resumes it) or the socket buffer is full (a writer callback resumes it).
+A caller adding a whole consumer batch uses the fast path instead of ``add``: it calls
 ``encoder.add`` itself, hands each non-empty result to ``submit`` and calls ``settle`` at the end;
 ``submit`` pumps only every ``PUMP_EVERY`` datagrams, so the per-datagram bookkeeping runs in one
-loop per burst (measured: docs/benchmarks.md, "Sender"). Without a rate limit and with one copy,
-the pump takes a shorter path that skips the pacer and the delayed-copy heap entirely.
-
-Heartbeats jump the queue: their high offsets only name offsets already sent, so they can never
-claim more than left, and a link saturated by a long backlog still shows signs of life.
-
-Several targets (``target_ports``): the destination is chosen per *message*, round-robin, never
-per datagram. A datagram whose fragment index is 0 (envelope bytes 36-37, docs/protocol.md) starts
-a message and moves to the next target; its further fragments and every copy of each datagram
-follow it to the same target, so one receiver socket (or worker process) sees a whole message and
-drops the copies in its own replay window. Round-robin rather than a hash of the partition: a
-message holds records of several partitions, and round-robin spreads the load evenly whatever the
-partitions' rates. Control messages (heartbeats, resend markers, via ``enqueue``) go to *every*
-target, so each receiver socket sees the session alive and a dead worker does not hide tail loss;
-record batches that ``enqueue`` is handed (sealed ahead of a heartbeat) still go to one target.
+loop per burst (measured: docs/benchmarks.md, "Sender").
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
-from common.wire.envelope import KIND_RECORD_BATCH
 from sender.pacing import Pacer
+from sender.scheduler import SendScheduler
 from sender.transport import SendResult, UdpSender
 
 if TYPE_CHECKING:
@@ -55,36 +39,9 @@ if TYPE_CHECKING:
 
 Headers = Sequence[tuple[str, bytes | None]] | None
 
-#: Envelope byte of the message kind (``common.wire.envelope.HEADER`` field 3).
-_KIND = 5
-#: Envelope bytes of the fragment index (uint16 big-endian, docs/protocol.md §3 header layout,
-#: ``common.wire.envelope.HEADER`` field 9); 0 marks the first datagram of a message.
-_FRAGMENT_INDEX_HIGH, _FRAGMENT_INDEX_LOW = 36, 37
-
 #: ``submit`` pumps once this many datagrams wait (bounds how long a burst waits while a consumer
 #: batch is encoded: ~32 x 1.4 KB, well under a millisecond of encoding).
 PUMP_EVERY = 32
-
-
-class _Item:
-    """One datagram waiting in the backlog, with what sending it completes."""
-
-    __slots__ = ("completes", "copies_left", "data", "records", "target")
-
-    def __init__(
-        self,
-        data: bytes,
-        completes: tuple[tuple[str, int, int], ...],
-        records: int,
-        copies: int,
-        target: int = 0,
-    ) -> None:
-        self.data = data
-        self.completes = completes
-        self.records = records
-        self.copies_left = copies
-        self.target = target
-        """Index of the ``UdpSender`` target every copy of this datagram goes to."""
 
 
 class SendPipeline:
@@ -100,50 +57,84 @@ class SendPipeline:
         copies: int = 1,
         copy_spacing: float = 0.0,
         max_backlog_bytes: int = 4 * 1024 * 1024,
+        replay_window: int = 8192,
         on_pressure: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.encoder = encoder
-        self._pacer = pacer
+        self.scheduler = SendScheduler(
+            pacer=pacer,
+            copies=copies,
+            copy_spacing=copy_spacing,
+            targets=udp.target_count,
+            max_backlog_bytes=max_backlog_bytes,
+            replay_window=replay_window,
+        )
         self._udp = udp
         self._loop = loop
-        self._copies = copies
-        self._spacing = copy_spacing
-        self._max_backlog = max_backlog_bytes
         self._on_pressure = on_pressure
         self._clock = clock
-        self._targets = udp.target_count
-        self._target = self._targets - 1  # target of the last message; the first goes to 0
-        self._queue: deque[_Item] = deque()
-        self._delayed: list[tuple[float, int, _Item]] = []  # (due, tie-break, item)
-        self._tie = itertools.count()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_due = 0.0
-        self._held = False  # datagrams have been waiting for the pacer since the last send
         self._linger: asyncio.TimerHandle | None = None
         self._waiting_writable = False
         self._emitted_records = encoder.records_sealed  # when datagrams were last queued
         self._idle = asyncio.Event()
         self._idle.set()
         self._closed = False
-        self.backlog_bytes = 0
-        """Bytes of every pending copy in the backlog."""
-        self.congested = False
-        """True between pressure reported and released."""
-        self.sent_high: dict[tuple[str, int], int] = {}
+        self._congested = False
+
+    # -- what the scheduler counts -------------------------------------------------------------
+
+    @property
+    def sent_high(self) -> dict[tuple[str, int], int]:
         """Per (topic, partition): the highest offset whose datagrams were all handed over."""
-        self.records_sent = 0
+        return self.scheduler.sent_high
+
+    @property
+    def records_sent(self) -> int:
         """Records whose datagrams were all handed to the socket."""
-        self.datagrams_sent = 0
+        return self.scheduler.records_sent
+
+    @property
+    def datagrams_sent(self) -> int:
         """Datagrams handed to the socket, every copy counted."""
-        self.bytes_sent = 0
+        return self.scheduler.datagrams_sent
+
+    @property
+    def bytes_sent(self) -> int:
         """UDP payload bytes handed to the socket, every copy counted."""
-        self.copies_sent = 0
+        return self.scheduler.bytes_sent
+
+    @property
+    def copies_sent(self) -> int:
         """Copies beyond the first."""
-        self.datagrams_dropped = 0
+        return self.scheduler.copies_sent
+
+    @property
+    def datagrams_dropped(self) -> int:
         """Datagrams the kernel refused (counted by errno in ``UdpSender.errors``)."""
-        self.pacing_delay = 0.0
+        return self.scheduler.datagrams_dropped
+
+    @property
+    def pacing_delay(self) -> float:
         """Seconds the pump waited for the pacer."""
+        return self.scheduler.pacing_delay
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes of every pending copy in the backlog."""
+        return self.scheduler.backlog_bytes
+
+    @property
+    def congested(self) -> bool:
+        """True between pressure reported and released."""
+        return self.scheduler.congested
+
+    @property
+    def pending_datagrams(self) -> int:
+        """Datagrams (and pending copies) in the backlog."""
+        return self.scheduler.pending
 
     # -- input ---------------------------------------------------------------------------------
 
@@ -181,7 +172,7 @@ class SendPipeline:
         Sending waits until ``PUMP_EVERY`` datagrams are queued or ``settle`` is called; the
         delivery order and the backlog bound are the same as with ``add``.
         """
-        self._enqueue(datagrams, pump=len(self._queue) >= PUMP_EVERY)
+        self._enqueue(datagrams, pump=self.scheduler.pending >= PUMP_EVERY)
 
     def settle(self) -> None:
         """End of a run of direct ``encoder.add`` calls: send what waits, arm the linger timer."""
@@ -189,9 +180,11 @@ class SendPipeline:
         if self._linger is None and not self._closed:
             self._arm_linger()
 
-    def enqueue(self, datagrams: Iterable[OutgoingDatagram], *, front: bool = False) -> None:
-        """Queue datagrams built outside ``add`` (heartbeats, resend markers) to every target."""
-        self._enqueue(list(datagrams), front=front, everywhere=True)
+    def enqueue(self, datagrams: Iterable[OutgoingDatagram]) -> None:
+        """Queue datagrams built outside ``add`` (heartbeats, resend markers, and the record
+        batch the encoder sealed ahead of them); control messages go to every target, ahead of
+        the data backlog as far as the replay window allows (sender/scheduler.py)."""
+        self._enqueue(list(datagrams))
 
     def flush(self) -> None:
         """Emit whatever the encoder holds back for its linger time."""
@@ -209,11 +202,6 @@ class SendPipeline:
         except TimeoutError:
             return False
         return True
-
-    @property
-    def pending_datagrams(self) -> int:
-        """Datagrams (with pending copies) in the backlog."""
-        return len(self._queue) + len(self._delayed)
 
     def close(self) -> None:
         """Cancel timers; queued datagrams are abandoned (idempotent)."""
@@ -238,58 +226,24 @@ class SendPipeline:
             self._enqueue(out)
         self._arm_linger()
 
-    def _enqueue(
-        self,
-        datagrams: list[OutgoingDatagram],
-        *,
-        front: bool = False,
-        pump: bool = True,
-        everywhere: bool = False,
-    ) -> None:
+    def _enqueue(self, datagrams: list[OutgoingDatagram], *, pump: bool = True) -> None:
+        if not datagrams:
+            return
         sealed = self.encoder.records_sealed
         records = sealed - self._emitted_records  # the last datagram completes them
         self._emitted_records = sealed
-        copies = self._copies
-        targets = self._targets
-        size = 0
-        item: _Item | None = None
-        if front or everywhere or targets > 1:
-            items: list[_Item] = []
-            target = self._target
-            for d in datagrams:
-                data = d.data
-                if everywhere and data[_KIND] != KIND_RECORD_BATCH:
-                    # A control message (a heartbeat, a resend marker): every target gets it.
-                    items.extend(_Item(data, d.completes, 0, copies, t) for t in range(targets))
-                    continue
-                if not (data[_FRAGMENT_INDEX_HIGH] | data[_FRAGMENT_INDEX_LOW]):
-                    target = target + 1 if target + 1 < targets else 0  # a new message
-                items.append(_Item(data, d.completes, 0, copies, target))
-            self._target = target
-            size = sum(len(i.data) for i in items)
-            if front:
-                self._queue.extendleft(reversed(items))
-            else:
-                self._queue.extend(items)
-            item = items[-1] if items else None
-        else:  # the hot path: one target, records in order
-            append = self._queue.append
-            for d in datagrams:
-                data = d.data
-                size += len(data)
-                item = _Item(data, d.completes, 0, copies)
-                append(item)
-        if item is None:
-            return
-        item.records = records
-        self.backlog_bytes += size * copies
+        self.scheduler.push(datagrams, records)
         self._idle.clear()
-        if not self.congested and self.backlog_bytes > self._max_backlog:
-            self.congested = True
-            if self._on_pressure is not None:
-                self._on_pressure(True)
+        self._report_pressure()
         if pump:
             self._pump()
+
+    def _report_pressure(self) -> None:
+        congested = self.scheduler.congested
+        if congested != self._congested:
+            self._congested = congested
+            if self._on_pressure is not None:
+                self._on_pressure(congested)
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -311,111 +265,24 @@ class SendPipeline:
             self._timer.cancel()
             self._timer = None
         self._send_some()
-        if self.congested and self.backlog_bytes <= self._max_backlog // 2:
-            self.congested = False
-            if self._on_pressure is not None:
-                self._on_pressure(False)
+        self._report_pressure()
 
     def _send_some(self) -> None:
-        if self._copies == 1 and self._pacer.unlimited and not self._delayed:
-            self._send_unpaced()
-            return
-        pacer, udp, queue, delayed = self._pacer, self._udp, self._queue, self._delayed
-        now = self._clock()
-        while True:
-            if delayed and delayed[0][0] <= now:
-                item = delayed[0][2]
-                from_heap = True
-            elif queue:
-                item = queue[0]
-                from_heap = False
-            else:
-                break
-            size = len(item.data)
-            if not pacer.unlimited:
-                wait = pacer.delay(size, now, backlogged=self._held)
-                if wait > 0:
-                    self._held = True
-                    self.pacing_delay += wait
-                    self._timer_due = now + wait
-                    self._timer = self._loop.call_later(wait, self._on_timer)
-                    return
-            result = udp.send(item.data, item.target)
-            if result is SendResult.BLOCKED:
+        scheduler, udp, clock = self.scheduler, self._udp, self._clock
+        next_transmit, transmitted = scheduler.next_transmit, scheduler.transmitted
+        send, sent_result, blocked = udp.send, SendResult.SENT, SendResult.BLOCKED
+        now = clock()
+        while (item := next_transmit(now)) is not None:
+            result = send(item.data, item.target)
+            if result is blocked:
                 self._waiting_writable = True
                 udp.wait_writable(self._loop, self._on_writable, item.target)
                 return
-            if result is SendResult.SENT:
-                pacer.take(size, now)
-                self.datagrams_sent += 1
-                self.bytes_sent += size
-                if item.copies_left < self._copies:
-                    self.copies_sent += 1
-            else:
-                self.datagrams_dropped += 1
-            self.backlog_bytes -= size
-            item.copies_left -= 1
-            if from_heap:
-                heapq.heappop(delayed)
-            elif item.copies_left == 0 or self._spacing > 0:
-                queue.popleft()
-            if item.copies_left > 0:
-                if self._spacing > 0:
-                    due = now + self._spacing
-                    heapq.heappush(delayed, (due, next(self._tie), item))
-            else:
-                self._complete(item)
-            now = self._clock()
-        if delayed:
-            self._timer_due = delayed[0][0]
-            self._timer = self._loop.call_later(max(0.0, delayed[0][0] - now), self._on_timer)
-        elif not queue:
-            self._held = False
+            transmitted(item, now, sent=result is sent_result)
+            now = clock()
+        wake = scheduler.next_timer()
+        if wake is not None:
+            self._timer_due = wake
+            self._timer = self._loop.call_later(max(0.0, wake - now), self._on_timer)
+        elif scheduler.idle:
             self._idle.set()
-
-    def _send_unpaced(self) -> None:
-        """``_send_some`` without a rate limit and with one copy: no pacer, no heap, no clock."""
-        queue, udp = self._queue, self._udp
-        send, sent_result, blocked = udp.send, SendResult.SENT, SendResult.BLOCKED
-        high = self.sent_high
-        sent = dropped = nbytes = gone = records = 0
-        try:
-            while queue:
-                item = queue[0]
-                data = item.data
-                result = send(data, item.target)
-                if result is blocked:
-                    self._waiting_writable = True
-                    udp.wait_writable(self._loop, self._on_writable, item.target)
-                    break
-                queue.popleft()
-                size = len(data)
-                gone += size
-                if result is sent_result:
-                    sent += 1
-                    nbytes += size
-                else:
-                    dropped += 1
-                records += item.records
-                for topic, partition, offset in item.completes:
-                    tp = (topic, partition)
-                    if offset > high.get(tp, -1):
-                        high[tp] = offset
-        finally:
-            # Also on an exception: what went out stays counted and committable.
-            self.datagrams_sent += sent
-            self.bytes_sent += nbytes
-            self.datagrams_dropped += dropped
-            self.backlog_bytes -= gone
-            self.records_sent += records
-        if not queue:
-            self._held = False
-            self._idle.set()
-
-    def _complete(self, item: _Item) -> None:
-        self.records_sent += item.records
-        high = self.sent_high
-        for topic, partition, offset in item.completes:
-            tp = (topic, partition)
-            if offset > high.get(tp, -1):
-                high[tp] = offset

@@ -544,6 +544,7 @@ class ResendJob:
                 loop=loop,
                 copies=cfg.copies,
                 copy_spacing=cfg.copy_spacing,
+                replay_window=cfg.replay_window,
                 max_backlog_bytes=cfg.max_backlog_bytes,
                 on_pressure=on_pressure,
             )

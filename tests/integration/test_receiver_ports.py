@@ -88,7 +88,7 @@ async def send_all(ports: tuple[int, int], ring) -> bytes:
             low_offsets=tuple((t, p, p) for t, p, _ in high),
             counters=(),
         )
-        pipeline.enqueue(beat, front=True)
+        pipeline.enqueue(beat)
         assert await pipeline.drain(10)
         assert udp.errors == {}
     finally:

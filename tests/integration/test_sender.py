@@ -459,3 +459,60 @@ def test_sighup_reloads_the_key_file_of_a_running_sender(
     rx.close()
     assert not rx.decoder.drops
     assert {rx.record_keys[topic, p, o] for p, o in after} == {new}
+
+
+def test_a_consumer_that_stops_reading_is_reported_and_recovered(
+    upstream_kafka, kafka_topic, group_id
+) -> None:
+    """Issue #14: the consumer's partitions are paused behind the sender's back (a consumer
+    that stops fetching); the stall check reports it (metric, log) and re-creates the consumer,
+    and every record still arrives."""
+    topic = kafka_topic(upstream_kafka, partitions=2)
+    first = [Record(key=None, value=b"a" * 50, headers=(), partition=i % 2) for i in range(200)]
+    produce_records(upstream_kafka, topic, first)
+    rx = Receiver(None)
+    cfg = sender_config(
+        upstream_kafka, topic, group_id, rx.port, start_position="earliest", stall_timeout=2.0
+    )
+
+    async def scenario() -> SenderApp:
+        app = SenderApp(cfg)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(rx.sock.fileno(), rx.drain)
+        try:
+            await app.start()
+            await wait_async(lambda: len(rx.records) >= 200, 60, "first records")
+            source = app.source
+            assert source is not None
+
+            def stop_fetching() -> None:  # behind the sender's back: it looks like a dead fetch
+                consumer = source._consumer
+                consumer.pause(consumer.assignment())
+
+            await source._call(stop_fetching)
+            produce_records(upstream_kafka, topic, first)
+            await wait_async(lambda: app.stalls >= 1, 60, "stall reported")
+            assert app.metrics.stalled._value.get() == 1
+            await wait_async(lambda: len(rx.records) >= 400, 60, "records after recovery")
+            await wait_async(lambda: not app.stalled, 30, "stall cleared")
+            assert await app.stop()
+        finally:
+            await app.stop()
+            loop.remove_reader(rx.sock.fileno())
+            rx.drain()
+        return app
+
+    with asyncio.Runner() as runner:
+        app = runner.run(scenario())
+    rx.close()
+    assert sorted(o for (_, _, o) in rx.records) == sorted(
+        list(range(100)) * 2 + list(range(100, 200)) * 2
+    )
+    assert app.stalls == 1
+
+
+async def wait_async(done, timeout: float, what: str) -> None:  # noqa: ASYNC109
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timeout waiting for {what}"
+        await asyncio.sleep(0.05)

@@ -240,7 +240,7 @@ def test_heartbeat_jumps_the_queue_and_names_only_sent_offsets() -> None:
                 low_offsets=low,
                 counters=(),
             )
-            rig.pipeline.enqueue(hb, front=True)
+            rig.pipeline.enqueue(hb)
             async with asyncio.timeout(5):
                 while True:
                     events = [e for e in rig.receive() if isinstance(e, Heartbeat)]
@@ -319,7 +319,7 @@ def test_two_targets_get_whole_messages_and_their_copies(copies: int, spacing: f
                         low_offsets=(("t", 0, 0),),
                         counters=(),
                     )
-                    rig.pipeline.enqueue(hb, front=True)
+                    rig.pipeline.enqueue(hb)
             assert await rig.pipeline.drain(5.0)
             rig.receive()
             seen = []

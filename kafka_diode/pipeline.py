@@ -45,6 +45,12 @@ class PipelineSpec:
     """Partitions of every topic."""
     value_size: int = 200
     """Mean value size in bytes."""
+    value_size_max: int = 0
+    """With a value above ``value_size``: sizes log-uniform between the two (Workload)."""
+    huge_every: int = 0
+    """Every n-th record gets a value of ``huge_size`` bytes; 0: none."""
+    huge_size: int = 0
+    """Size of those values; topics are created to admit them."""
     produce_rate: float | None = None
     """Records/s offered by the producer; None: as fast as it can."""
     profile: str | None = "demo"
@@ -140,10 +146,12 @@ class Pipeline:
     def create_topics(self) -> None:
         """Upstream sources; downstream raw, clean (one per source) and compacted gap topics."""
         n = self.spec.partitions
-        _create(self.ep.upstream, [NewTopic(t, n, 1) for t in self.ep.source_topics])
-        downstream = [NewTopic(self.ep.raw_topic, n, 1)]
+        largest = max(self.spec.value_size_max, self.spec.huge_size * 5 // 4)
+        big = {"max.message.bytes": str(largest + 1024 * 1024)} if largest > 900_000 else {}
+        _create(self.ep.upstream, [NewTopic(t, n, 1, config=big) for t in self.ep.source_topics])
+        downstream = [NewTopic(self.ep.raw_topic, n, 1, config=big)]
         downstream += [
-            NewTopic(self.ep.clean_template.replace("{topic}", t), n, 1)
+            NewTopic(self.ep.clean_template.replace("{topic}", t), n, 1, config=big)
             for t in self.ep.source_topics
         ]
         downstream.append(NewTopic(self.ep.gap_topic, 1, 1, config={"cleanup.policy": "compact"}))
@@ -305,6 +313,9 @@ class Pipeline:
             topics=self.ep.source_topics,
             records=self.spec.records,
             value_size=self.spec.value_size,
+            value_size_max=self.spec.value_size_max,
+            huge_every=self.spec.huge_every,
+            huge_size=self.spec.huge_size,
             seed=self.spec.seed,
         )
 

@@ -9,6 +9,7 @@ byte, without trusting any counter of ours.
 from __future__ import annotations
 
 import logging
+import math
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,13 @@ class Workload:
     """Total records."""
     value_size: int = 200
     """Mean value size in bytes (values vary +-50 %)."""
+    value_size_max: int = 0
+    """When above ``value_size``: sizes are log-uniform between the two instead (a mix of small
+    and large records, as a real topic has)."""
+    huge_every: int = 0
+    """Every n-th record gets a value of ``huge_size`` bytes (+-25 %); 0 disables."""
+    huge_size: int = 0
+    """Size of the huge values (bytes); producers and topics must admit it."""
     tombstone_every: int = 97
     """Every n-th record is a tombstone (null value); 0 disables."""
     seed: int = 1
@@ -49,8 +57,10 @@ def produce(
     ``rate`` (records/s) paces production for demos; ``None`` produces as fast as possible.
     """
     rng = random.Random(workload.seed)
+    largest = max(workload.value_size, workload.value_size_max, workload.huge_size * 5 // 4)
     producer = Producer(
         {
+            "message.max.bytes": max(1_000_000, largest + 64 * 1024),
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "linger.ms": 20,
@@ -75,7 +85,16 @@ def produce(
     for seq in range(workload.records):
         topic = workload.topics[seq % len(workload.topics)]
         partition = rng.randrange(partitions)
-        size = max(0, int(workload.value_size * rng.uniform(0.5, 1.5)))
+        if workload.huge_every and seq % workload.huge_every == workload.huge_every // 2:
+            size = int(workload.huge_size * rng.uniform(0.75, 1.25))
+        elif workload.value_size_max > workload.value_size > 0:
+            size = int(
+                math.exp(
+                    rng.uniform(math.log(workload.value_size), math.log(workload.value_size_max))
+                )
+            )
+        else:
+            size = max(0, int(workload.value_size * rng.uniform(0.5, 1.5)))
         value: bytes | None = rng.randbytes(size)
         if (
             workload.tombstone_every

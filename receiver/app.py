@@ -103,9 +103,6 @@ class Receiver:
             rcvbuf_bytes=lambda: self._rcvbuf,
             sockets=lambda: [(d.port, d.datagrams, d.kernel_drops) for d in self._drainers],
         )
-        common_metrics.serve(
-            make_registry(self.stats, gauges), self.config.metrics_port, self.config.metrics_addr
-        )
         if "{topic}" not in self.config.raw_topic:
             raw = self.config.raw_topic
             if not await sink.wait_metadata(raw, self.config.metadata_timeout):
@@ -120,6 +117,13 @@ class Receiver:
             self._open_sockets()
             for drainer in self._drainers:
                 drainer.start(loop)
+            # Only now: a /metrics that answers means the sockets are bound and read (a
+            # supervisor or test that waits for it may start sending at once).
+            common_metrics.serve(
+                make_registry(self.stats, gauges),
+                self.config.metrics_port,
+                self.config.metrics_addr,
+            )
             self._service_handle = loop.call_later(_SERVICE_INTERVAL, self._service)
             log.info(
                 "%sreceiving on %s -> %s (raw topic %s)",
@@ -182,10 +186,11 @@ class Receiver:
         try:
             decoder.receive_datagram(data, self._loop.time())
             self._drain_events()
-        except Exception:  # hostile input must never stop the receiver (module docstring)
+        except Exception:  # noqa: BLE001  hostile input must never stop the receiver (logged)
             stats.drop(INTERNAL_ERROR)
-            self._rlog.warning("internal", "internal error while handling a datagram")
-            log.debug("internal error", exc_info=True)
+            self._rlog.warning(
+                "internal", "internal error while handling a datagram (a bug)", exc_info=True
+            )
 
     def _drain_events(self) -> None:
         decoder, sink, stats = self._decoder, self._sink, self.stats
@@ -206,7 +211,10 @@ class Receiver:
             elif kind is ResendMarker:
                 assert isinstance(event, ResendMarker)
                 stats.resend_markers += 1
-                log.info(
+                # rate-limited: markers come from the wire (a sender repeats them, and so
+                # can anybody who holds the key)
+                self._rlog.info(
+                    "resend-marker",
                     "resend %s %s from session %s (%d ranges, %d records sent)",
                     event.bundle_id,
                     event.phase,

@@ -28,6 +28,17 @@ only (keyword arguments cost it a dict per call, ~0.3 us of ~2 us); the raw topi
 partition and two of the four provenance headers are computed once per group (one source
 partition). ``produce_batch()`` is not used: it takes no headers, which the raw layout needs.
 
+Timestamps: raw records carry the **receiver's** clock (``produce(..., timestamp=0)``), never the
+source timestamp, so the raw topic does not depend on the source clock being acceptable to the
+downstream broker (Kafka refuses CreateTime more than ``message.timestamp.after.max.ms``, one hour
+by default in Kafka 4, ahead of its clock); ``diode.timestamp`` keeps the source timestamp and the
+dedup restores it for the clean topic (docs/topics.md).
+
+Refusals: ``produce()`` refusing one record (``KafkaException`` such as ``MSG_SIZE_TOO_LARGE``, or
+any other exception for a value the client cannot encode) fails that record only, reported in the
+loss report as ``delivery_errors``; the rest of the batch is written. The decoder already drops
+values no Kafka record can have (``out_of_range``), so this is the last line, not the filter.
+
 Partition counts come from metadata lookups on a worker thread (they block), cached per raw topic
 and refreshed every ``metadata_refresh`` seconds; the raw partition is the source partition modulo
 that count (docs/topics.md). A finished lookup is applied by the next :meth:`service`, so the first
@@ -238,30 +249,28 @@ class RawTopicSink:
                     tt_header,
                     session_header,
                 ]
-                # no timestamp upstream: the broker's clock (the header keeps the original)
-                ts = rts if rts > 0 else 0
                 if direct:
                     try:
-                        # positional: keywords would cost produce() a dict per call (~0.3 us)
-                        produce(raw, value, key, target, None, None, ts, headers)
+                        # positional: keywords would cost produce() a dict per call (~0.3 us).
+                        # Timestamp 0: the receiver's clock (module docstring, "Timestamps").
+                        produce(raw, value, key, target, None, None, 0, headers)
                         produced += 1
                         continue
                     except BufferError:
                         pass
-                    except KafkaException as exc:
+                    except Exception as exc:  # noqa: BLE001  one record's refusal, reported
                         self._refused(topic, partition, offset, exc)
                         continue
                 size = len(key) + (len(value) if value is not None else 0) + 64
-                self._hold((raw, topic, partition, offset, value, key, ts, headers, size))
+                self._hold((raw, topic, partition, offset, value, key, 0, headers, size))
                 direct = count is not None and raw not in backlog
         self._stats.produced += produced
 
     def write_heartbeat(self, beat: Heartbeat) -> None:
         """One control record per partition of ``beat`` (docs/topics.md, heartbeats)."""
-        ts = beat.sent_at_ms if beat.sent_at_ms > 0 else 0
         for topic, partition, key, value in heartbeat_records(beat):
             raw = self._raw_topic(topic)
-            item: _Item = (raw, topic, partition, -1, value, key, ts, HEARTBEAT_HEADERS, 256)
+            item: _Item = (raw, topic, partition, -1, value, key, 0, HEARTBEAT_HEADERS, 256)
             if not self._produce_item(item):
                 self._hold(item)
 
@@ -275,13 +284,16 @@ class RawTopicSink:
             self._producer.produce(raw, value, key, partition % count, None, None, ts, headers)
         except BufferError:
             return False
-        except KafkaException as exc:
+        except Exception as exc:  # noqa: BLE001  one record's refusal, reported; never a wedge
             self._refused(topic, partition, offset, exc)
             return True
         self._stats.produced += 1
         return True
 
-    def _refused(self, topic: str, partition: int, offset: int, exc: KafkaException) -> None:
+    def _refused(self, topic: str, partition: int, offset: int, exc: Exception) -> None:
+        # Refused at produce() time (too large, a value the client cannot encode, ...): this
+        # record only; the rest of its batch goes on. It joins the loss report like a failed
+        # delivery, so an operator knows what to resend.
         self._stats.delivery_errors += 1
         if offset >= 0:
             self._failed.add(topic, partition, offset)

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common import metrics as common_metrics
-from common.errors import KeyRingError
+from common.errors import ConfigError, KeyRingError
 from common.logging import RateLimitedLog
 from common.wire import Dropped, DropReason, Heartbeat, KeyRing, RecordBatch, ResendMarker
 from common.wire.decoder import Decoder
@@ -50,6 +50,7 @@ from receiver.metrics import (
     ReceiverStats,
     make_registry,
 )
+from receiver.topic_check import raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class Receiver:
     ) -> dict[str, object]:
         """Receive until ``stop`` is set; flush; return the exit summary."""
         loop = self._loop = asyncio.get_running_loop()
-        sink = self._sink = RawTopicSink(self.config, self.stats)
+        sink = self._sink = RawTopicSink(self.config, self.stats, topic_check=raw_topic_problem)
         gauges = Gauges(
             reassemblies_in_flight=lambda: self._decoder.reassemblies_in_flight,
             producer_queue=lambda: sink.queued,
@@ -113,6 +114,11 @@ class Receiver:
                     self.config.bootstrap_servers,
                     self.config.backlog_max_records,
                 )
+            else:
+                problem = await loop.run_in_executor(None, raw_topic_problem, self.config, raw)
+                if problem is not None:
+                    await sink.close(0)
+                    raise ConfigError(f"raw topic {raw}", problem)
         try:
             self._open_sockets()
             for drainer in self._drainers:
@@ -365,7 +371,12 @@ def run(
 
         loop_factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        summary = runner.run(main())
+        try:
+            summary = runner.run(main())
+        except ConfigError as exc:  # found at start-up, before any socket was opened
+            log.error("configuration error: %s", exc)  # noqa: TRY400  the message says it all
+            print(f"kafka-diode receive: configuration error: {exc}", file=sys.stderr)
+            return 2
     print(json.dumps({"receiver_summary": summary, "worker": worker}), flush=True)
     return 0
 

@@ -143,11 +143,15 @@ class RawTopicSink:
         stats: ReceiverStats,
         *,
         producer_factory: ProducerFactory = Producer,
+        topic_check: Callable[[ReceiverConfig, str], str | None] | None = None,
     ) -> None:
         self._config = config
         self._stats = stats
         self._rlog = RateLimitedLog(log)
         self._producer_factory = producer_factory
+        #: checks a raw topic's limits (receiver.topic_check) when it is first used; None: off
+        self._topic_check = topic_check
+        self._checks: dict[str, concurrent.futures.Future[str | None]] = {}
         self._producer = self._new_producer()
         self._raw_topics: dict[str, str] = {}  # source topic -> raw topic
         self._partitions: dict[str, int] = {}  # raw topic -> partition count
@@ -188,7 +192,10 @@ class RawTopicSink:
             self._failed.add(topic, int(partition), int(offset))
         except (AttributeError, UnicodeDecodeError, ValueError):
             pass
-        self._rlog.warning("delivery", "delivery to %s failed: %s", msg.topic(), err)
+        hint = ""
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            hint = " (raise the topic's max.message.bytes: docs/operations.md, Large records)"
+        self._rlog.warning("delivery", "delivery to %s failed: %s%s", msg.topic(), err, hint)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -386,6 +393,14 @@ class RawTopicSink:
             if now - at >= self._config.metadata_refresh and raw not in self._lookups:
                 self._refreshed[raw] = now
                 self._lookup(raw)
+        for raw, future in list(self._checks.items()):
+            if future.done():
+                del self._checks[raw]
+                problem = future.exception() or future.result()
+                if problem:
+                    log.error(
+                        "%s; larger records are refused by the broker and reported as lost", problem
+                    )
         self.report_losses(now)
 
     _last_report = 0.0
@@ -436,6 +451,10 @@ class RawTopicSink:
             log.warning("raw topic %s now has %d partitions (was %d)", raw, count, old)
         elif old is None:
             log.info("raw topic %s has %d partitions", raw, count)
+            if self._topic_check is not None and raw != self._config.raw_topic:
+                # a topic of the {topic} template, first seen now (a fixed raw topic is checked
+                # at start-up, where a problem stops the receiver)
+                self._checks[raw] = self._executor.submit(self._topic_check, self._config, raw)
         self._partitions[raw] = count
         self._refreshed[raw] = now
 

@@ -103,7 +103,8 @@ def assert_raw_layout(consumed, sent_records, raw_partitions: int, session: byte
         raw = by_key[f"{topic}:{partition}:{offset}"]
         assert raw.value == value
         assert raw.partition == partition % raw_partitions
-        assert raw.timestamp == ts
+        # the receiver's clock, not the source's (docs/topics.md): within the test's run
+        assert abs(raw.timestamp - time.time() * 1000) < 3_600_000
         assert list(raw.headers[: len(headers)]) == list(headers)
         assert [name for name, _ in raw.headers[len(headers) :]] == PROVENANCE
         prov = dict(raw.headers[len(headers) :])

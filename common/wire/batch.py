@@ -45,6 +45,8 @@ _ONE_GROUP: Final = b"\x02"  # an array block of one item
 _TWO_ENDS: Final = b"\x00\x00"  # the end of the last column and of the groups array
 _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
+#: A base this far inside the 64-bit range cannot leave it by adding a one-byte long (-64..63).
+_SMALL_DELTA_EDGE: Final = _INT64_MAX - 64
 #: Kafka's longest topic name; a NUL in a name makes the Kafka client raise ValueError.
 _MAX_TOPIC_LENGTH: Final = 249
 
@@ -545,13 +547,21 @@ def _longs(data: bytes, pos: int, end: int, base: int) -> tuple[tuple[int, ...],
         if nxt < end and data[nxt] == 0:  # ...followed by the end of the array
             chunk = data[start:nxt]
             if chunk == _RUNS[n]:
+                if base + n > _INT64_MAX + 1:
+                    raise _out_of_range("base + delta beyond 64 bits")
                 return tuple(range(base, base + n)), nxt + 1
-            if chunk.isascii():  # every delta a one-byte long
-                return tuple(map(base.__add__, map(_ZIGZAG.__getitem__, chunk))), nxt + 1
+            if chunk.isascii():  # every delta a one-byte long, in -64..63
+                items = tuple(map(base.__add__, map(_ZIGZAG.__getitem__, chunk)))
+                # base + delta leaves 64 bits only for a base within 64 of either end
+                if -_SMALL_DELTA_EDGE <= base <= _SMALL_DELTA_EDGE or _in_int64(items):
+                    return items, nxt + 1
+                raise _out_of_range("base + delta beyond 64 bits")
     out: list[int] = []
     while True:
         n, pos = _block(data, pos, end)
         if not n:
+            if out and not _in_int64(out):
+                raise _out_of_range("base + delta beyond 64 bits")
             return tuple(out), pos
         for _ in range(n):
             b = data[pos]
@@ -561,6 +571,10 @@ def _longs(data: bytes, pos: int, end: int, base: int) -> tuple[tuple[int, ...],
             else:
                 value, pos = _read_long(data, pos, end)
                 out.append(base + value)
+
+
+def _in_int64(items: Sequence[int]) -> bool:
+    return min(items) >= _INT64_MIN and max(items) <= _INT64_MAX
 
 
 def _nullables(data: bytes, pos: int, end: int) -> tuple[tuple[bytes | None, ...], int]:
@@ -746,10 +760,8 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
                 if base_ts + n - 1 > _INT64_MAX:
                     raise _out_of_range("timestamp beyond 64 bits")
             else:
+                # base + delta: each fits 64 bits, their sum need not; _longs refuses it
                 timestamps, pos = _longs(data, pos, end, base_ts)
-                # base + delta: each fits 64 bits, their sum need not (a Kafka client refuses it)
-                if timestamps and (min(timestamps) < _INT64_MIN or max(timestamps) > _INT64_MAX):
-                    raise _out_of_range("timestamp beyond 64 bits")
             # keys, then values: all of one length (_same_length_items, inlined) or item by item
             column: tuple[bytes | None, ...] | None = None
             b = data[pos]

@@ -22,7 +22,9 @@ from tests.integration.receiver_process import ReceiverProcess, write_key_file
 from tests.integration.test_dedup import finish, job_env, run_dedup
 from tests.kafka_helpers import consume_all, wait_until
 
-pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+# Slow (one Spark start, 1-2 min here): the CI set covers the same rules without Spark in
+# test_dedup_limits.py (clean topic) and test_receiver_e2e.py (raw topic, real sender).
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
 HOUR = 3_600_000
 SOURCE = "orders.eu"

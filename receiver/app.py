@@ -106,7 +106,9 @@ class Receiver:
         )
         if "{topic}" not in self.config.raw_topic:
             raw = self.config.raw_topic
+            sink.checked_elsewhere.add(raw)  # below, where a problem stops the start-up
             if not await sink.wait_metadata(raw, self.config.metadata_timeout):
+                sink.checked_elsewhere.discard(raw)  # checked when it appears
                 log.warning(
                     "raw topic %s not reachable at %s yet; records wait in the backlog (up to "
                     "%d) until it is",

@@ -152,6 +152,8 @@ class RawTopicSink:
         #: checks a raw topic's limits (receiver.topic_check) when it is first used; None: off
         self._topic_check = topic_check
         self._checks: dict[str, concurrent.futures.Future[str | None]] = {}
+        #: raw topics whose limits are checked elsewhere (the fixed raw topic, at start-up)
+        self.checked_elsewhere: set[str] = set()
         self._producer = self._new_producer()
         self._raw_topics: dict[str, str] = {}  # source topic -> raw topic
         self._partitions: dict[str, int] = {}  # raw topic -> partition count
@@ -451,9 +453,9 @@ class RawTopicSink:
             log.warning("raw topic %s now has %d partitions (was %d)", raw, count, old)
         elif old is None:
             log.info("raw topic %s has %d partitions", raw, count)
-            if self._topic_check is not None and raw != self._config.raw_topic:
-                # a topic of the {topic} template, first seen now (a fixed raw topic is checked
-                # at start-up, where a problem stops the receiver)
+            if self._topic_check is not None and raw not in self.checked_elsewhere:
+                # first seen now, records already flowing: a problem is logged (the fixed raw
+                # topic, when it is there at start-up, is checked there and stops the receiver)
                 self._checks[raw] = self._executor.submit(self._topic_check, self._config, raw)
         self._partitions[raw] = count
         self._refreshed[raw] = now

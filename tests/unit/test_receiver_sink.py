@@ -9,6 +9,7 @@ range logged, or the delivery-error count -- never silently lost, never produced
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from typing import Any
 
@@ -279,3 +280,37 @@ def test_a_value_the_client_cannot_encode_fails_only_its_record(
         assert "b\x00d:0:0-3" in caplog.text
     finally:
         fake.close()
+
+
+def test_a_raw_topic_first_seen_while_running_is_checked_and_a_problem_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeProducer({"raw.a": 1, "raw.b": 1})
+    config = ReceiverConfig(
+        bootstrap_servers="fake:9092", raw_topic="raw.{topic}", allow_cleartext=True
+    )
+    checked: list[str] = []
+
+    def check(_config: ReceiverConfig, topic: str) -> str | None:
+        checked.append(topic)
+        return (
+            f"topic {topic!r} admits messages up to 1 bytes (max.message.bytes)"
+            if topic == "raw.b"
+            else None
+        )
+
+    sink = RawTopicSink(
+        config, ReceiverStats(), producer_factory=lambda _p: fake, topic_check=check
+    )
+    sink.checked_elsewhere.add("raw.a")
+    for raw in ("raw.a", "raw.b"):
+        assert asyncio.run(sink.wait_metadata(raw, 5.0))
+    with caplog.at_level(logging.ERROR, logger="receiver.kafka_sink"):
+        for _ in range(100):  # the check runs on the metadata thread
+            sink.tick(0.0)
+            if "raw.b" in caplog.text:
+                break
+            concurrent.futures.wait(list(sink._checks.values()), timeout=5)
+    assert checked == ["raw.b"]
+    assert "'raw.b' admits messages up to 1 bytes (max.message.bytes)" in caplog.text
+    assert "refused by the broker and reported as lost" in caplog.text

@@ -70,8 +70,17 @@ class RateLimitedLog:
         self._clock = clock
         self._windows: dict[str, tuple[float, int, int]] = {}  # key -> (start, passed, suppressed)
 
-    def warning(self, key: str, msg: str, *args: object) -> None:
-        """Log ``msg % args`` at WARNING unless ``key`` is over its budget."""
+    def warning(self, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
+        """Log ``msg % args`` at WARNING unless ``key`` is over its budget (with the traceback
+        of the exception being handled when ``exc_info``)."""
+        self.log(logging.WARNING, key, msg, *args, exc_info=exc_info)
+
+    def info(self, key: str, msg: str, *args: object) -> None:
+        """Log ``msg % args`` at INFO unless ``key`` is over its budget."""
+        self.log(logging.INFO, key, msg, *args)
+
+    def log(self, level: int, key: str, msg: str, *args: object, exc_info: bool = False) -> None:
+        """Log ``msg % args`` at ``level`` unless ``key`` is over its budget."""
         now = self._clock()
         start, passed, suppressed = self._windows.get(key, (now, 0, 0))
         if now - start >= self._period:
@@ -80,7 +89,7 @@ class RateLimitedLog:
             if suppressed:
                 msg = msg + " (%d similar messages suppressed)"
                 args = (*args, suppressed)
-            self._logger.warning(msg, *args)
+            self._logger.log(level, msg, *args, exc_info=exc_info)
             self._windows[key] = (start, passed + 1, 0)
         else:
             if len(self._windows) > 1024 and key not in self._windows:

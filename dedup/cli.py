@@ -241,6 +241,7 @@ def writer_settings(config: DedupConfig, cls: Any) -> Any:
         transactional_id=config.writer_transactional_id,
         new_topic_partitions=config.new_topic_partitions,
         new_topic_replication=config.new_topic_replication,
+        max_record_size=config.max_record_size,
         kafka_conf=dict(config.kafka_conf),
         raw_topics=(*config.raw_topics, config.control_topic),
         source_options=dict(config.kafka_source),

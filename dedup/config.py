@@ -35,6 +35,7 @@ from typing import Any
 
 from common import settings
 from common.errors import ConfigError
+from common.topic_limits import RECORD_OVERHEAD, record_limit
 
 #: Kafka topic names: at most 249 characters of ``[a-zA-Z0-9._-]`` (Kafka's own rule).
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -104,6 +105,11 @@ class DedupConfig:
     transactional_id: str | None = None
     """transactional.id of the writer; default derived from STATE_DIR_CONFIG. One per checkpoint:
     two running instances with the same one fence each other (the older fails)."""
+    max_record_size: int = 16 * 1024 * 1024
+    """Largest record (key + value + headers) the link carries: the sender's and receiver's
+    max_record_size. The writer's producer is sized for it; clean topics the job creates admit
+    it; an existing clean topic that does not stops the job with an error naming its
+    max.message.bytes (docs/operations.md "Large records")."""
     new_topic_partitions: int = 1
     """Partitions of clean topics the job creates when missing (gap/progress/control get 1)."""
     new_topic_replication: int = -1
@@ -173,6 +179,20 @@ class DedupConfig:
         _check_range("MAX_OFFSETS_PER_TRIGGER", self.max_offsets_per_trigger, 1, 50_000_000)
         _check_range("ARROW_MAX_RECORDS_PER_BATCH", self.arrow_max_records_per_batch, 1, 10_000_000)
         _check_range("NEW_TOPIC_PARTITIONS", self.new_topic_partitions, 1, 100_000)
+        _check_range("MAX_RECORD_SIZE", self.max_record_size, 1, 1_000_000_000 - RECORD_OVERHEAD)
+        needed = record_limit(self.max_record_size)
+        for prop, least in (
+            ("message.max.bytes", needed),  # the writer's producer
+            ("receive.message.max.bytes", needed + 512),  # the re-read consumer's responses
+        ):
+            value = self.kafka_conf.get(prop, "")
+            if value.isdigit() and int(value) < least:
+                raise ConfigError(
+                    "KAFKA_CONF_" + prop.upper().replace(".", "_"),
+                    f"{value} is below the {least} bytes a record of MAX_RECORD_SIZE "
+                    f"{self.max_record_size} needs",
+                    "remove it (the dedup sizes its clients itself) or lower MAX_RECORD_SIZE",
+                )
         if self.new_topic_replication == 0 or self.new_topic_replication < -1:
             raise ConfigError("NEW_TOPIC_REPLICATION", "must be -1 or at least 1", "use -1 or 3")
         _check_range("METRICS_PORT", self.metrics_port, 0, 65_535)

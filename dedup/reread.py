@@ -23,6 +23,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from common.errors import ServiceError
+from common.topic_limits import record_limit
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,10 @@ SHARED_SOURCE_OPTIONS = (
     "client.dns.lookup",
     "isolation.level",
 )
+#: librdkafka's default ``fetch.max.bytes``; a record up to it needs nothing special.
+_FETCH_MAX_BYTES = 52_428_800
+#: Room for the fetch response's own framing on top of one record batch.
+_RESPONSE_MARGIN = 1 << 20
 #: Messages per ``consume`` call (the Python side holds at most this many at once).
 DEFAULT_CHUNK = 5_000
 #: One ``consume`` call's wait when fewer messages than asked for exist (see ``read``).
@@ -51,7 +56,11 @@ class RawRecordGoneError(ServiceError):
 
 
 def consumer_conf(
-    kafka_conf: Mapping[str, str], source_options: Mapping[str, str], *, group_id: str
+    kafka_conf: Mapping[str, str],
+    source_options: Mapping[str, str],
+    *,
+    group_id: str,
+    max_record_size: int = 0,
 ) -> dict[str, Any]:
     """librdkafka settings of the re-read consumer (``kafka_conf`` includes bootstrap.servers).
 
@@ -74,6 +83,12 @@ def consumer_conf(
         "fetch.wait.max.ms": 10,
         "queued.max.messages.kbytes": 32_768,
     }
+    needed = record_limit(max_record_size)
+    if needed > _FETCH_MAX_BYTES:
+        # librdkafka returns a record batch larger than fetch.max.bytes anyway (progress), but a
+        # response over receive.message.max.bytes is an error: both must hold the largest record
+        conf["fetch.max.bytes"] = needed
+        conf["receive.message.max.bytes"] = needed + _RESPONSE_MARGIN
     for name in SHARED_SOURCE_OPTIONS:
         value = source_options.get(f"kafka.{name}")
         if value is not None:

@@ -53,10 +53,23 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    NewTopic,
+    ResourceType,
+)
 
 from common.errors import ServiceError
 from common.metrics import CollectorRegistry, Counter, Gauge
+from common.topic_limits import (
+    LONG_MAX,
+    TimestampWindow,
+    created_topic_config,
+    record_limit,
+    size_problem,
+    timestamp_window,
+)
 from dedup.raw_record import (
     KIND_RECORDS,
     POSITION_FIELDS,
@@ -76,6 +89,9 @@ KAFKA_TIMEOUT_S = 30.0
 FENCE_SCAN_STEP = 512
 #: The marker partition: one partition keeps the markers of a query in order.
 MARKER_PARTITION = 0
+#: Trailing header of a clean record written with the dedup's time: the source timestamp (ms,
+#: ASCII decimal) its clean topic would have refused (docs/topics.md "Timestamps").
+ORIGINAL_TIMESTAMP_HEADER = "diode.original-timestamp"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,6 +112,9 @@ class WriterSettings:
     """Partitions of clean topics created when missing."""
     new_topic_replication: int = -1
     """Replication factor of created topics (-1: broker default)."""
+    max_record_size: int = 16 * 1024 * 1024
+    """Largest record the link carries (MAX_RECORD_SIZE): sizes the producer, created topics and
+    the start-up check of existing clean topics."""
     kafka_conf: Mapping[str, str] = field(default_factory=dict)
     """librdkafka pass-through properties."""
     raw_topics: tuple[str, ...] = ()
@@ -172,6 +191,11 @@ class DedupMetrics:
             "gaps_expired", "Gaps reported expired (forgotten beyond MAX_EXPIRED_GAPS)",
             namespace=ns, subsystem=sub, registry=reg,
         )  # fmt: skip
+        self.timestamps_replaced = Counter(
+            "timestamps_replaced", "Clean records written with the dedup's time because the clean "
+            "topic would refuse their source timestamp (kept in diode.original-timestamp)",
+            namespace=ns, subsystem=sub, registry=reg,
+        )  # fmt: skip
         self.resets = Counter(
             "resets_applied", "Partition state resets applied (kafka-diode dedup reset)",
             namespace=ns, subsystem=sub, registry=reg,
@@ -239,8 +263,11 @@ class TransactionalBatchWriter:
         self._reader: RawRereader | None = None
         self._last_committed = -1
         self._partitions: dict[str, int] = {}
+        self._windows: dict[str, TimestampWindow] = {}  # clean topic -> timestamps it accepts
         self._clean_names: dict[str, str] = {}
         self.last: BatchResult | None = None
+        #: records of the batch being written that got the dedup's time (``_produce_replaced``)
+        self.replaced_in_batch = 0
         self.committed_batches = 0
         #: micro-batches handed to this writer (committed, skipped or empty)
         self.batches_seen = 0
@@ -274,6 +301,7 @@ class TransactionalBatchWriter:
                 self._base_conf(),
                 self.settings.source_options,
                 group_id=f"{self.settings.transactional_id}.reread",
+                max_record_size=self.settings.max_record_size,
             )
             self._reader = RawRereader(
                 conf, chunk=self.settings.reread_chunk, timeout_s=KAFKA_TIMEOUT_S
@@ -300,6 +328,10 @@ class TransactionalBatchWriter:
                 "queue.buffering.max.kbytes": conf.get("queue.buffering.max.kbytes", 131_072),
             }
         )
+        # librdkafka refuses a message over message.max.bytes (1 MB by default) by itself
+        needed = record_limit(self.settings.max_record_size)
+        if int(conf.get("message.max.bytes", 0) or 0) < needed:
+            conf["message.max.bytes"] = needed
         producer = Producer(conf)
         try:
             producer.init_transactions(KAFKA_TIMEOUT_S)
@@ -309,6 +341,8 @@ class TransactionalBatchWriter:
                 f"({exc}); check BOOTSTRAP_SERVERS and that the broker allows transactions"
             ) from exc
         self.ensure_topics([self.settings.gap_topic, self.settings.progress_topic], compact=True)
+        if "{topic}" not in self.settings.clean_topic:
+            self._partition_count(producer, self.settings.clean_topic)  # checks it, at start-up
         self._last_committed = self._read_last_marker()
         log.info(
             "writer ready: transactional.id=%s query=%s last committed batch=%d",
@@ -385,7 +419,11 @@ class TransactionalBatchWriter:
             return
         if partitions is None:
             partitions = 1 if compact else self.settings.new_topic_partitions
-        config = {"cleanup.policy": "compact"} if compact else {}
+        config = (
+            {"cleanup.policy": "compact"}
+            if compact
+            else created_topic_config(self.settings.max_record_size, any_timestamp=True)
+        )
         futures = admin.create_topics(
             [
                 NewTopic(t, partitions, self.settings.new_topic_replication, config=config)
@@ -403,15 +441,52 @@ class TransactionalBatchWriter:
     def _partition_count(self, producer: Producer, topic: str) -> int:
         count = self._partitions.get(topic)
         if count is None:
+            # Create it first if missing: a metadata request for one topic would make a broker
+            # with auto.create.topics.enable create it with its defaults, not with ours.
+            self.ensure_topics([topic])
             meta = producer.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
-            if meta is None or meta.error is not None or not meta.partitions:
-                self.ensure_topics([topic])
-                meta = producer.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
             if meta is None or not meta.partitions:
                 raise ServiceError(f"clean topic {topic!r} has no partitions; create it first")
+            self._windows[topic] = self._check_clean_topic(topic)
             count = len(meta.partitions)
             self._partitions[topic] = count
         return count
+
+    def _check_clean_topic(self, topic: str) -> TimestampWindow:
+        """At first use of a clean topic: refuse one that cannot take the largest record; learn
+        which timestamps it accepts (docs/topics.md "Timestamps").
+
+        Raises:
+            ServiceError: the topic's max.message.bytes is below what MAX_RECORD_SIZE needs.
+        """
+        admin = AdminClient(self._base_conf())
+        resource = ConfigResource(ResourceType.TOPIC, topic)
+        try:
+            entries = admin.describe_configs([resource], request_timeout=KAFKA_TIMEOUT_S)[
+                resource
+            ].result(KAFKA_TIMEOUT_S)
+        except KafkaException as exc:
+            log.warning("cannot read the configuration of clean topic %s (%s)", topic, exc)
+            return TimestampWindow()
+        configs = {name: e.value for name, e in entries.items() if e.value is not None}
+        problem = size_problem(topic, configs, self.settings.max_record_size, "MAX_RECORD_SIZE")
+        if problem is not None:
+            raise ServiceError(f"clean {problem}")
+        window = timestamp_window(configs)
+        if not window.unlimited:
+            log.warning(
+                "clean topic %s does not take every source timestamp (%s): records outside it "
+                "are written with the dedup's time and their own in the diode.original-timestamp "
+                "header (metric kafka_diode_dedup_timestamps_replaced_total). To keep every "
+                "timestamp: kafka-configs --alter --entity-type topics --entity-name %s "
+                "--add-config message.timestamp.after.max.ms=%d,message.timestamp.before.max.ms=%d",
+                topic,
+                window.describe(),
+                topic,
+                LONG_MAX,
+                LONG_MAX,
+            )
+        return window
 
     def clean_name(self, source_topic: str) -> str:
         """The clean topic of ``source_topic`` (CLEAN_TOPIC, with ``{topic}`` filled in)."""
@@ -483,6 +558,7 @@ class TransactionalBatchWriter:
             if self.metrics is not None:
                 self.metrics.add_stats(stats)
             return result
+        self.replaced_in_batch = 0
         producer.begin_transaction()
         try:
             with _gc_paused():
@@ -511,7 +587,16 @@ class TransactionalBatchWriter:
             raise
         self._last_committed = batch_id
         self.committed_batches += 1
+        if self.replaced_in_batch:
+            log.warning(
+                "batch %d: %d records written with the dedup's time: their clean topic would "
+                "refuse their source timestamp (kept in the %s header)",
+                batch_id,
+                self.replaced_in_batch,
+                ORIGINAL_TIMESTAMP_HEADER,
+            )
         if self.metrics is not None:
+            self.metrics.timestamps_replaced.inc(self.replaced_in_batch)
             self.metrics.forwarded.inc(result.records)
             self.metrics.gap_reports.inc(result.gaps)
             self.metrics.batches.inc()
@@ -550,7 +635,8 @@ class TransactionalBatchWriter:
         positions = np.concatenate(packed)
         src_offset, raw_topic, raw_partition, raw_offset = positions.T
         # Clean target per row (one source partition each), then per record.
-        targets: list[tuple[str, int, bytes]] = []
+        targets: list[tuple[str, int, bytes, tuple[int, int]]] = []
+        now_ms = int(time.time() * 1000)
         index_of: dict[tuple[str, int], int] = {}
         row_target = []
         for topic, partition in zip(
@@ -562,7 +648,9 @@ class TransactionalBatchWriter:
                 name = self.clean_name(topic)
                 index_of[(topic, partition)] = len(targets)
                 count = self._partition_count(producer, name)
-                targets.append((name, partition % count, f"{topic}:{partition}:".encode()))
+                # the timestamps the clean topic accepts now: plain bounds for the hot loop
+                accepts = self._windows.get(name, TimestampWindow()).bounds(now_ms)
+                targets.append((name, partition % count, f"{topic}:{partition}:".encode(), accepts))
             row_target.append(index_of[(topic, partition)])
         source_of = np.repeat(np.asarray(row_target), [len(p) for p in packed])
         order = np.lexsort((raw_offset, raw_partition, raw_topic))
@@ -589,10 +677,12 @@ class TransactionalBatchWriter:
                 run_start, run_end, t = its_runs[r]
                 lo, hi = max(run_start, j), min(run_end, end)
                 part = chunk[lo - j : hi - j]
-                name, target, prefix = targets[t]
+                name, target, prefix, accepts = targets[t]
                 if not _keys_match(part, prefix, expected_offsets[lo:hi]):
                     raise _not_chosen(part, prefix, expected_offsets[lo:hi], wanted[index][:2])
-                self._produce_chunk(producer, part, name, target, wanted[index][:2])
+                self.replaced_in_batch += self._produce_chunk(
+                    producer, part, name, target, wanted[index][:2], accepts
+                )
                 if run_end > end:
                     break  # the run goes on in the next chunk
                 r += 1
@@ -600,16 +690,27 @@ class TransactionalBatchWriter:
         return sum(done)
 
     @staticmethod
-    def _produce_chunk(
-        producer: Producer, chunk: list[Message], name: str, target: int, raw: tuple[str, int]
-    ) -> None:
-        """Restore and produce raw records whose keys were checked (the per-record hot loop).
+    def _produce_chunk(  # noqa: PLR0917  the hot loop's inputs, positional
+        producer: Producer,
+        chunk: list[Message],
+        name: str,
+        target: int,
+        raw: tuple[str, int],
+        bounds: tuple[int, int],
+    ) -> int:
+        """Restore and produce raw records whose keys were checked (the per-record hot loop);
+        returns how many were written with the dedup's time (``_produce_replaced``).
 
         No per-record callback: a transactional producer's ``commit_transaction`` fails if any
-        message of the transaction failed, and the batch is then aborted (``write_table``).
+        message of the transaction failed, and the batch is then aborted (``write_table``). So no
+        record the broker would refuse may be produced: a timestamp outside ``bounds`` (what the
+        clean topic accepts) takes ``_produce_replaced``, never the broker's refusal, which would
+        fail the whole batch again on every replay.
         """
         produce = producer.produce
         rest: Any = None
+        low, high = bounds
+        replaced = 0
         for msg in chunk:
             value, headers = msg.value(), msg.headers()
             # Fast path (every record the receiver writes for a source record without headers):
@@ -625,12 +726,13 @@ class TransactionalBatchWriter:
                     and stamp.isdigit()
                 ):
                     key, timestamp, rest = cast("bytes | None", key_h[1]), int(stamp), None
-                    try:
-                        # positional: keywords cost produce() a dict per call (~1 us here)
-                        produce(name, value, key, target, None, None, timestamp, rest)
-                    except BufferError:
-                        _produce_blocking(producer, (name, value, key, target, timestamp, rest))
-                    continue
+                    if low <= timestamp <= high:
+                        try:
+                            # positional: keywords cost produce() a dict per call (~1 us here)
+                            produce(name, value, key, target, None, None, timestamp, rest)
+                        except BufferError:
+                            _produce_blocking(producer, (name, value, key, target, timestamp, rest))
+                        continue
             restored = restore(cast("list[Header]", headers or ()))
             if restored is None:
                 raise ServiceError(
@@ -639,11 +741,16 @@ class TransactionalBatchWriter:
                     "and re-created? The batch is aborted."
                 )
             key, timestamp, source_headers = restored
+            if not low <= timestamp <= high:
+                _produce_replaced(producer, (name, value, key, target, timestamp, source_headers))
+                replaced += 1
+                continue
             rest = source_headers or None
             try:
                 produce(name, value, key, target, None, None, timestamp, rest)
             except BufferError:
                 _produce_blocking(producer, (name, value, key, target, timestamp, rest))
+        return replaced
 
     def _produce_gaps(self, producer: Producer, gap_rows: pa.Table) -> None:
         if gap_rows.num_rows == 0:
@@ -722,13 +829,30 @@ def _not_chosen(
     )
 
 
+def _produce_replaced(
+    producer: Producer, args: tuple[str, bytes | None, bytes | None, int, int, list[Header]]
+) -> None:
+    """A record whose source timestamp the clean topic would refuse: written with the dedup's
+    time (timestamp 0: the producer's clock) and the source timestamp in a trailing
+    ``diode.original-timestamp`` header (docs/topics.md "Timestamps"), so nothing is lost and no
+    other record of the transaction fails with it."""
+    name, value, key, target, timestamp, headers = args
+    marked = [*headers, (ORIGINAL_TIMESTAMP_HEADER, b"%d" % timestamp)]
+    _produce_blocking(producer, (name, value, key, target, 0, marked), first_try=True)
+
+
 def _produce_blocking(
-    producer: Producer, args: tuple[str, bytes | None, bytes | None, int, int, Any]
+    producer: Producer,
+    args: tuple[str, bytes | None, bytes | None, int, int, Any],
+    *,
+    first_try: bool = False,
 ) -> None:
     """``produce`` once librdkafka's local queue has room (it is bounded)."""
     name, value, key, target, timestamp, headers = args
     while True:
-        producer.poll(0.05)  # the local queue is full: let librdkafka send
+        if not first_try:
+            producer.poll(0.05)  # the local queue is full: let librdkafka send
+        first_try = False
         try:
             producer.produce(name, value, key, target, None, None, timestamp, headers)
         except BufferError:

@@ -25,12 +25,16 @@ from pathlib import Path
 
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
+from common.topic_limits import created_topic_config
+from common.wire.config import WireConfig
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from kafka_diode.processes import ManagedProcess, ProcessGroup, diode_command, wait_until
 from kafka_diode.verify import Verdict, verify
 from kafka_diode.workload import Workload, produce
 
 log = logging.getLogger(__name__)
+#: Every component's default max_record_size (the pipeline does not change it).
+DEFAULT_MAX_RECORD_SIZE = WireConfig().max_record_size
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -149,9 +153,13 @@ class Pipeline:
         largest = max(self.spec.value_size_max, self.spec.huge_size * 5 // 4)
         big = {"max.message.bytes": str(largest + 1024 * 1024)} if largest > 900_000 else {}
         _create(self.ep.upstream, [NewTopic(t, n, 1, config=big) for t in self.ep.source_topics])
-        downstream = [NewTopic(self.ep.raw_topic, n, 1, config=big)]
+        # as docs/operations.md tells operators: raw and clean topics admit the largest record,
+        # clean topics any source timestamp (common/topic_limits.py)
+        raw_config = created_topic_config(DEFAULT_MAX_RECORD_SIZE, any_timestamp=False)
+        clean_config = created_topic_config(DEFAULT_MAX_RECORD_SIZE, any_timestamp=True)
+        downstream = [NewTopic(self.ep.raw_topic, n, 1, config=raw_config)]
         downstream += [
-            NewTopic(self.ep.clean_template.replace("{topic}", t), n, 1, config=big)
+            NewTopic(self.ep.clean_template.replace("{topic}", t), n, 1, config=clean_config)
             for t in self.ep.source_topics
         ]
         downstream.append(NewTopic(self.ep.gap_topic, 1, 1, config={"cleanup.policy": "compact"}))

@@ -37,7 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from common import metrics as common_metrics
-from common.errors import KeyRingError
+from common.errors import ConfigError, KeyRingError
 from common.logging import RateLimitedLog
 from common.wire import Dropped, DropReason, Heartbeat, KeyRing, RecordBatch, ResendMarker
 from common.wire.decoder import Decoder
@@ -50,6 +50,7 @@ from receiver.metrics import (
     ReceiverStats,
     make_registry,
 )
+from receiver.topic_check import raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 
 log = logging.getLogger(__name__)
@@ -95,7 +96,7 @@ class Receiver:
     ) -> dict[str, object]:
         """Receive until ``stop`` is set; flush; return the exit summary."""
         loop = self._loop = asyncio.get_running_loop()
-        sink = self._sink = RawTopicSink(self.config, self.stats)
+        sink = self._sink = RawTopicSink(self.config, self.stats, topic_check=raw_topic_problem)
         gauges = Gauges(
             reassemblies_in_flight=lambda: self._decoder.reassemblies_in_flight,
             producer_queue=lambda: sink.queued,
@@ -103,12 +104,11 @@ class Receiver:
             rcvbuf_bytes=lambda: self._rcvbuf,
             sockets=lambda: [(d.port, d.datagrams, d.kernel_drops) for d in self._drainers],
         )
-        common_metrics.serve(
-            make_registry(self.stats, gauges), self.config.metrics_port, self.config.metrics_addr
-        )
         if "{topic}" not in self.config.raw_topic:
             raw = self.config.raw_topic
+            sink.checked_elsewhere.add(raw)  # below, where a problem stops the start-up
             if not await sink.wait_metadata(raw, self.config.metadata_timeout):
+                sink.checked_elsewhere.discard(raw)  # checked when it appears
                 log.warning(
                     "raw topic %s not reachable at %s yet; records wait in the backlog (up to "
                     "%d) until it is",
@@ -116,10 +116,22 @@ class Receiver:
                     self.config.bootstrap_servers,
                     self.config.backlog_max_records,
                 )
+            else:
+                problem = await loop.run_in_executor(None, raw_topic_problem, self.config, raw)
+                if problem is not None:
+                    await sink.close(0)
+                    raise ConfigError(f"raw topic {raw}", problem)
         try:
             self._open_sockets()
             for drainer in self._drainers:
                 drainer.start(loop)
+            # Only now: a /metrics that answers means the sockets are bound and read (a
+            # supervisor or test that waits for it may start sending at once).
+            common_metrics.serve(
+                make_registry(self.stats, gauges),
+                self.config.metrics_port,
+                self.config.metrics_addr,
+            )
             self._service_handle = loop.call_later(_SERVICE_INTERVAL, self._service)
             log.info(
                 "%sreceiving on %s -> %s (raw topic %s)",
@@ -182,10 +194,11 @@ class Receiver:
         try:
             decoder.receive_datagram(data, self._loop.time())
             self._drain_events()
-        except Exception:  # hostile input must never stop the receiver (module docstring)
+        except Exception:  # noqa: BLE001  hostile input must never stop the receiver (logged)
             stats.drop(INTERNAL_ERROR)
-            self._rlog.warning("internal", "internal error while handling a datagram")
-            log.debug("internal error", exc_info=True)
+            self._rlog.warning(
+                "internal", "internal error while handling a datagram (a bug)", exc_info=True
+            )
 
     def _drain_events(self) -> None:
         decoder, sink, stats = self._decoder, self._sink, self.stats
@@ -206,7 +219,10 @@ class Receiver:
             elif kind is ResendMarker:
                 assert isinstance(event, ResendMarker)
                 stats.resend_markers += 1
-                log.info(
+                # rate-limited: markers come from the wire (a sender repeats them, and so
+                # can anybody who holds the key)
+                self._rlog.info(
+                    "resend-marker",
                     "resend %s %s from session %s (%d ranges, %d records sent)",
                     event.bundle_id,
                     event.phase,
@@ -357,7 +373,12 @@ def run(
 
         loop_factory = uvloop.new_event_loop
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        summary = runner.run(main())
+        try:
+            summary = runner.run(main())
+        except ConfigError as exc:  # found at start-up, before any socket was opened
+            log.error("configuration error: %s", exc)  # noqa: TRY400  the message says it all
+            print(f"kafka-diode receive: configuration error: {exc}", file=sys.stderr)
+            return 2
     print(json.dumps({"receiver_summary": summary, "worker": worker}), flush=True)
     return 0
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.errors import ConfigError
+from common.topic_limits import record_limit
 from common.wire.config import MAX_DATAGRAM_SIZE, WireConfig
 
 ENV_PREFIX = "DIODE_RECEIVER_"
@@ -35,6 +36,8 @@ WIRE_FIELDS = (
     "max_sessions",
     "allow_cleartext",
 )
+#: librdkafka's largest ``message.max.bytes``.
+LIBRDKAFKA_MAX_MESSAGE_BYTES = 1_000_000_000
 _TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 #: Producer properties the receiver relies on; ``kafka`` may not change them. Only failed
 #: deliveries are reported to Python (a callback per success costs ~20 % of the throughput); the
@@ -206,6 +209,23 @@ class ReceiverConfig:
                     f"{self.kafka[prop]!r} would weaken delivery",
                     f"the receiver always uses {prop}={pinned}; remove it",
                 )
+        needed = record_limit(self.max_record_size)
+        need(
+            needed <= LIBRDKAFKA_MAX_MESSAGE_BYTES,
+            "max_record_size",
+            f"{self.max_record_size} needs Kafka messages of {needed} bytes, above librdkafka's "
+            f"limit {LIBRDKAFKA_MAX_MESSAGE_BYTES}",
+            "lower it",
+        )
+        value = self.kafka.get("message.max.bytes")
+        if value is not None and value.isdigit() and int(value) < needed:
+            raise ConfigError(
+                "kafka.message.max.bytes",
+                f"{value} is below the {needed} bytes a record of max_record_size "
+                f"{self.max_record_size} needs (raw key, provenance headers and framing included)",
+                f"remove it (the receiver sets message.max.bytes={needed} itself) or lower "
+                "max_record_size on both sides",
+            )
         for prop in ("queue.buffering.max.messages", "queue.buffering.max.kbytes"):
             if prop in self.kafka:
                 raise ConfigError(
@@ -234,6 +254,11 @@ class ReceiverConfig:
         props.update(self.kafka)
         props.update(PINNED_KAFKA)
         props["bootstrap.servers"] = self.bootstrap_servers
+        # records up to max_record_size must pass librdkafka's own size check (it refuses
+        # anything over message.max.bytes, 1 MB by default, before the broker sees it)
+        wanted = record_limit(self.max_record_size)
+        if int(props.get("message.max.bytes", "0") or 0) < wanted:
+            props["message.max.bytes"] = str(wanted)
         props["queue.buffering.max.messages"] = str(self.buffer_max_records)
         props["queue.buffering.max.kbytes"] = str(max(1, self.buffer_max_bytes // 1024))
         return props

@@ -28,6 +28,17 @@ only (keyword arguments cost it a dict per call, ~0.3 us of ~2 us); the raw topi
 partition and two of the four provenance headers are computed once per group (one source
 partition). ``produce_batch()`` is not used: it takes no headers, which the raw layout needs.
 
+Timestamps: raw records carry the **receiver's** clock (``produce(..., timestamp=0)``), never the
+source timestamp, so the raw topic does not depend on the source clock being acceptable to the
+downstream broker (Kafka refuses CreateTime more than ``message.timestamp.after.max.ms``, one hour
+by default in Kafka 4, ahead of its clock); ``diode.timestamp`` keeps the source timestamp and the
+dedup restores it for the clean topic (docs/topics.md).
+
+Refusals: ``produce()`` refusing one record (``KafkaException`` such as ``MSG_SIZE_TOO_LARGE``, or
+any other exception for a value the client cannot encode) fails that record only, reported in the
+loss report as ``delivery_errors``; the rest of the batch is written. The decoder already drops
+values no Kafka record can have (``out_of_range``), so this is the last line, not the filter.
+
 Partition counts come from metadata lookups on a worker thread (they block), cached per raw topic
 and refreshed every ``metadata_refresh`` seconds; the raw partition is the source partition modulo
 that count (docs/topics.md). A finished lookup is applied by the next :meth:`service`, so the first
@@ -132,11 +143,17 @@ class RawTopicSink:
         stats: ReceiverStats,
         *,
         producer_factory: ProducerFactory = Producer,
+        topic_check: Callable[[ReceiverConfig, str], str | None] | None = None,
     ) -> None:
         self._config = config
         self._stats = stats
         self._rlog = RateLimitedLog(log)
         self._producer_factory = producer_factory
+        #: checks a raw topic's limits (receiver.topic_check) when it is first used; None: off
+        self._topic_check = topic_check
+        self._checks: dict[str, concurrent.futures.Future[str | None]] = {}
+        #: raw topics whose limits are checked elsewhere (the fixed raw topic, at start-up)
+        self.checked_elsewhere: set[str] = set()
         self._producer = self._new_producer()
         self._raw_topics: dict[str, str] = {}  # source topic -> raw topic
         self._partitions: dict[str, int] = {}  # raw topic -> partition count
@@ -177,7 +194,10 @@ class RawTopicSink:
             self._failed.add(topic, int(partition), int(offset))
         except (AttributeError, UnicodeDecodeError, ValueError):
             pass
-        self._rlog.warning("delivery", "delivery to %s failed: %s", msg.topic(), err)
+        hint = ""
+        if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
+            hint = " (raise the topic's max.message.bytes: docs/operations.md, Large records)"
+        self._rlog.warning("delivery", "delivery to %s failed: %s%s", msg.topic(), err, hint)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -238,30 +258,28 @@ class RawTopicSink:
                     tt_header,
                     session_header,
                 ]
-                # no timestamp upstream: the broker's clock (the header keeps the original)
-                ts = rts if rts > 0 else 0
                 if direct:
                     try:
-                        # positional: keywords would cost produce() a dict per call (~0.3 us)
-                        produce(raw, value, key, target, None, None, ts, headers)
+                        # positional: keywords would cost produce() a dict per call (~0.3 us).
+                        # Timestamp 0: the receiver's clock (module docstring, "Timestamps").
+                        produce(raw, value, key, target, None, None, 0, headers)
                         produced += 1
                         continue
                     except BufferError:
                         pass
-                    except KafkaException as exc:
+                    except Exception as exc:  # noqa: BLE001  one record's refusal, reported
                         self._refused(topic, partition, offset, exc)
                         continue
                 size = len(key) + (len(value) if value is not None else 0) + 64
-                self._hold((raw, topic, partition, offset, value, key, ts, headers, size))
+                self._hold((raw, topic, partition, offset, value, key, 0, headers, size))
                 direct = count is not None and raw not in backlog
         self._stats.produced += produced
 
     def write_heartbeat(self, beat: Heartbeat) -> None:
         """One control record per partition of ``beat`` (docs/topics.md, heartbeats)."""
-        ts = beat.sent_at_ms if beat.sent_at_ms > 0 else 0
         for topic, partition, key, value in heartbeat_records(beat):
             raw = self._raw_topic(topic)
-            item: _Item = (raw, topic, partition, -1, value, key, ts, HEARTBEAT_HEADERS, 256)
+            item: _Item = (raw, topic, partition, -1, value, key, 0, HEARTBEAT_HEADERS, 256)
             if not self._produce_item(item):
                 self._hold(item)
 
@@ -275,13 +293,16 @@ class RawTopicSink:
             self._producer.produce(raw, value, key, partition % count, None, None, ts, headers)
         except BufferError:
             return False
-        except KafkaException as exc:
+        except Exception as exc:  # noqa: BLE001  one record's refusal, reported; never a wedge
             self._refused(topic, partition, offset, exc)
             return True
         self._stats.produced += 1
         return True
 
-    def _refused(self, topic: str, partition: int, offset: int, exc: KafkaException) -> None:
+    def _refused(self, topic: str, partition: int, offset: int, exc: Exception) -> None:
+        # Refused at produce() time (too large, a value the client cannot encode, ...): this
+        # record only; the rest of its batch goes on. It joins the loss report like a failed
+        # delivery, so an operator knows what to resend.
         self._stats.delivery_errors += 1
         if offset >= 0:
             self._failed.add(topic, partition, offset)
@@ -374,6 +395,14 @@ class RawTopicSink:
             if now - at >= self._config.metadata_refresh and raw not in self._lookups:
                 self._refreshed[raw] = now
                 self._lookup(raw)
+        for raw, future in list(self._checks.items()):
+            if future.done():
+                del self._checks[raw]
+                problem = future.exception() or future.result()
+                if problem:
+                    log.error(
+                        "%s; larger records are refused by the broker and reported as lost", problem
+                    )
         self.report_losses(now)
 
     _last_report = 0.0
@@ -424,6 +453,10 @@ class RawTopicSink:
             log.warning("raw topic %s now has %d partitions (was %d)", raw, count, old)
         elif old is None:
             log.info("raw topic %s has %d partitions", raw, count)
+            if self._topic_check is not None and raw not in self.checked_elsewhere:
+                # first seen now, records already flowing: a problem is logged (the fixed raw
+                # topic, when it is there at start-up, is checked there and stops the receiver)
+                self._checks[raw] = self._executor.submit(self._topic_check, self._config, raw)
         self._partitions[raw] = count
         self._refreshed[raw] = now
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from fastavro import schemaless_reader, schemaless_writer
@@ -45,6 +45,10 @@ _ONE_GROUP: Final = b"\x02"  # an array block of one item
 _TWO_ENDS: Final = b"\x00\x00"  # the end of the last column and of the groups array
 _INT64_MIN: Final = -(1 << 63)
 _INT64_MAX: Final = (1 << 63) - 1
+#: A base this far inside the 64-bit range cannot leave it by adding a one-byte long (-64..63).
+_SMALL_DELTA_EDGE: Final = _INT64_MAX - 64
+#: Kafka's longest topic name; a NUL in a name makes the Kafka client raise ValueError.
+_MAX_TOPIC_LENGTH: Final = 249
 
 
 def _long(n: int) -> bytes:
@@ -424,6 +428,12 @@ def _bad(detail: str) -> RemoteProtocolError:
     return RemoteProtocolError(DropReason.MALFORMED, detail)
 
 
+def _out_of_range(detail: str) -> RemoteProtocolError:
+    # Decodable but impossible values: dropped before they reach a Kafka client, whose
+    # produce() raises OverflowError / ValueError for them (docs/protocol.md §9).
+    return RemoteProtocolError(DropReason.OUT_OF_RANGE, detail)
+
+
 def _read_long(data: bytes, pos: int, end: int) -> tuple[int, int]:
     """Any Avro long at ``pos``; returns ``(value, next pos)``.
 
@@ -537,13 +547,21 @@ def _longs(data: bytes, pos: int, end: int, base: int) -> tuple[tuple[int, ...],
         if nxt < end and data[nxt] == 0:  # ...followed by the end of the array
             chunk = data[start:nxt]
             if chunk == _RUNS[n]:
+                if base + n > _INT64_MAX + 1:
+                    raise _out_of_range("base + delta beyond 64 bits")
                 return tuple(range(base, base + n)), nxt + 1
-            if chunk.isascii():  # every delta a one-byte long
-                return tuple(map(base.__add__, map(_ZIGZAG.__getitem__, chunk))), nxt + 1
+            if chunk.isascii():  # every delta a one-byte long, in -64..63
+                items = tuple(map(base.__add__, map(_ZIGZAG.__getitem__, chunk)))
+                # base + delta leaves 64 bits only for a base within 64 of either end
+                if -_SMALL_DELTA_EDGE <= base <= _SMALL_DELTA_EDGE or _in_int64(items):
+                    return items, nxt + 1
+                raise _out_of_range("base + delta beyond 64 bits")
     out: list[int] = []
     while True:
         n, pos = _block(data, pos, end)
         if not n:
+            if out and not _in_int64(out):
+                raise _out_of_range("base + delta beyond 64 bits")
             return tuple(out), pos
         for _ in range(n):
             b = data[pos]
@@ -553,6 +571,10 @@ def _longs(data: bytes, pos: int, end: int, base: int) -> tuple[tuple[int, ...],
             else:
                 value, pos = _read_long(data, pos, end)
                 out.append(base + value)
+
+
+def _in_int64(items: Sequence[int]) -> bool:
+    return min(items) >= _INT64_MIN and max(items) <= _INT64_MAX
 
 
 def _nullables(data: bytes, pos: int, end: int) -> tuple[tuple[bytes | None, ...], int]:
@@ -724,18 +746,21 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
                 offsets: tuple[int, ...] = tuple(range(base_offset, base_offset + n))
                 pos = nxt + 1
                 if base_offset < 0 or base_offset + n - 1 > _INT64_MAX:
-                    raise _bad("offset out of range")
+                    raise _out_of_range("offset out of range")
             else:
                 offsets, pos = _longs(data, pos, end, base_offset)
                 if offsets and (min(offsets) < 0 or max(offsets) > _INT64_MAX):
-                    raise _bad("offset out of range")
+                    raise _out_of_range("offset out of range")
             b = data[pos]
             n = b >> 1
             nxt = pos + 1 + n
             if 0 < b < 0x80 and not b & 1 and data[pos + 1 : nxt + 1] == runs[n]:
                 timestamps: tuple[int, ...] = tuple(range(base_ts, base_ts + n))
                 pos = nxt + 1
+                if base_ts + n - 1 > _INT64_MAX:
+                    raise _out_of_range("timestamp beyond 64 bits")
             else:
+                # base + delta: each fits 64 bits, their sum need not; _longs refuses it
                 timestamps, pos = _longs(data, pos, end, base_ts)
             # keys, then values: all of one length (_same_length_items, inlined) or item by item
             column: tuple[bytes | None, ...] | None = None
@@ -802,7 +827,9 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
             if not (len(timestamps) == len(keys) == len(values) == len(headers) == n):
                 raise _bad("record batch columns differ in length")
             if not 0 <= partition <= 0x7FFFFFFF or not 0 <= ts_type <= 2:
-                raise _bad("partition or timestamp type out of range")
+                raise _out_of_range("partition or timestamp type out of range")
+            if not 0 < len(topic) <= _MAX_TOPIC_LENGTH or "\x00" in topic:
+                raise _out_of_range("topic name Kafka cannot carry")
             group = _new(RecordGroup)
             _g_topic(group, topic)
             _g_partition(group, partition)
@@ -876,6 +903,27 @@ def heartbeat_offsets_problem(
         for tp, low in seen.items():
             if low > highs[tp]:
                 return f"low offset {low} above high offset {highs[tp]} for {tp[0]}:{tp[1]}"
+    return None
+
+
+def resend_marker_problem(
+    ranges: Sequence[Mapping[str, Any]], records_sent: int, sent_at_ms: int
+) -> str | None:
+    """Why a decoded resend marker cannot be genuine, or None (docs/protocol.md §5).
+
+    Rules: each range names a partition in ``0 .. 2^31-1`` and offsets ``0 <= first <= last``;
+    ``records_sent`` is not negative and, when there are ranges, not more than they hold;
+    ``sent_at_ms`` is not negative.
+    """
+    held = 0
+    for r in ranges:
+        if not 0 <= r["partition"] <= 0x7FFFFFFF or not 0 <= r["first"] <= r["last"]:
+            return f"range {r['topic']}:{r['partition']}:{r['first']}-{r['last']} out of range"
+        held += r["last"] - r["first"] + 1
+    if records_sent < 0 or (ranges and records_sent > held):
+        return f"records_sent {records_sent} for ranges holding {held}"
+    if sent_at_ms < 0:
+        return f"sent_at_ms {sent_at_ms}"
     return None
 
 

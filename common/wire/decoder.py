@@ -38,6 +38,7 @@ from common.wire.batch import (
     decode_control,
     decode_record_groups,
     heartbeat_offsets_problem,
+    resend_marker_problem,
 )
 from common.wire.config import WireConfig
 from common.wire.crypto import SessionCipher
@@ -312,7 +313,7 @@ class Decoder:
             if message is None:
                 return
             chunk = message
-        self._deliver(kind, compression, session_id, first, chunk)
+        self._deliver(kind, compression, session_id, first, chunk, cipher_code == CIPHER_NONE)
 
     def _open(self, data: bytes, pos: int, session_id: bytes, sequence: int, key_id: int) -> bytes:
         keyring = self.keyring
@@ -334,11 +335,18 @@ class Decoder:
             ciphers.popitem(last=False)
         return plaintext
 
-    def _deliver(
-        self, kind: int, compression: int, session_id: bytes, sequence: int, payload: bytes
+    def _deliver(  # noqa: PLR0917  private, called once per message
+        self,
+        kind: int,
+        compression: int,
+        session_id: bytes,
+        sequence: int,
+        payload: bytes,
+        cleartext: bool = False,
     ) -> None:
         if compression == COMPRESSION_GZIP:
-            payload = gzip_codec.decompress(payload, self._config.max_decompressed_size)
+            ratio = gzip_codec.CLEARTEXT_MAX_RATIO if cleartext else None
+            payload = gzip_codec.decompress(payload, self._config.max_decompressed_size, ratio)
         if kind == KIND_RECORD_BATCH:
             groups, count = decode_record_groups(payload)
             batch = _new(RecordBatch)
@@ -369,6 +377,9 @@ class Decoder:
             )
         else:
             d = decode_control(RESEND_MARKER_SCHEMA, payload)
+            problem = resend_marker_problem(d["ranges"], d["records_sent"], d["sent_at_ms"])
+            if problem is not None:
+                raise RemoteProtocolError(DropReason.OUT_OF_RANGE, f"resend marker: {problem}")
             self._events.append(
                 ResendMarker(
                     session_id,

@@ -49,6 +49,10 @@ class DropReason(StrEnum):
     """A cipher code this decoder does not implement."""
     UNKNOWN_KIND = "unknown_kind"
     """A message kind this decoder does not implement (for example a key announcement)."""
+    OUT_OF_RANGE = "out_of_range"
+    """Decodable, but a value no Kafka record or resend marker can have: an offset, partition,
+    timestamp (base + delta beyond 64 bits) or count out of range, a topic name Kafka cannot
+    carry (empty, over 249 characters, a NUL character)."""
 
 
 @dataclass(frozen=True, slots=True)

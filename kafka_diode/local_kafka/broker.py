@@ -481,6 +481,11 @@ def _formatted_cluster_id(log_dirs: Path) -> str | None:
     return match.group(1) if match else None
 
 
+#: The embedded broker's ``message.max.bytes``: the default ``max_record_size`` plus the raw
+#: layout's overhead, rounded up (16 MiB + 64 KiB).
+EMBEDDED_MESSAGE_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
+
+
 def _server_properties(port: int, controller_port: int, log_dirs: Path, partitions: int) -> str:
     settings = {
         "process.roles": "broker,controller",
@@ -510,6 +515,9 @@ def _server_properties(port: int, controller_port: int, log_dirs: Path, partitio
         "num.recovery.threads.per.data.dir": "1",
         "log.retention.hours": "168",
         "log.segment.bytes": str(256 * 1024 * 1024),
+        # Topics admit a record of the default max_record_size (16 MiB) with the raw layout's
+        # overhead (common/topic_limits.py), as docs/operations.md tells operators to set up.
+        "message.max.bytes": str(EMBEDDED_MESSAGE_MAX_BYTES),
     }
     lines = ["# Written by kafka-diode on every start; edit the code, not this file."]
     lines += [f"{key}={value}" for key, value in settings.items()]

@@ -16,6 +16,7 @@ import time
 import pytest
 
 from common.wire import Key, KeyRing, RecordBatch, WireConfig
+from common.wire.batch import RECORD_BATCH_SCHEMA, RESEND_MARKER_SCHEMA, encode_control
 from common.wire.compression import compress
 from common.wire.crypto import SessionCipher
 from common.wire.decoder import Decoder
@@ -24,6 +25,7 @@ from common.wire.envelope import (
     CIPHER_AES_256_GCM,
     COMPRESSION_GZIP,
     KIND_RECORD_BATCH,
+    KIND_RESEND_MARKER,
     build_header,
     frame,
 )
@@ -103,7 +105,8 @@ def assert_raw_layout(consumed, sent_records, raw_partitions: int, session: byte
         raw = by_key[f"{topic}:{partition}:{offset}"]
         assert raw.value == value
         assert raw.partition == partition % raw_partitions
-        assert raw.timestamp == ts
+        # the receiver's clock, not the source's (docs/topics.md): within the test's run
+        assert abs(raw.timestamp - time.time() * 1000) < 3_600_000
         assert list(raw.headers[: len(headers)]) == list(headers)
         assert [name for name, _ in raw.headers[len(headers) :]] == PROVENANCE
         prov = dict(raw.headers[len(headers) :])
@@ -175,6 +178,52 @@ def _bomb(ring: KeyRing) -> bytes:
     return frame(header, SessionCipher(key, session).seal(0, packed, header))
 
 
+def _sealed(ring: KeyRing, payload: bytes, kind: int) -> bytes:
+    """An authentic one-datagram message of ``kind`` carrying ``payload`` (a new session)."""
+    session = os.urandom(16)
+    key = ring.active
+    header = build_header(
+        kind=kind,
+        compression=0,
+        cipher=CIPHER_AES_256_GCM,
+        session_id=session,
+        sequence=0,
+        key_id=key.key_id,
+        fragment_index=0,
+        fragment_count=1,
+        message_length=len(payload),
+    )
+    return frame(header, SessionCipher(key, session).seal(0, payload, header))
+
+
+def _out_of_range_payloads() -> list[tuple[bytes, int]]:
+    """Decodable payloads carrying values no Kafka record or resend marker can have: before
+    the out_of_range drop reason, the first one made produce() raise OverflowError."""
+
+    def group(**fields: object) -> dict[str, object]:
+        return {
+            "topic": "t", "partition": 0, "timestamp_type": 1, "base_offset": 5,
+            "base_timestamp": 1_700_000_000_000, "offset_deltas": [0, 1],
+            "timestamp_deltas": [0, 1], "keys": [b"k", None], "values": [b"v", b""],
+            "headers": [[], []], **fields,
+        }  # fmt: skip
+
+    def batch(**fields: object) -> bytes:
+        return encode_control(RECORD_BATCH_SCHEMA, {"groups": [group(), group(**fields)]})
+
+    marker = {
+        "bundle_id": "b", "phase": "end", "ranges": [{"topic": "t", "partition": 0,
+        "first": 0, "last": 9}], "records_sent": -3, "sent_at_ms": 1,
+    }  # fmt: skip
+    return [
+        (batch(base_timestamp=2**63 - 1), KIND_RECORD_BATCH),  # base + delta beyond 64 bits
+        (batch(base_timestamp=-5, timestamp_deltas=[0, -(2**63)]), KIND_RECORD_BATCH),
+        (batch(base_offset=2**63 - 1), KIND_RECORD_BATCH),
+        (batch(topic="a\x00b"), KIND_RECORD_BATCH),
+        (encode_control(RESEND_MARKER_SCHEMA, marker), KIND_RESEND_MARKER),
+    ]
+
+
 def _claim(ring: KeyRing, *, count: int, total: int) -> bytes:
     header = build_header(
         kind=KIND_RECORD_BATCH,
@@ -233,6 +282,8 @@ def test_hostile_traffic_is_dropped_by_reason(downstream_kafka, kafka_topic, tmp
         bad("too_many_fragments", _claim(ring, count=1000, total=5000))
         bad("too_large", _claim(ring, count=2, total=50 * 1048576))
         bad("too_large", _bomb(ring))
+        for payload, kind in _out_of_range_payloads():
+            bad("out_of_range", _sealed(ring, payload, kind))
         link.send(stream)
         total = len(stream)
         wait_until(lambda: rx.metric("datagrams_total") >= total, 60, message="all read")

@@ -65,6 +65,12 @@ def test_transactional_id_is_stable_per_checkpoint() -> None:
         ({"BOOTSTRAP_SERVERS": " "}, "BOOTSTRAP_SERVERS"),
         ({"FAIL_ON_DATA_LOSS": "perhaps"}, "FAIL_ON_DATA_LOSS"),
         ({"KAFKA_CONF_TRANSACTIONAL_ID": "x"}, "KAFKA_CONF_TRANSACTIONAL_ID"),
+        ({"MAX_RECORD_SIZE": "0"}, "MAX_RECORD_SIZE"),
+        ({"KAFKA_CONF_MESSAGE_MAX_BYTES": "1000000"}, "KAFKA_CONF_MESSAGE_MAX_BYTES"),
+        (
+            {"MAX_RECORD_SIZE": "200000000", "KAFKA_CONF_RECEIVE_MESSAGE_MAX_BYTES": "100000000"},
+            "KAFKA_CONF_RECEIVE_MESSAGE_MAX_BYTES",
+        ),
     ],
 )
 def test_errors_name_the_variable_and_the_fix(env: dict[str, str], named: str) -> None:

@@ -9,6 +9,7 @@ range logged, or the delivery-error count -- never silently lost, never produced
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 from typing import Any
 
@@ -115,7 +116,7 @@ def _expected(batch: RecordBatch, partitions: int) -> list[tuple[Any, ...]]:
             r.partition % partitions,
             None,
             None,
-            max(r.timestamp, 0),
+            0,  # the receiver's clock; the source timestamp travels in diode.timestamp
             raw_headers(r, hexed),
         )
         for r in batch.records
@@ -133,12 +134,15 @@ def test_produce_calls_carry_the_raw_layout(headers: bool) -> None:
     assert sink.backlog_records == 0
 
 
-def test_missing_timestamp_uses_the_broker_clock_and_keeps_the_header() -> None:
+@pytest.mark.parametrize("ts0", [-1, 1_700_000_000_000, 2**63 - 3])
+def test_raw_records_take_the_receivers_clock_and_keep_the_source_timestamp(ts0: int) -> None:
     fake = FakeProducer({"raw": 1})
     sink, _ = _sink(fake)
-    sink.write_batch(_batch(_group(0, range(3), ts0=-1)))
-    assert [call[6] for call in fake.calls] == [0, 0, 1]
-    assert [dict(call[7])["diode.timestamp"] for call in fake.calls] == [b"-1", b"0", b"1"]
+    sink.write_batch(_batch(_group(0, range(3), ts0=ts0)))
+    assert [call[6] for call in fake.calls] == [0, 0, 0]
+    assert [dict(call[7])["diode.timestamp"] for call in fake.calls] == [
+        b"%d" % (ts0 + i) for i in range(3)
+    ]
 
 
 def test_queue_full_mid_group_backlogs_the_rest_in_order() -> None:
@@ -206,3 +210,107 @@ def test_unknown_partition_count_holds_everything_until_known() -> None:
     sink.service()
     assert fake.calls == _expected(batch, 2)
     assert stats.produced == 5
+
+
+class ValidatingProducer(FakeProducer):
+    """The fake, but every argument first goes through a real confluent-kafka ``produce()`` (no
+    broker: it only queues locally), so the client's own refusals (OverflowError, ValueError,
+    UnicodeEncodeError, MSG_SIZE_TOO_LARGE) happen as they would in the receiver."""
+
+    def __init__(self, topics: dict[str, int]) -> None:
+        super().__init__(topics)
+        from confluent_kafka import Producer  # noqa: PLC0415
+
+        self.real = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0})
+
+    def produce(self, *args: Any, **kwargs: Any) -> None:
+        self.real.produce(*args, **kwargs)
+        super().produce(*args, **kwargs)
+
+    def close(self) -> None:
+        self.real.purge()
+        self.real.flush(0)
+
+
+def _named(topic: str, offsets: range) -> RecordGroup:
+    group = _group(0, offsets)
+    return RecordGroup(
+        topic=topic,
+        partition=group.partition,
+        timestamp_type=group.timestamp_type,
+        offsets=group.offsets,
+        timestamps=group.timestamps,
+        keys=group.keys,
+        values=group.values,
+        headers=group.headers,
+    )
+
+
+@pytest.mark.parametrize("backlogged", [False, True])
+def test_a_value_the_client_cannot_encode_fails_only_its_record(
+    backlogged: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A topic name with a NUL reaches produce() as the raw topic through the {topic} template:
+    # the real client raises ValueError. The decoder drops such names (out_of_range); this is the
+    # sink's own guard: the other records of the batch are written, the bad ones reported.
+    fake = ValidatingProducer({"raw.ok": 1, "raw.b\x00d": 1})
+    config = ReceiverConfig(
+        bootstrap_servers="fake:9092", raw_topic="raw.{topic}", allow_cleartext=True
+    )
+    stats = ReceiverStats()
+    sink = RawTopicSink(config, stats, producer_factory=lambda _props: fake)
+    try:
+        if not backlogged:
+            assert asyncio.run(sink.wait_metadata("raw.ok", 5.0))
+            assert asyncio.run(sink.wait_metadata("raw.b\x00d", 5.0))
+        bad = _named("b\x00d", range(4))
+        batch = _batch(_named("ok", range(3)), bad, _named("ok", range(3, 5)))
+        sink.write_batch(batch)
+        if backlogged:  # the records waited for the partition counts: produced from the backlog
+            assert asyncio.run(sink.wait_metadata("raw.ok", 5.0))
+            assert asyncio.run(sink.wait_metadata("raw.b\x00d", 5.0))
+            sink.service()
+        assert [call[2] for call in fake.calls] == [f"ok:0:{i}" for i in range(5)]
+        assert stats.produced == 5
+        assert stats.delivery_errors == 4
+        assert sink.backlog_records == 0
+        with caplog.at_level(logging.ERROR, logger="receiver.kafka_sink"):
+            sink.report_losses(1e9, force=True)
+        assert "4 records could not be delivered" in caplog.text
+        assert "b\x00d:0:0-3" in caplog.text
+    finally:
+        fake.close()
+
+
+def test_a_raw_topic_first_seen_while_running_is_checked_and_a_problem_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeProducer({"raw.a": 1, "raw.b": 1})
+    config = ReceiverConfig(
+        bootstrap_servers="fake:9092", raw_topic="raw.{topic}", allow_cleartext=True
+    )
+    checked: list[str] = []
+
+    def check(_config: ReceiverConfig, topic: str) -> str | None:
+        checked.append(topic)
+        return (
+            f"topic {topic!r} admits messages up to 1 bytes (max.message.bytes)"
+            if topic == "raw.b"
+            else None
+        )
+
+    sink = RawTopicSink(
+        config, ReceiverStats(), producer_factory=lambda _p: fake, topic_check=check
+    )
+    sink.checked_elsewhere.add("raw.a")
+    for raw in ("raw.a", "raw.b"):
+        assert asyncio.run(sink.wait_metadata(raw, 5.0))
+    with caplog.at_level(logging.ERROR, logger="receiver.kafka_sink"):
+        for _ in range(100):  # the check runs on the metadata thread
+            sink.tick(0.0)
+            if "raw.b" in caplog.text:
+                break
+            concurrent.futures.wait(list(sink._checks.values()), timeout=5)
+    assert checked == ["raw.b"]
+    assert "'raw.b' admits messages up to 1 bytes (max.message.bytes)" in caplog.text
+    assert "refused by the broker and reported as lost" in caplog.text

@@ -1,0 +1,48 @@
+"""Does the raw topic admit what the receiver is configured to write? (Kafka I/O, blocking).
+
+Read with an AdminClient ``describe_configs`` where the credentials allow it; the rule itself is
+``common.topic_limits.size_problem``. A topic whose configuration cannot be read (no
+``DescribeConfigs`` permission, not there yet) is not a problem here: the broker still enforces
+its limit, and a record it refuses is reported as lost (``delivery_errors``, ranges logged).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    ConfigResource,
+    ResourceType,
+)
+
+from common.topic_limits import size_problem
+from receiver.config import ReceiverConfig
+
+log = logging.getLogger(__name__)
+
+
+def describe_topic(conf: Mapping[str, Any], topic: str, timeout: float) -> dict[str, str] | None:
+    """``{setting: value}`` of ``topic`` (defaults included), or None when it cannot be read."""
+    admin = AdminClient(dict(conf))
+    resource = ConfigResource(ResourceType.TOPIC, topic)
+    try:
+        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
+            timeout
+        )
+    except KafkaException as exc:
+        log.warning("cannot read the configuration of topic %s (%s); not checked", topic, exc)
+        return None
+    return {name: entry.value for name, entry in entries.items() if entry.value is not None}
+
+
+def raw_topic_problem(config: ReceiverConfig, topic: str) -> str | None:
+    """Why ``topic`` cannot take records of ``config.max_record_size``, or None."""
+    conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka}
+    configs = describe_topic(conf, topic, config.metadata_timeout)
+    if configs is None:
+        return None
+    return size_problem(topic, configs, config.max_record_size, "max_record_size")

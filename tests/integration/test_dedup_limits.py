@@ -1,0 +1,150 @@
+"""The dedup writer against the downstream broker's limits (real broker, no Spark).
+
+1. Source timestamps far from the broker's clock (2 h ahead, 30 days behind) reach a clean topic
+   the dedup creates unchanged; a pre-existing clean topic with Kafka 4's default window (one hour
+   ahead) gets the record it would refuse with the dedup's time and the source timestamp in a
+   header -- the batch commits, nothing is lost, no other record is affected.
+2. Records of 3 MB (over librdkafka's and Kafka's 1 MB defaults) travel raw -> clean.
+3. A clean topic whose max.message.bytes is below what MAX_RECORD_SIZE needs stops the writer
+   with an error naming the setting; nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from common.errors import ServiceError
+from common.topic_limits import record_limit
+from dedup.writer import (
+    ORIGINAL_TIMESTAMP_HEADER,
+    DedupMetrics,
+    TransactionalBatchWriter,
+    WriterSettings,
+)
+from tests.integration.test_dedup_writer import SESSION, SOURCE, decisions, make_writer
+from tests.kafka_helpers import Record, consume_all, create_topic, produce_records
+
+pytestmark = [pytest.mark.kafka]
+
+HOUR = 3_600_000
+BIG = {"message.max.bytes": record_limit(16 * 1024 * 1024)}
+
+
+def raw(offset: int, value: bytes, source_ts: int, headers=()) -> Record:
+    """A raw record as the receiver writes it: receiver's time, source timestamp in the header."""
+    return Record(
+        key=f"{SOURCE}:0:{offset}".encode(),
+        value=value,
+        headers=(
+            *headers,
+            ("diode.key", b"k%d" % offset),
+            ("diode.timestamp", b"%d" % source_ts),
+            ("diode.timestamp-type", b"1"),
+            ("diode.session", SESSION),
+        ),
+        partition=0,
+    )
+
+
+def _skewed(now: int) -> list[int]:
+    return [now + 2 * HOUR, now - 30 * 24 * HOUR, now, now + 2 * HOUR + 5]
+
+
+def _write(downstream_kafka, records, tag_topic: str, *, precreate: dict[str, str] | None):
+    produce_records(downstream_kafka, tag_topic, records, config=BIG)
+    if precreate is not None:
+        create_topic(
+            downstream_kafka, f"clean.{tag_topic}.{SOURCE}", partitions=1, config=precreate
+        )
+    writer = make_writer(downstream_kafka.bootstrap, tag_topic, tag_topic)
+    writer.metrics = DedupMetrics()
+    try:
+        result = writer.write_table(decisions([(0, o, o) for o in range(len(records))]), 0)
+    finally:
+        writer.close()
+    return writer, result
+
+
+@pytest.mark.parametrize("headers", [(), (("trace", b"1"),)])  # the fast path and restore()
+def test_skewed_source_timestamps_reach_a_created_clean_topic_unchanged(
+    downstream_kafka, headers
+) -> None:
+    raw_topic = create_topic(downstream_kafka, partitions=1)
+    stamps = _skewed(int(time.time() * 1000))
+    records = [raw(i, b"v%d" % i, ts, headers) for i, ts in enumerate(stamps)]
+    writer, result = _write(downstream_kafka, records, raw_topic, precreate=None)
+    assert (result.records, result.skipped) == (len(stamps), False)
+    clean = consume_all(downstream_kafka, f"clean.{raw_topic}.{SOURCE}", timeout=30)
+    assert sorted((r.value, r.timestamp) for r in clean) == sorted(
+        (b"v%d" % i, ts) for i, ts in enumerate(stamps)
+    )
+    assert all(tuple(r.headers) == headers and r.timestamp_type == 1 for r in clean)
+    assert writer.metrics is not None
+    assert writer.metrics.timestamps_replaced._value.get() == 0
+
+
+@pytest.mark.parametrize("headers", [(), (("trace", b"1"),)])
+def test_a_clean_topic_with_the_default_window_gets_the_dedups_time_and_loses_nothing(
+    downstream_kafka, headers
+) -> None:
+    raw_topic = create_topic(downstream_kafka, partitions=1)
+    now = int(time.time() * 1000)
+    stamps = _skewed(now)
+    records = [raw(i, b"v%d" % i, ts, headers) for i, ts in enumerate(stamps)]
+    # {} = the broker's defaults: Kafka 4 refuses CreateTime more than an hour ahead
+    writer, result = _write(downstream_kafka, records, raw_topic, precreate={})
+    assert (result.records, result.skipped) == (len(stamps), False)
+    clean = consume_all(downstream_kafka, f"clean.{raw_topic}.{SOURCE}", timeout=30)
+    by_value = {r.value: r for r in clean}
+    assert len(clean) == len(by_value) == len(stamps)
+    after = int(time.time() * 1000)
+    for i, ts in enumerate(stamps):
+        r = by_value[b"v%d" % i]
+        if ts > now + HOUR:  # refused by the topic: the dedup's time, the source one in a header
+            assert now <= r.timestamp <= after
+            assert tuple(r.headers) == (*headers, (ORIGINAL_TIMESTAMP_HEADER, b"%d" % ts))
+        else:
+            assert r.timestamp == ts
+            assert tuple(r.headers) == headers
+    assert writer.metrics is not None
+    assert writer.metrics.timestamps_replaced._value.get() == 2
+
+
+def test_records_of_3_mb_travel_raw_to_clean(downstream_kafka) -> None:
+    raw_topic = create_topic(downstream_kafka, partitions=1)
+    values = [os.urandom(3 * 1024 * 1024 + i) for i in range(3)]
+    now = int(time.time() * 1000)
+    records = [raw(i, v, now + i) for i, v in enumerate(values)]
+    _, result = _write(downstream_kafka, records, raw_topic, precreate=None)
+    assert result.records == 3
+    clean = consume_all(downstream_kafka, f"clean.{raw_topic}.{SOURCE}", timeout=60)
+    assert sorted(r.value for r in clean) == sorted(values)
+
+
+def test_a_clean_topic_too_small_for_max_record_size_stops_the_writer(downstream_kafka) -> None:
+    raw_topic = create_topic(downstream_kafka, partitions=1)
+    clean = create_topic(downstream_kafka, partitions=1, config={"max.message.bytes": "1048588"})
+    for name in (f"gaps.{raw_topic}", f"progress.{raw_topic}"):
+        create_topic(downstream_kafka, name, partitions=1, config={"cleanup.policy": "compact"})
+    produce_records(downstream_kafka, raw_topic, [raw(0, b"v", int(time.time() * 1000))])
+    writer = TransactionalBatchWriter(
+        WriterSettings(
+            bootstrap_servers=downstream_kafka.bootstrap,
+            clean_topic=clean,
+            gap_topic=f"gaps.{raw_topic}",
+            progress_topic=f"progress.{raw_topic}",
+            transactional_id=f"txn.{raw_topic}",
+            raw_topics=(raw_topic, f"control.{raw_topic}"),
+        )
+    )
+    writer.bind(f"query-{raw_topic}")
+    try:
+        with pytest.raises(ServiceError, match=r"max\.message\.bytes=16781312") as info:
+            writer.write_table(decisions([(0, 0, 0)]), 0)
+    finally:
+        writer.close()
+    assert "MAX_RECORD_SIZE" in str(info.value)
+    assert consume_all(downstream_kafka, clean, timeout=5) == []

@@ -9,6 +9,7 @@ receiver's own ``downstream_overflow`` (records) and ``socket_error`` (failed re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -89,9 +90,17 @@ class Gauges:
 class ReceiverCollector(Collector):
     """Expose :class:`ReceiverStats` and :class:`Gauges` to Prometheus."""
 
-    def __init__(self, stats: ReceiverStats, gauges: Gauges) -> None:
+    def __init__(
+        self, stats: ReceiverStats, gauges: Gauges, clock: Callable[[], float] = time.time
+    ) -> None:
         self._stats = stats
         self._gauges = gauges
+        self._clock = clock
+        # When a scrape first saw the heartbeat count change: the "link silent" alert's input
+        # (packaging/prometheus), exact to one scrape interval and free for the hot path. It
+        # starts at the process start, so a receiver is given the alert's grace to hear one.
+        self._beats_seen = stats.heartbeats
+        self._beat_at = clock()
 
     def collect(self) -> Iterator[Metric]:
         """Build the metric families from the current values."""
@@ -125,6 +134,13 @@ class ReceiverCollector(Collector):
         expired = s.drops.get("reassembly_timeout", 0)
         yield CounterMetricFamily(
             f"{PREFIX}_reassemblies_expired", "Fragmented messages that timed out.", value=expired
+        )
+        if s.heartbeats != self._beats_seen:
+            self._beats_seen, self._beat_at = s.heartbeats, self._clock()
+        yield GaugeMetricFamily(
+            f"{PREFIX}_last_heartbeat_timestamp_seconds",
+            "Unix time a scrape first saw the latest sender heartbeat (process start if none).",
+            value=self._beat_at,
         )
         g = self._gauges
         for name, doc, fn in (

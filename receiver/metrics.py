@@ -17,10 +17,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from common.metrics import NAMESPACE, CollectorRegistry
+from common.wire.events import DropReason
 
 PREFIX = f"{NAMESPACE}_receiver"
 DOWNSTREAM_OVERFLOW = "downstream_overflow"
 SOCKET_ERROR = "socket_error"
+_KNOWN_REASONS = (*(r.value for r in DropReason), DOWNSTREAM_OVERFLOW, SOCKET_ERROR)
 #: Sender sessions whose last sequence is exported; older ones are forgotten (bounded labels).
 MAX_SESSION_LABELS = 64
 
@@ -128,7 +130,10 @@ class ReceiverCollector(Collector):
             "Dropped datagrams/messages (records for overflow).",
             labels=["reason"],
         )
-        for reason, value in list(s.drops.items()):
+        # Every known reason is exported from the start (at 0), so rate() and the alert rules
+        # see a drop from its first occurrence rather than from the second scrape after it.
+        counts = dict.fromkeys(_KNOWN_REASONS, 0) | dict(s.drops)
+        for reason, value in counts.items():
             drops.add_metric([reason], value)
         yield drops
         expired = s.drops.get("reassembly_timeout", 0)

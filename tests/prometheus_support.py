@@ -7,10 +7,12 @@ names a metric we do not export is caught without a running pipeline.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -83,3 +85,33 @@ def prometheus_binary() -> str:
             pytest.fail("prometheus is missing in CI: `make tools` installs Debian's prometheus")
         pytest.skip("prometheus not installed (`make tools`, or apt-get install prometheus)")
     return path
+
+
+# Grafana's variables, replaced by what Grafana would send for a short dashboard range.
+_GRAFANA_VARIABLES = {"$__rate_interval": "20s", "$__interval": "5s", "$__range": "5m"}
+
+
+def dashboard_queries() -> list[str]:
+    """Every PromQL expression of the dashboard, with Grafana's variables substituted."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            expr = node.get("expr")
+            if isinstance(expr, str) and expr.strip():
+                found.append(expr)
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(DASHBOARD.read_text()))
+    out = []
+    for raw in found:
+        expr = raw
+        for name, value in _GRAFANA_VARIABLES.items():
+            expr = expr.replace(name, value)
+        assert "$" not in expr, f"a Grafana variable this test does not know: {expr}"
+        out.append(expr)
+    return sorted(set(out))

@@ -9,6 +9,7 @@ from tests.prometheus_support import (
     OPERATIONS,
     RULE_TESTS,
     RULES,
+    dashboard_queries,
     defined_metric_names,
     metric_names_in,
     promtool,
@@ -77,3 +78,12 @@ def test_every_alert_has_a_runbook_entry_in_operations_md() -> None:
         labels = rule["labels"]
         assert isinstance(labels, dict)
         assert labels["severity"] in {"warning", "critical"}, rule["alert"]
+
+
+def test_dashboard_queries_name_only_exported_metrics() -> None:
+    """Offline twin of tests/integration/test_prometheus.py: the names exist in our code."""
+    queries = dashboard_queries()
+    used = set().union(*(metric_names_in(q) for q in queries))
+    assert len(used) > 20, "the dashboard lost its queries"
+    defined = defined_metric_names()
+    assert used <= defined, f"unknown metric names: {sorted(used - defined)}"

@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -436,7 +437,8 @@ def _run_to_end(proc: ManagedProcess, *, timeout: float) -> None:
 
 
 def _create(bootstrap: str, topics: list[NewTopic]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 4, "logger": log}
+    admin = AdminClient(conf)
     for name, future in admin.create_topics(topics, operation_timeout=30).items():
         try:
             future.result(60)

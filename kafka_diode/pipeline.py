@@ -53,7 +53,7 @@ class PipelineSpec:
     seed: int = 1
     """Seed for the workload and the relay."""
     compression: str = "none"
-    """Sender compression: none or gzip."""
+    """Sender compression: none, gzip or zstd."""
     copies: int = 1
     """Sender redundancy: copies of each datagram."""
     rate_bytes: float = 0.0

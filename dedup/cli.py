@@ -18,12 +18,16 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common import logging as diode_logging
 from common import settings
 from common.errors import ConfigError, DiodeError
 from dedup.config import LOG_LEVELS, PASS_THROUGH, DedupConfig, environment_help, from_sources
+
+if TYPE_CHECKING:
+    from common.metrics import CollectorRegistry
+    from dedup.raw_position import RawPositionMetrics
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +177,7 @@ def drive(
     *,
     until_idle: float | None = None,
     max_batches: int | None = None,
-    raw: Any = None,
+    raw: RawPositionMetrics | None = None,
 ) -> int:
     """Watch the query until it ends or ``stop`` is set; returns the exit code.
 
@@ -238,7 +242,7 @@ def _graceful_stop(query: Any, writer: Any) -> None:
     query.stop()
 
 
-def raw_position_metrics(config: DedupConfig, registry: Any) -> Any:
+def raw_position_metrics(config: DedupConfig, registry: CollectorRegistry) -> RawPositionMetrics:
     """``kafka_diode_dedup_raw_*`` (dedup/raw_position.py) over a consumer of its own."""
     from dedup.raw_position import RawPositionMetrics, kafka_watermarks  # noqa: PLC0415
     from dedup.reread import consumer_conf  # noqa: PLC0415

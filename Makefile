@@ -5,7 +5,7 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install jars check fmt docs test test-all chaos demo bench clean
+.PHONY: install jars tools check fmt docs test test-all chaos demo bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,14 @@ install: $(STAMP)
 # Resolves the Kafka broker and Spark connector jars from Maven Central once, into the user cache.
 jars: $(STAMP)
 	$(BIN)/kafka-diode local-kafka fetch
+
+# promtool and prometheus (Debian's `prometheus` package) for the alert-rule tests; installed only
+# when missing and we are root (CI is), otherwise a hint (those tests then skip outside CI).
+tools:
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; \
+	else echo "note: install Debian's 'prometheus' package for the alert-rule tests (promtool)"; fi
 
 check: $(STAMP)
 	$(BIN)/ruff check .
@@ -33,11 +41,11 @@ fmt: $(STAMP)
 	$(BIN)/ruff check --fix .
 
 # Everything CI runs: static checks, unit, property, integration and the fast chaos subset.
-test: check jars
+test: check jars tools
 	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
 
 # The full matrix, including the slow chaos scenarios.
-test-all: check jars
+test-all: check jars tools
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 chaos: jars

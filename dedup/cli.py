@@ -18,12 +18,16 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from common import logging as diode_logging
 from common import settings
 from common.errors import ConfigError, DiodeError
 from dedup.config import LOG_LEVELS, PASS_THROUGH, DedupConfig, environment_help, from_sources
+
+if TYPE_CHECKING:
+    from common.metrics import CollectorRegistry
+    from dedup.raw_position import RawPositionMetrics
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +133,7 @@ def run(
     metrics = DedupMetrics()
     serve(metrics.registry, config.metrics_port, config.metrics_addr)
     writer = TransactionalBatchWriter(writer_settings(config, WriterSettings), metrics)
+    raw = raw_position_metrics(config, metrics.registry)
     jars = [str(path) for path in spark_connector_jars()]
     spark = job.build_session(config, jars)
     query = job.start_query(spark, config, writer)
@@ -146,11 +151,14 @@ def run(
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return drive(query, writer, metrics, stop, until_idle=until_idle, max_batches=max_batches)
+        return drive(
+            query, writer, metrics, stop, until_idle=until_idle, max_batches=max_batches, raw=raw
+        )
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         writer.close()
+        raw.close()
         stop_spark(spark, requested=stop.is_set())
 
 
@@ -169,6 +177,7 @@ def drive(
     *,
     until_idle: float | None = None,
     max_batches: int | None = None,
+    raw: RawPositionMetrics | None = None,
 ) -> int:
     """Watch the query until it ends or ``stop`` is set; returns the exit code.
 
@@ -182,6 +191,8 @@ def drive(
             progress = query.lastProgress
             if progress is not None and progress.get("id") and progress != last_progress:
                 metrics.observe_progress(progress)
+                if raw is not None:
+                    raw.observe_progress(progress)
                 last_progress = progress
             idle = time.monotonic() - writer.last_input_at
             if until_idle is not None and writer.batches_seen and idle >= until_idle:
@@ -229,6 +240,19 @@ def _graceful_stop(query: Any, writer: Any) -> None:
         writer.request_stop()
         writer.between_batches.wait(STOP_WAIT_S)
     query.stop()
+
+
+def raw_position_metrics(config: DedupConfig, registry: CollectorRegistry) -> RawPositionMetrics:
+    """``kafka_diode_dedup_raw_*`` (dedup/raw_position.py) over a consumer of its own."""
+    from dedup.raw_position import RawPositionMetrics, kafka_watermarks  # noqa: PLC0415
+    from dedup.reread import consumer_conf  # noqa: PLC0415
+
+    base = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
+    conf = consumer_conf(base, config.kafka_source, group_id="kafka-diode-dedup.retention-probe")
+    watermarks, close = kafka_watermarks(conf)
+    return RawPositionMetrics(
+        registry, config.raw_topics, watermarks, clock=time.monotonic, close=close
+    )
 
 
 def writer_settings(config: DedupConfig, cls: Any) -> Any:

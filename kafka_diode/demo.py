@@ -36,11 +36,16 @@ from rich.table import Table
 
 from common.errors import DiodeError
 from common.logging import configure
+from kafka_diode.demo_topics import ensure_topics
 from kafka_diode.pipeline import Pipeline, PipelineSpec
 from kafka_diode.verify import verify
 from kafka_diode.workload import Workload, produce
 
 log = logging.getLogger(__name__)
+
+#: The demo sender's pacing (bytes/s): packaging/compose/sender.toml's rate_bytes, so both demos
+#: run the same command; far above what the demo produces, as a link's rate should be.
+DEMO_RATE_BYTES = 20_000_000.0
 
 #: (row label, component, metric family, label filter) shown in the live table.
 ROWS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
@@ -56,6 +61,10 @@ ROWS: tuple[tuple[str, str, str, dict[str, str]], ...] = (
     ("duplicates dropped", "dedup", "kafka_diode_dedup_duplicates_dropped", {}),
     ("gaps open", "dedup", "kafka_diode_dedup_gaps_open", {}),
 )
+
+
+#: Rows that show a level (a gauge), not a count.
+GAUGE_ROWS = frozenset({"gaps open"})
 
 
 def scrape(port: int) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -89,16 +98,23 @@ class LiveView:
         self.started = time.monotonic()
         self.phase = "starting"
         self._last: dict[str, tuple[float, float]] = {}
+        self._active: dict[str, tuple[float, float, float]] = {}
 
-    def table(self) -> Table:
-        """Render the current figures."""
+    def table(self, *, final: bool = False) -> Table:
+        """Render the current figures; ``final``: each row's peak rate over the run.
+
+        At the end nothing moves any more, so a live rate would be empty or 0; the highest rate a
+        stage reached between two refreshes says how fast it went.
+        """
         elapsed = time.monotonic() - self.started
         table = Table(title=f"kafka-diode demo — {self.phase} — {elapsed:5.0f} s", min_width=64)
         table.add_column("what")
         table.add_column("count", justify="right")
-        table.add_column("per second", justify="right")
+        table.add_column("per second (peak)" if final else "per second", justify="right")
         now = time.monotonic()
-        table.add_row("produced upstream", f"{self.produced():,}", self._rate("produced", now))
+        rate = self._peak if final else self._rate
+        self._track("produced", float(self.produced()), now)
+        table.add_row("produced upstream", f"{self.produced():,}", rate("produced", now))
         scraped: dict[str, dict[str, list[tuple[dict[str, str], float]]]] = {}
         for label, component, family, wanted in ROWS:
             port = self.pipeline.ep.metrics.get(component)
@@ -108,8 +124,22 @@ class LiveView:
                 scraped[component] = scrape(port)
             value = _value(scraped[component].get(family, []), wanted)
             self._remember(label, value, now)
-            table.add_row(label, f"{value:,.0f}", self._rate(label, now))
+            self._track(label, value, now)
+            table.add_row(label, f"{value:,.0f}", rate(label, now))
         return table
+
+    def _track(self, key: str, value: float, now: float) -> None:
+        """Keep the highest rate ``key`` reached between two refreshes (the final table's)."""
+        since, before, peak = self._active.get(key, (self.started, 0.0, 0.0))
+        if now - since < 0.5:
+            return
+        peak = max(peak, (value - before) / (now - since))
+        self._active[key] = (now, value, peak)
+
+    def _peak(self, key: str, _now: float) -> str:
+        if key in GAUGE_ROWS:
+            return "-"  # a level, not a count: it has no rate
+        return f"{self._active.get(key, (0.0, 0.0, 0.0))[2]:,.0f}"
 
     def _remember(self, key: str, value: float, now: float) -> None:
         previous = self._last.get(key)
@@ -149,6 +179,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=1, help="seed of workload and link (1)")
     parser.add_argument("--partitions", type=int, default=3, help="partitions per topic (3)")
+    parser.add_argument(
+        "--rate-bytes",
+        type=float,
+        default=DEMO_RATE_BYTES,
+        help="sender pacing in bytes/s, as on a real link (%(default).0f, the docker-compose "
+        "demo's; 0: unpaced, which a real diode punishes with loss)",
+    )
     parser.add_argument(
         "--resend-passes", type=int, default=3, help="bundle -> resend rounds at most (3)"
     )
@@ -194,6 +231,9 @@ def _produce_only(args: argparse.Namespace) -> int:
     workload = Workload(
         topics=tuple(t for t in args.topics.split(",") if t), records=args.records, seed=args.seed
     )
+    created = ensure_topics(args.bootstrap_servers, workload.topics, args.partitions)
+    if created:
+        print(f"created topics {', '.join(created)} with {args.partitions} partitions each")
     acked = produce(
         args.bootstrap_servers,
         workload,
@@ -228,11 +268,13 @@ def _run(args: argparse.Namespace) -> int:
         produce_rate=args.rate or None,
         profile=args.profile,
         seed=args.seed,
+        rate_bytes=args.rate_bytes,
     )
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="kafka-diode-demo-"))
     console = Console(stderr=False)
     console.print(f"[bold]kafka-diode demo[/bold]: {records:,} records over profile "
-                  f"'{args.profile}'; logs in {work_dir}/logs")  # fmt: skip
+                  f"'{args.profile}', sender paced at --rate-bytes {args.rate_bytes:.0f}; "
+                  f"logs in {work_dir}/logs")  # fmt: skip
     interrupted = threading.Event()
 
     def on_signal(_sig: int, _frame: FrameType | None) -> None:
@@ -270,8 +312,9 @@ def _drive(pipeline: Pipeline, args: argparse.Namespace, console: Console) -> in
 
         def refresher() -> None:
             while not stop_refresh.wait(1.0):
+                table = view.table()  # also with --no-live: the final averages need the samples
                 if not args.no_live:
-                    live.update(view.table())
+                    live.update(table)
 
         thread = threading.Thread(target=refresher, daemon=True)
         thread.start()
@@ -292,10 +335,10 @@ def _drive(pipeline: Pipeline, args: argparse.Namespace, console: Console) -> in
                     stable_for=3 * pipeline.spec.gap_emit_interval + 10,
                 )
             view.phase = "done"
-            live.update(view.table())
         finally:
             stop_refresh.set()
             thread.join(2)
+        live.update(view.table(final=True))
     if verdict.examples and not verdict.ok:
         for example in verdict.examples[:10]:
             console.print(f"  {example}")

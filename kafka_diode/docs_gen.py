@@ -1,4 +1,4 @@
-"""Generate ``docs/configuration.md`` from the configuration dataclasses themselves.
+"""Generate ``docs/configuration.md`` from the configuration dataclasses and the argument parsers.
 
 The field docstrings in the code are the single source of truth; ``tests/unit/test_docs.py`` fails
 when the committed file differs from what this produces, so the reference cannot drift.
@@ -11,6 +11,7 @@ import importlib
 import sys
 
 from common.settings import reference_table
+from kafka_diode import cli_reference
 
 #: (section title, module, class, environment prefix, what it configures)
 SECTIONS: tuple[tuple[str, str, str, str, str], ...] = (
@@ -74,12 +75,22 @@ them as `***`.
 """
 
 
+COMMANDS_INTRO = """## Command-line options of every command
+
+Taken from each command's own argument parser (`kafka_diode/cli_reference.py`), so every flag of
+every command and subcommand is here; `kafka-diode <command> --help` prints the same. Flags that
+set a key of the tables above say so (`[env …; default: …]`).
+"""
+
+
 def render() -> str:
     """The whole Markdown document."""
     parts = [HEADER]
     for title, module_name, class_name, prefix, intro in SECTIONS:
         cls = getattr(importlib.import_module(module_name), class_name)
         parts.append(f"## {title}\n\n{intro}\n\n{reference_table(cls, prefix)}\n")
+    parts.append(COMMANDS_INTRO)
+    parts.append(cli_reference.render())
     return "\n".join(parts)
 
 

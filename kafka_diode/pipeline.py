@@ -22,6 +22,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
@@ -62,7 +63,7 @@ class PipelineSpec:
     seed: int = 1
     """Seed for the workload and the relay."""
     compression: str = "none"
-    """Sender compression: none or gzip."""
+    """Sender compression: none, gzip or zstd."""
     copies: int = 1
     """Sender redundancy: copies of each datagram."""
     rate_bytes: float = 0.0
@@ -455,7 +456,8 @@ def _run_to_end(proc: ManagedProcess, *, timeout: float) -> None:
 
 
 def _create(bootstrap: str, topics: list[NewTopic]) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap})
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 4, "logger": log}
+    admin = AdminClient(conf)
     for name, future in admin.create_topics(topics, operation_timeout=30).items():
         try:
             future.result(60)

@@ -116,6 +116,7 @@ def read_topic(
             "enable.partition.eof": True,
             "isolation.level": "read_committed" if committed_only else "read_uncommitted",
             "auto.offset.reset": "earliest",
+            "log_level": 4,  # no informational librdkafka lines on a demo's terminal
         }
     )
     try:
@@ -273,7 +274,9 @@ def _example(verdict: Verdict, text: str) -> None:
 
 
 def _partition_count(bootstrap: str, topic: str) -> int | None:
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kafka-diode-verify-meta"})
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": "kafka-diode-verify-meta", "log_level": 4}
+    )
     try:
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)
         if meta is None or meta.error is not None:

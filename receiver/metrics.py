@@ -9,6 +9,7 @@ receiver's own ``downstream_overflow`` (records) and ``socket_error`` (failed re
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -16,10 +17,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from common.metrics import NAMESPACE, CollectorRegistry
+from common.wire.events import DropReason
 
 PREFIX = f"{NAMESPACE}_receiver"
 DOWNSTREAM_OVERFLOW = "downstream_overflow"
 SOCKET_ERROR = "socket_error"
+_KNOWN_REASONS = (*(r.value for r in DropReason), DOWNSTREAM_OVERFLOW, SOCKET_ERROR)
 #: Sender sessions whose last sequence is exported; older ones are forgotten (bounded labels).
 MAX_SESSION_LABELS = 64
 
@@ -89,9 +92,17 @@ class Gauges:
 class ReceiverCollector(Collector):
     """Expose :class:`ReceiverStats` and :class:`Gauges` to Prometheus."""
 
-    def __init__(self, stats: ReceiverStats, gauges: Gauges) -> None:
+    def __init__(
+        self, stats: ReceiverStats, gauges: Gauges, clock: Callable[[], float] = time.time
+    ) -> None:
         self._stats = stats
         self._gauges = gauges
+        self._clock = clock
+        # When a scrape first saw the heartbeat count change: the "link silent" alert's input
+        # (packaging/prometheus), exact to one scrape interval and free for the hot path. It
+        # starts at the process start, so a receiver is given the alert's grace to hear one.
+        self._beats_seen = stats.heartbeats
+        self._beat_at = clock()
 
     def collect(self) -> Iterator[Metric]:
         """Build the metric families from the current values."""
@@ -119,12 +130,22 @@ class ReceiverCollector(Collector):
             "Dropped datagrams/messages (records for overflow).",
             labels=["reason"],
         )
-        for reason, value in list(s.drops.items()):
+        # Every known reason is exported from the start (at 0), so rate() and the alert rules
+        # see a drop from its first occurrence rather than from the second scrape after it.
+        counts = dict.fromkeys(_KNOWN_REASONS, 0) | dict(s.drops)
+        for reason, value in counts.items():
             drops.add_metric([reason], value)
         yield drops
         expired = s.drops.get("reassembly_timeout", 0)
         yield CounterMetricFamily(
             f"{PREFIX}_reassemblies_expired", "Fragmented messages that timed out.", value=expired
+        )
+        if s.heartbeats != self._beats_seen:
+            self._beats_seen, self._beat_at = s.heartbeats, self._clock()
+        yield GaugeMetricFamily(
+            f"{PREFIX}_last_heartbeat_timestamp_seconds",
+            "Unix time a scrape first saw the latest sender heartbeat (process start if none).",
+            value=self._beat_at,
         )
         g = self._gauges
         for name, doc, fn in (

@@ -23,6 +23,7 @@ from common import settings
 from common.errors import ConfigError, DiodeError
 from common.metrics import serve
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
+from sender.pacing_advice import pacing_warning
 from sender.transport import resolve
 
 log = logging.getLogger(__name__)
@@ -77,10 +78,15 @@ def main(argv: Sequence[str], prog: str = "kafka-diode send") -> int:
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    advice = pacing_warning(config)
     if args.check_config:
         print(json.dumps(settings.describe(config), indent=2, sort_keys=True))
+        if advice:
+            print(f"{prog}: warning: {advice}", file=sys.stderr)
         return EXIT_OK
     diode_logging.configure(config.log_level, json_format=config.log_json)
+    if advice:
+        log.warning("%s", advice)
     return run(config)
 
 

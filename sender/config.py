@@ -80,10 +80,11 @@ class SenderConfig:
     """Send without encryption (cipher none): tests and demos only; the receiver must allow it."""
     max_datagram_size: int = DEFAULT_DATAGRAM_SIZE
     """Largest UDP payload in bytes; 1452 fits a 1500-byte MTU (up to 65507)."""
-    compression: Literal["none", "gzip"] = "none"
-    """Payload compression before encryption."""
+    compression: Literal["none", "gzip", "zstd"] = "none"
+    """Payload compression before encryption: none, gzip or zstd (zstd: faster at a better ratio;
+    the receiver needs no setting for either)."""
     compression_level: int = 1
-    """gzip level 1..9."""
+    """gzip level 1..9; zstd level 1..19."""
     max_record_size: int = 16 * 1024 * 1024
     """Records larger than this (key + value + headers) are skipped, logged and counted."""
     linger: float = 0.005

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from common.metrics import CollectorRegistry, Counter, Gauge
 
 _PREFIX = "kafka_diode_sender"
+#: Error kinds every sender can count (docs/operations.md, sender metrics).
+ERROR_KINDS = ("broker", "consume", "commit", "bad_record", "record_too_large", "keyring_reload")
 
 
 class SenderMetrics:
@@ -54,6 +56,10 @@ class SenderMetrics:
             ["kind"],
             registry=r,
         )
+        # the fixed kinds exist at 0 from the start, so rate() sees the first error (send_<errno>
+        # kinds appear when they happen)
+        for kind in ERROR_KINDS:
+            self.errors.labels(kind=kind)
         self.backlog_bytes = Gauge(
             f"{_PREFIX}_backlog_bytes", "Datagram bytes waiting for pacing", registry=r
         )

@@ -46,6 +46,7 @@ from common import logging as diode_logging
 from common import settings
 from common.errors import BundleError, ConfigError, DiodeError, LocalProtocolError, ServiceError
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
+from sender.pacing_advice import pacing_warning
 from sender.resend import (
     DEFAULT_MAX_SKIP,
     PartitionOutcome,
@@ -289,10 +290,15 @@ def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    advice = pacing_warning(config)
     if args.check_config:
         print(json.dumps(settings.describe(config), indent=2, sort_keys=True))
+        if advice:
+            print(f"{prog}: warning: {advice}", file=sys.stderr)
         return EXIT_OK
     diode_logging.configure(config.log_level, json_format=config.log_json)
+    if advice:
+        log.warning("%s", advice)
     bundle: bundle_format.Bundle | None = None
     if request.bundle is not None:
         try:

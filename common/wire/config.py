@@ -27,9 +27,11 @@ MAX_FRAGMENTS = 65535
 #: Room for a record's topic name and per-record framing on top of ``max_record_size``.
 MESSAGE_OVERHEAD_ALLOWANCE = 4096
 
-COMPRESSIONS = ("none", "gzip")
+COMPRESSIONS = ("none", "gzip", "zstd")
 
-Compression = Literal["none", "gzip"]
+Compression = Literal["none", "gzip", "zstd"]
+#: Levels each compression accepts (zstd's 20..22 need a huge window on both sides).
+COMPRESSION_LEVELS = {"none": range(1, 10), "gzip": range(1, 10), "zstd": range(1, 20)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,9 +41,10 @@ class WireConfig:
     max_datagram_size: int = DEFAULT_DATAGRAM_SIZE
     """Largest UDP payload sent; 1452 fits a 1500 MTU for IPv4 and IPv6 (up to 65507)."""
     compression: Compression = "none"
-    """Payload compression before encryption: none or gzip (skipped when it does not shrink)."""
+    """Payload compression before encryption: none, gzip or zstd (skipped when it does not
+    shrink). The receiver reads every one without a setting."""
     compression_level: int = 1
-    """gzip level 1 (fastest) to 9 (smallest)."""
+    """gzip level 1 (fastest) to 9 (smallest); zstd 1 to 19."""
     max_record_size: int = 16 * MiB
     """Largest record (key + value + header names and values); larger ones are refused."""
     max_message_size: int = 17 * MiB
@@ -101,10 +104,12 @@ class WireConfig:
             f"unknown compression {self.compression!r}",
             f"use one of {', '.join(COMPRESSIONS)}",
         )
+        levels = COMPRESSION_LEVELS.get(self.compression, range(1, 10))
         need(
-            1 <= self.compression_level <= 9,
+            self.compression_level in levels,
             "compression_level",
-            f"{self.compression_level} is outside 1..9",
+            f"{self.compression_level} is outside {levels.start}..{levels.stop - 1}"
+            f" for {self.compression}",
             "use 1 for speed, 6 for ratio",
         )
         need(self.max_record_size >= 1, "max_record_size", "must be positive", "e.g. 16777216")

@@ -45,7 +45,6 @@ from common.wire.crypto import SessionCipher
 from common.wire.envelope import (
     CIPHER_AES_256_GCM,
     CIPHER_NONE,
-    COMPRESSION_GZIP,
     COMPRESSION_NONE,
     HEADER,
     HEADER_SIZE,
@@ -277,7 +276,7 @@ class Decoder:
             raise RemoteProtocolError(DropReason.UNKNOWN_CIPHER, f"cipher {cipher_code}")
         if cipher_code == CIPHER_NONE and not config.allow_cleartext:
             raise RemoteProtocolError(DropReason.CLEARTEXT_REFUSED, "cipher none")
-        if compression not in (COMPRESSION_NONE, COMPRESSION_GZIP):
+        if compression != COMPRESSION_NONE and compression not in gzip_codec.DECODABLE:
             raise RemoteProtocolError(DropReason.UNKNOWN_COMPRESSION, f"compression {compression}")
         if kind not in _KNOWN_KINDS:
             raise RemoteProtocolError(DropReason.UNKNOWN_KIND, f"kind {kind}")
@@ -344,9 +343,11 @@ class Decoder:
         payload: bytes,
         cleartext: bool = False,
     ) -> None:
-        if compression == COMPRESSION_GZIP:
+        if compression != COMPRESSION_NONE:
             ratio = gzip_codec.CLEARTEXT_MAX_RATIO if cleartext else None
-            payload = gzip_codec.decompress(payload, self._config.max_decompressed_size, ratio)
+            payload = gzip_codec.decompress_code(
+                compression, payload, self._config.max_decompressed_size, ratio
+            )
         if kind == KIND_RECORD_BATCH:
             groups, count = decode_record_groups(payload)
             batch = _new(RecordBatch)

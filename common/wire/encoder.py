@@ -4,9 +4,9 @@ Theory of operation. Records accumulate in one record batch (columns per partiti
 the next record would not fit one datagram's capacity, or ``linger`` seconds passed since the
 first pending record (``poll``), or the caller flushes. Each batch becomes one message; a message
 longer than one datagram (a large record alone) is cut into fragments. Pipeline per message:
-Avro batch -> gzip if configured and smaller -> per fragment AES-256-GCM with the 44-byte header as
-associated data -> envelope. Every datagram gets the next sequence number of the session; copies
-sent for redundancy are the same bytes (the caller sends ``data`` N times).
+Avro batch -> gzip or zstd if configured and smaller -> per fragment AES-256-GCM with the 44-byte
+header as associated data -> envelope. Every datagram gets the next sequence number of the
+session; copies sent for redundancy are the same bytes (the caller sends ``data`` N times).
 
 Guarantees: no datagram exceeds ``max_datagram_size``; sequence numbers never repeat within the
 session (exhaustion at 2**64 raises); ``completes`` on a datagram lists, per partition, the
@@ -46,7 +46,6 @@ from common.wire.crypto import SessionCipher
 from common.wire.envelope import (
     CIPHER_AES_256_GCM,
     CIPHER_NONE,
-    COMPRESSION_GZIP,
     COMPRESSION_NONE,
     HEADER,
     KIND_HEARTBEAT,
@@ -155,7 +154,8 @@ class Encoder:
         self._session_id = session_id
         self._next_sequence = first_sequence
         self._capacity = fragment_capacity(config.max_datagram_size)
-        self._gzip = config.compression == "gzip"
+        self._gzip = config.compression != "none"  # compressing (gzip or zstd)
+        self._codec = gzip_codec.COMPRESSORS.get(config.compression)
         self._ratio = 2.0 if self._gzip else 1.0
         self._target = self._capacity
         self._retarget()
@@ -478,11 +478,12 @@ class Encoder:
     ) -> list[OutgoingDatagram]:
         compression = COMPRESSION_NONE
         capacity = self._capacity
-        if self._gzip:
-            packed = gzip_codec.compress(payload, self._config.compression_level)
+        if self._codec is not None:
+            code, compress = self._codec
+            packed = compress(payload, self._config.compression_level)
             if len(packed) < len(payload):
                 observed = len(payload) / len(packed)
-                compression = COMPRESSION_GZIP
+                compression = code
                 if kind == KIND_RECORD_BATCH:
                     if len(packed) > capacity:  # overshot: be more careful next time
                         self._ratio = max(_MIN_RATIO, self._ratio * capacity / len(packed) * 0.9)

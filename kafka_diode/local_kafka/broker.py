@@ -562,10 +562,14 @@ def _probe(bootstrap: str, timeout: float) -> None:
     from confluent_kafka.cimpl import NewTopic  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout
+    # Warnings while a fresh broker settles (coordinator load in progress, …) are expected here and
+    # the probe's outcome says whether it settled; they must not reach a demo's terminal.
     quiet = logging.getLogger(f"{__name__}.probe")
+    quiet.setLevel(logging.ERROR)
     common: dict[str, Any] = {
         "bootstrap.servers": bootstrap,
         "logger": quiet,
+        "log_level": 4,  # no informational lines (%6|…|BGQUEUE|… when a client is destroyed)
         "socket.timeout.ms": 5000,
     }
     admin = AdminClient(common)
@@ -581,7 +585,16 @@ def _probe(bootstrap: str, timeout: float) -> None:
     def on_delivery(err: Any, msg: Any) -> None:
         delivered.append((-1, err.str()) if err is not None else (int(msg.offset()), None))
 
-    producer = Producer({**common, "acks": "all", "message.timeout.ms": int(timeout * 1000)})
+    # Idempotent like every real producer of ours: ready means producer ids are handed out too
+    # (a client starting right after would otherwise log "Failed to acquire idempotence PID").
+    producer = Producer(
+        {
+            **common,
+            "acks": "all",
+            "enable.idempotence": True,
+            "message.timeout.ms": int(timeout * 1000),
+        }
+    )
     producer.produce(PROBE_TOPIC, value=token, partition=0, on_delivery=on_delivery)
     producer.flush(timeout)
     if not delivered or delivered[0][1] is not None:

@@ -134,7 +134,7 @@ class ReceiverProcess:
         return {
             dict(labels)["reason"]: int(value)
             for (name, labels), value in self.metrics().items()
-            if name == "kafka_diode_receiver_drops_total"
+            if name == "kafka_diode_receiver_drops_total" and value  # every reason is exported
         }
 
     def terminate(self, timeout: float = 60.0) -> int:

@@ -87,3 +87,31 @@ def test_demo_prints_the_exactly_once_verdict(tmp_path: Path) -> None:
         "3000/3000 records delivered exactly once; 0 open gaps"
     )
     assert not _ours(tmp_path / "demo")
+
+
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.chaos
+@pytest.mark.slow
+def test_make_demo_output_is_clean_and_finished(tmp_path: Path) -> None:
+    """What `make demo` prints (the live table, not --no-live): no raw librdkafka line, no
+    WARNING while the brokers start, and a final table whose rate column is filled."""
+    result = subprocess.run(
+        [sys.executable, "-m", "kafka_diode", "demo", "--records", "3000",
+         "--work-dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+        env=_env(tmp_path),
+        check=False,
+    )  # fmt: skip
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    lines = out.splitlines()
+    assert not [line for line in lines if line.startswith("%")], out  # %6|…|BGQUEUE|…
+    assert not [line for line in lines if " WARNING " in line], out
+    assert "per second (peak)" in out
+    rows = [line for line in lines if line.startswith("│")]
+    assert len(rows) >= 10, out
+    assert all(line.rstrip("│ ").rsplit("│", 1)[-1].strip() for line in rows), out
+    assert lines[-1] == "3000/3000 records delivered exactly once; 0 open gaps"

@@ -435,7 +435,7 @@ def test_trailing_bytes_after_the_envelope() -> None:
         (0, b"XDIO", DropReason.BAD_MAGIC),
         (4, b"\x02", DropReason.UNSUPPORTED_VERSION),
         (5, b"\x03", DropReason.UNKNOWN_KIND),
-        (6, b"\x02", DropReason.UNKNOWN_COMPRESSION),
+        (6, b"\x03", DropReason.UNKNOWN_COMPRESSION),  # code 2 is zstd
         (7, b"\x07", DropReason.UNKNOWN_CIPHER),
         (7, b"\x00", DropReason.CLEARTEXT_REFUSED),
         (32, b"\x00\x00\x00\x01", DropReason.UNKNOWN_KEY),

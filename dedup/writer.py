@@ -437,6 +437,14 @@ class TransactionalBatchWriter:
             except KafkaException as exc:
                 if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
                     raise ServiceError(f"cannot create topic {topic!r}: {exc}") from exc
+        # Created is not yet usable: metadata and leaders reach the brokers a moment later, and a
+        # produce or describe in between fails. Wait for every partition to have a leader.
+        deadline = time.monotonic() + KAFKA_TIMEOUT_S
+        for topic in missing:
+            while not _has_leaders(admin, topic, partitions):
+                if time.monotonic() > deadline:
+                    raise ServiceError(f"topic {topic!r} was created but has no leaders yet")
+                time.sleep(0.1)
 
     def _partition_count(self, producer: Producer, topic: str) -> int:
         count = self._partitions.get(topic)
@@ -767,6 +775,13 @@ class TransactionalBatchWriter:
                     break
                 except BufferError:
                     producer.poll(0.05)
+
+
+def _has_leaders(admin: AdminClient, topic: str, partitions: int) -> bool:
+    meta = admin.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
+    if meta is None or meta.error is not None or len(meta.partitions) < partitions:
+        return False
+    return all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
 
 
 @contextlib.contextmanager

@@ -97,6 +97,10 @@ _HEADS: dict[tuple[str, int, int], bytes] = {}
 _MAX_HEADS: Final = 4096
 
 
+#: Avro longs are signed 64-bit: a timestamp delta outside [-2^63, 2^63) cannot be written.
+_LONG_BOUND = 1 << 63
+
+
 class _Group:
     """The columns of one (topic, partition, timestamp type) inside a batch being built."""
 
@@ -306,9 +310,11 @@ class BatchBuilder:
         if 0 <= d < 64:
             td = SMALL_LONGS[d]
             n += 1
-        else:
+        elif -_LONG_BOUND <= d < _LONG_BOUND:
             td = encode_long(d)
             n += len(td)
+        else:  # e.g. -1 after 2^63-1: the delta is no Avro long; the record opens the next batch
+            return False
         c = group.count
         if c >= 63 and (c == 63 or c >= 8191):  # count varints grow at 64 and 8192 items
             n += 5 * (varint_size((c + 1) << 1) - varint_size(c << 1))

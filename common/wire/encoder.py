@@ -271,6 +271,8 @@ class Encoder:
             else:
                 td = encode_long(d)
                 n += len(td)
+                if not -(1 << 63) <= d < (1 << 63):
+                    n += 1 << 40  # no Avro long: treated as "does not fit", the next batch opens
             c = group.count
             if c >= 63 and (c == 63 or c >= 8191):
                 n += 5 * (varint_size((c + 1) << 1) - varint_size(c << 1))

@@ -116,6 +116,28 @@ def test_extreme_numbers() -> None:
     ) == sorted(records, key=lambda r: r.offset)
 
 
+@pytest.mark.parametrize(
+    "stamps",
+    [
+        (-1, (1 << 63) - 1),
+        ((1 << 63) - 1, -1, (1 << 63) - 1),
+        (-(1 << 62), (1 << 62) + 5, -1),
+    ],
+)
+@pytest.mark.parametrize("gzip_level", [None, 1])
+def test_timestamps_whose_delta_is_no_long_open_a_new_batch(
+    stamps: tuple[int, ...], gzip_level: int | None
+) -> None:
+    """Timestamps -1 and 2^63-1 in one group would need a delta beyond 64 bits: the encoder starts
+    the next batch instead of sending a datagram no decoder accepts (both used to be lost)."""
+    config = WireConfig() if gzip_level is None else WireConfig(compression="gzip")
+    enc, dec = endpoints(config)
+    records = [rec(i, timestamp=t, timestamp_type=1) for i, t in enumerate(stamps)]
+    got = records_of(feed(dec, encode_all(enc, records)))
+    assert sorted(got, key=lambda r: r.offset) == records
+    assert not dec.drops
+
+
 def _value_for_exact_size(target: int) -> int:
     """Value length whose single-record batch encodes to exactly ``target`` bytes."""
     for n in range(target - 200, target):

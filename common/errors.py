@@ -5,11 +5,21 @@
     DiodeError
     ├── ConfigError            bad configuration; names the key and the fix; stops start-up
     ├── LocalProtocolError     we used the protocol API wrongly (a bug on our side)
+    │   └── SequenceExhaustedError   (common.wire.encoder) a session used all 2**64 sequences
+    ├── RecordTooLarge         (here; re-exported by common.wire.encoder) a record over
+    │                          max_record_size: data, not a bug; the caller skips and counts it
     ├── RemoteProtocolError    bytes from the wire are invalid; carries a DropReason
     ├── KeyRingError           key material missing, malformed or unknown
     ├── BundleError            a resend bundle is tampered, truncated, of a wrong version or key
+    ├── GapRecordError         (dedup.gap_record) a gap-topic value that is not a gap record
+    ├── GapStateError          (dedup.gaps) a saved gap-detector state that cannot be restored
+    │   └── WindowSizeMismatchError  the state was saved with another WINDOW_SIZE
     └── ServiceError           an external service (Kafka, Java, Maven, Spark) is unusable
-        └── LocalKafkaError    the embedded broker cannot be fetched, started or stopped
+        ├── LocalKafkaError    the embedded broker cannot be fetched, started or stopped
+        ├── RawRecordGoneError (dedup.reread) a raw record was deleted before it was re-read
+        └── NetemUnavailableError  (netem.tc) tc netem is missing or not permitted here
+
+A test (tests/unit/test_errors.py) keeps this tree complete.
 
 ``retriable`` says whether trying the same thing again later may succeed (aiokafka's convention).
 Third-party exceptions are wrapped once, at the module that calls the library, with
@@ -44,6 +54,21 @@ class ConfigError(DiodeError):
 
 class LocalProtocolError(DiodeError):
     """The protocol API was called in a way it does not allow; always a bug of the caller."""
+
+
+class RecordTooLarge(DiodeError):  # noqa: N818  name fixed by the API contract
+    """A record's key, value and headers exceed ``max_record_size``; the caller skips it.
+
+    Bad data, not a bug: hence not a ``LocalProtocolError``.
+    """
+
+    def __init__(self, topic: str, partition: int, offset: int, size: int, limit: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.size = size
+        self.limit = limit
+        super().__init__(f"{topic}:{partition}:{offset} has {size} bytes, over {limit}")
 
 
 class RemoteProtocolError(DiodeError):

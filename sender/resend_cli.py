@@ -44,7 +44,14 @@ from typing import TYPE_CHECKING, Any
 from common import bundle as bundle_format
 from common import logging as diode_logging
 from common import settings
-from common.errors import BundleError, ConfigError, DiodeError, LocalProtocolError, ServiceError
+from common.errors import (
+    BundleError,
+    ConfigError,
+    DiodeError,
+    LocalProtocolError,
+    RecordTooLarge,
+    ServiceError,
+)
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 from sender.pacing_advice import pacing_warning
 from sender.resend import (
@@ -670,7 +677,7 @@ class ResendJob:
                     plan.topic, plan.partition, offset, ts, ts_type,
                     msg.key(), msg.value(), _headers(msg.headers()),
                 )  # fmt: skip
-            except LocalProtocolError as exc:
+            except (RecordTooLarge, LocalProtocolError) as exc:
                 outcome.record_too_large(offset)
                 log.error(  # noqa: TRY400  the reason is the message; no traceback wanted
                     "%s:%d@%d not resent: %s", plan.topic, plan.partition, offset, exc

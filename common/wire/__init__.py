@@ -5,9 +5,10 @@ turns datagrams into events; neither reads a clock, a socket or a file. Import e
 here.
 """
 
+from common.errors import RecordTooLarge
 from common.wire.config import WireConfig, fragment_capacity
 from common.wire.decoder import Decoder
-from common.wire.encoder import Encoder, OutgoingDatagram, RecordTooLarge, SequenceExhaustedError
+from common.wire.encoder import Encoder, OutgoingDatagram, SequenceExhaustedError
 from common.wire.events import (
     Dropped,
     DropReason,

@@ -28,7 +28,7 @@ from typing import Final
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from common.errors import ConfigError, LocalProtocolError
+from common.errors import ConfigError, LocalProtocolError, RecordTooLarge
 from common.wire import compression as gzip_codec
 from common.wire.batch import (
     BYTES_ITEMS,
@@ -62,18 +62,6 @@ from common.wire.envelope import (
 )
 from common.wire.events import RESEND_PHASES
 from common.wire.keyring import KeyRing
-
-
-class RecordTooLarge(LocalProtocolError):  # noqa: N818  name fixed by the API contract
-    """A record's key, value and headers exceed ``max_record_size``; the caller skips it."""
-
-    def __init__(self, topic: str, partition: int, offset: int, size: int, limit: int) -> None:
-        self.topic = topic
-        self.partition = partition
-        self.offset = offset
-        self.size = size
-        self.limit = limit
-        super().__init__(f"{topic}:{partition}:{offset} has {size} bytes, over {limit}")
 
 
 class SequenceExhaustedError(LocalProtocolError):

@@ -1,0 +1,41 @@
+"""The exception tree drawn in common/errors.py names every exception class we define."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pkgutil
+from pathlib import Path
+
+import common.errors
+from common.errors import DiodeError
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("common", "sender", "receiver", "dedup", "netem", "kafka_diode")
+
+
+def _our_exceptions() -> set[type[BaseException]]:
+    found: set[type[BaseException]] = set()
+    for package in PACKAGES:
+        for info in pkgutil.walk_packages([str(ROOT / package)], prefix=f"{package}."):
+            if info.name.endswith("__main__") or ".local_kafka." in info.name + ".":
+                continue
+            module = importlib.import_module(info.name)
+            for _, obj in inspect.getmembers(module, inspect.isclass):
+                # Private control-flow signals (kafka_diode.cli_reference._Captured) are no errors.
+                if obj.__name__.startswith("_") or obj.__module__.split(".")[0] not in PACKAGES:
+                    continue
+                if issubclass(obj, BaseException):
+                    found.add(obj)
+    return found
+
+
+def test_every_exception_is_in_the_tree_and_derives_from_the_root() -> None:
+    tree = common.errors.__doc__ or ""
+    classes = _our_exceptions()
+    assert classes, "no exception classes found"
+    for cls in classes:
+        assert issubclass(cls, DiodeError), f"{cls.__module__}.{cls.__name__} is outside the tree"
+        assert f"── {cls.__name__} " in tree or f"    {cls.__name__}\n" in tree, (
+            f"{cls.__module__}.{cls.__name__} is missing from the tree in common/errors.py"
+        )

@@ -42,6 +42,7 @@ from confluent_kafka import KafkaError, Message
 from common.errors import KeyRingError, LocalProtocolError
 from common.logging import RateLimitedLog
 from common.wire import Encoder, KeyRing, RecordTooLarge
+from common.wire.fec import FecEncoder
 from sender.config import SenderConfig, load_keyring
 from sender.kafka_source import KafkaSource
 from sender.metrics import SenderMetrics
@@ -141,6 +142,17 @@ class SenderApp:
         self.keyring = keyring
         self._udp = UdpSender(cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer)
         encoder = Encoder(cfg.wire_config(), keyring, session_id=self.session_id)
+        fec_config = cfg.fec_config()
+        fec = (
+            None
+            if fec_config is None
+            else FecEncoder(
+                fec_config,
+                keyring,
+                session_id=self.session_id,
+                max_source_size=cfg.source_datagram_size(),
+            )
+        )
         self._pressure = asyncio.Event()
         self.pipeline = SendPipeline(
             encoder=encoder,
@@ -152,6 +164,7 @@ class SenderApp:
             max_backlog_bytes=self.max_backlog_bytes,
             on_pressure=self._on_pressure,
             clock=self._clock,
+            fec=fec,
         )
         pipeline = self.pipeline
         self.source = KafkaSource(cfg, loop=loop, committable=lambda: dict(pipeline.sent_high))
@@ -517,6 +530,8 @@ class SenderApp:
                 bytes_sent=p.bytes_sent,
                 datagrams_sent=p.datagrams_sent,
                 copies_sent=p.copies_sent,
+                fec_blocks=p.fec.blocks if p.fec is not None else 0,
+                fec_repairs=p.fec.repairs if p.fec is not None else 0,
                 pacing_delay=p.pacing_delay,
                 backlog_bytes=p.backlog_bytes,
             )

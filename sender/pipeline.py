@@ -52,6 +52,7 @@ from sender.transport import SendResult, UdpSender
 
 if TYPE_CHECKING:
     from common.wire import Encoder, OutgoingDatagram
+    from common.wire.fec import FecEncoder
 
 Headers = Sequence[tuple[str, bytes | None]] | None
 
@@ -102,8 +103,14 @@ class SendPipeline:
         max_backlog_bytes: int = 4 * 1024 * 1024,
         on_pressure: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fec: FecEncoder | None = None,
     ) -> None:
         self.encoder = encoder
+        #: Repair datagrams over the finished datagrams (docs/sender.md, "Forward error
+        #: correction"): each source goes in its target's block; a closed block's repairs are
+        #: queued after it, to the same target, paced and copied like any datagram.
+        self.fec = fec
+        self._fec_timer: asyncio.TimerHandle | None = None
         self._pacer = pacer
         self._udp = udp
         self._loop = loop
@@ -202,6 +209,8 @@ class SendPipeline:
     async def drain(self, timeout: float) -> bool:  # noqa: ASYNC109  a bound, not a cancel
         """Flush, then wait until every datagram and copy was handed over; False on timeout."""
         self.flush()
+        if self.fec is not None:
+            self._queue_repairs(self.fec.flush())
         self._pump()
         try:
             async with asyncio.timeout(timeout):
@@ -218,10 +227,10 @@ class SendPipeline:
     def close(self) -> None:
         """Cancel timers; queued datagrams are abandoned (idempotent)."""
         self._closed = True
-        for handle in (self._timer, self._linger):
+        for handle in (self._timer, self._linger, self._fec_timer):
             if handle is not None:
                 handle.cancel()
-        self._timer = self._linger = None
+        self._timer = self._linger = self._fec_timer = None
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -253,7 +262,7 @@ class SendPipeline:
         targets = self._targets
         size = 0
         item: _Item | None = None
-        if front or everywhere or targets > 1:
+        if front or everywhere or targets > 1 or self.fec is not None:
             items: list[_Item] = []
             target = self._target
             for d in datagrams:
@@ -266,12 +275,14 @@ class SendPipeline:
                     target = target + 1 if target + 1 < targets else 0  # a new message
                 items.append(_Item(data, d.completes, 0, copies, target))
             self._target = target
+            item = items[-1] if items else None  # the last source: it completes the records
+            if self.fec is not None:
+                items = self._with_repairs(items)
             size = sum(len(i.data) for i in items)
             if front:
                 self._queue.extendleft(reversed(items))
             else:
                 self._queue.extend(items)
-            item = items[-1] if items else None
         else:  # the hot path: one target, records in order
             append = self._queue.append
             for d in datagrams:
@@ -290,6 +301,39 @@ class SendPipeline:
                 self._on_pressure(True)
         if pump:
             self._pump()
+
+    def _with_repairs(self, items: list[_Item]) -> list[_Item]:
+        """``items`` with the repairs of every FEC block they close right after its last source."""
+        assert self.fec is not None
+        add, now, copies = self.fec.add, self._clock(), self._copies
+        out: list[_Item] = []
+        for it in items:
+            out.append(it)
+            for repair in add(it.data, it.target, now):
+                out.append(_Item(repair, (), 0, copies, it.target))
+        self._arm_fec()
+        return out
+
+    def _queue_repairs(self, repairs: list[tuple[int, bytes]]) -> None:
+        if not repairs:
+            return
+        copies = self._copies
+        self._queue.extend(_Item(data, (), 0, copies, target) for target, data in repairs)
+        self.backlog_bytes += sum(len(data) for _, data in repairs) * copies
+        self._idle.clear()
+        self._pump()
+
+    def _arm_fec(self) -> None:
+        deadline = None if self.fec is None else self.fec.next_deadline()
+        if deadline is None or self._fec_timer is not None or self._closed:
+            return
+        self._fec_timer = self._loop.call_later(max(0.0, deadline - self._clock()), self._on_fec)
+
+    def _on_fec(self) -> None:
+        self._fec_timer = None
+        assert self.fec is not None
+        self._queue_repairs(self.fec.poll(self._clock()))
+        self._arm_fec()
 
     def _on_timer(self) -> None:
         self._timer = None

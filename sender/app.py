@@ -42,7 +42,6 @@ from confluent_kafka import KafkaError, Message
 from common.errors import KeyRingError, LocalProtocolError
 from common.logging import RateLimitedLog
 from common.wire import Encoder, KeyRing, RecordTooLarge
-from common.wire.fec import FecEncoder
 from sender.config import SenderConfig, load_keyring
 from sender.kafka_source import KafkaSource
 from sender.metrics import SenderMetrics
@@ -142,17 +141,6 @@ class SenderApp:
         self.keyring = keyring
         self._udp = UdpSender(cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer)
         encoder = Encoder(cfg.wire_config(), keyring, session_id=self.session_id)
-        fec_config = cfg.fec_config()
-        fec = (
-            None
-            if fec_config is None
-            else FecEncoder(
-                fec_config,
-                keyring,
-                session_id=self.session_id,
-                max_source_size=cfg.source_datagram_size(),
-            )
-        )
         self._pressure = asyncio.Event()
         self.pipeline = SendPipeline(
             encoder=encoder,
@@ -164,7 +152,7 @@ class SenderApp:
             max_backlog_bytes=self.max_backlog_bytes,
             on_pressure=self._on_pressure,
             clock=self._clock,
-            fec=fec,
+            fec=cfg.fec_encoder(keyring, self.session_id),
         )
         pipeline = self.pipeline
         self.source = KafkaSource(cfg, loop=loop, committable=lambda: dict(pipeline.sent_high))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from common.errors import ConfigError, KeyRingError
 from common.wire.config import DEFAULT_DATAGRAM_SIZE, WireConfig
-from common.wire.fec import FecConfig
+from common.wire.fec import FecConfig, FecEncoder
 from sender.pacing import PacingConfig
 from sender.transport import parse_address
 
@@ -106,9 +106,9 @@ class SenderConfig:
     fec_block_size: int = 64
     """FEC: source datagrams per block at most; larger blocks survive longer bursts at the same
     overhead, their repairs leave later."""
-    fec_block_latency: float = 0.05
-    """FEC: seconds after its first datagram a block is closed and its repairs sent, even when
-    not full (bounds the repair delay on slow streams)."""
+    fec_block_latency: float = 0.2
+    """FEC: seconds (at most 1) after its first datagram a block is closed and its repairs sent,
+    even when not full (bounds the repair delay on slow streams)."""
     fec_interleave: int = 1
     """FEC: blocks filled round-robin, so a burst of consecutive losses is spread over them."""
     heartbeat_interval: float = 2.0
@@ -261,6 +261,15 @@ class SenderConfig:
             block_latency=self.fec_block_latency,
             interleave=self.fec_interleave,
             streams=len(self.targets()),
+        )
+
+    def fec_encoder(self, keyring: KeyRing | None, session_id: bytes) -> FecEncoder | None:
+        """The session's FEC encoder for ``SendPipeline(fec=...)``, or None when FEC is off."""
+        fec = self.fec_config()
+        if fec is None:
+            return None
+        return FecEncoder(
+            fec, keyring, session_id=session_id, max_source_size=self.source_datagram_size()
         )
 
     def source_datagram_size(self) -> int:

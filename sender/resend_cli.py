@@ -546,6 +546,7 @@ class ResendJob:
                 copy_spacing=cfg.copy_spacing,
                 max_backlog_bytes=cfg.max_backlog_bytes,
                 on_pressure=on_pressure,
+                fec=cfg.fec_encoder(self.keyring, self.session_id),
             )
             self.pipeline = pipeline
             log.info(

@@ -169,9 +169,9 @@ class FecConfig:
     block_size: int = 64
     """Source datagrams per block at most (k). Larger blocks ride out longer bursts at the same
     overhead but hold repairs back longer (docs/sender.md, "Forward error correction")."""
-    block_latency: float = 0.05
+    block_latency: float = 0.2
     """Seconds after its first source a block closes even when not full, so a slow stream gets
-    its repairs promptly."""
+    its repairs promptly; at most 1 s, half the time a receiver keeps sources for a block."""
     interleave: int = 1
     """Blocks filled round-robin per stream: a burst of B consecutive losses costs each block
     about B / interleave sources."""
@@ -190,8 +190,12 @@ class FecConfig:
                 f"exceed {MAX_SYMBOLS} symbols",
                 "lower fec_block_size or fec_overhead",
             )
-        if not 0 < self.block_latency <= 10:
-            raise ConfigError("fec_block_latency", f"{self.block_latency} is not in (0, 10] s")
+        if not 0 < self.block_latency <= 1:
+            raise ConfigError(
+                "fec_block_latency",
+                f"{self.block_latency} is not in (0, 1] s",
+                "a receiver keeps sources 2 s for their block's repairs",
+            )
         if not 1 <= self.interleave <= 16:
             raise ConfigError("fec_interleave", f"{self.interleave} is not in 1..16")
         if self.streams < 1:

@@ -6,7 +6,8 @@ impairment engine (``netem.impair.Impairer``, seeded) drops some; the receiver's
 ``Decoder`` + ``FecDecoder``, as in ``receiver/app.py``) decodes the rest. Reported: the share of
 records not delivered, i.e. what would become gaps and wait for a resend. Cases: copies 1,
 copies 2 (each datagram twice, back to back, as ``--copies 2`` without spacing), and FEC at 5, 10,
-20, 50 % overhead (default blocks: 64 sources, interleave 1) plus 20 % with interleave 4. Loss
+20, 50 % overhead (default blocks: 32 sources, interleave 1), 20 % with 64-source blocks, and
+20 % and 50 % with interleave 4. Loss
 models: ``random`` (netem ``loss X%``) and ``bursty`` (Gilbert-Elliott, netem ``loss gemodel``,
 bad state always loses, mean burst 5 datagrams: r = 20 %, p chosen for the mean loss X).
 
@@ -52,6 +53,7 @@ class Case:
     copies: int = 1
     overhead: float = 0.0
     interleave: int = 1
+    block_size: int = 32
 
 
 CASES = (
@@ -61,6 +63,7 @@ CASES = (
     Case("fec 10 %", overhead=10),
     Case("fec 20 %", overhead=20),
     Case("fec 50 %", overhead=50),
+    Case("fec 20 % block 64", overhead=20, block_size=64),
     Case("fec 20 % interleave 4", overhead=20, interleave=4),
     Case("fec 50 % interleave 4", overhead=50, interleave=4),
 )
@@ -79,7 +82,9 @@ def profile(model: str, loss: float) -> Profile:
 def build(case: Case, records: int, ring: KeyRing) -> tuple[list[bytes], int]:
     """Datagrams in send order (repairs after their block) and how many are sources."""
     fec_cfg = (
-        FecConfig(overhead=case.overhead, interleave=case.interleave) if case.overhead else None
+        FecConfig(overhead=case.overhead, interleave=case.interleave, block_size=case.block_size)
+        if case.overhead
+        else None
     )
     size = DATAGRAM - (fec_cfg.overhead_bytes if fec_cfg else 0)
     enc = Encoder(WireConfig(max_datagram_size=size), ring, session_id=SESSION)

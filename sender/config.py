@@ -103,9 +103,9 @@ class SenderConfig:
     """Forward error correction: repair datagrams per 100 source datagrams (0 is off). The
     receiver needs no setting. Sources shrink by a few dozen bytes so repairs fit
     max_datagram_size (docs/sender.md, "Forward error correction")."""
-    fec_block_size: int = 64
-    """FEC: source datagrams per block at most; larger blocks survive longer bursts at the same
-    overhead, their repairs leave later."""
+    fec_block_size: int = 32
+    """FEC: source datagrams per block at most (1..255); larger blocks survive more loss at the
+    same overhead but cost more CPU per datagram and send their repairs later."""
     fec_block_latency: float = 0.2
     """FEC: seconds (at most 1) after its first datagram a block is closed and its repairs sent,
     even when not full (bounds the repair delay on slow streams)."""

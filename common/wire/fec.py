@@ -166,9 +166,10 @@ class FecConfig:
     overhead: float
     """Repair datagrams per 100 source datagrams (``--fec-overhead``); > 0 (0 means no FEC and
     no ``FecEncoder`` at all)."""
-    block_size: int = 64
-    """Source datagrams per block at most (k). Larger blocks ride out longer bursts at the same
-    overhead but hold repairs back longer (docs/sender.md, "Forward error correction")."""
+    block_size: int = 32
+    """Source datagrams per block at most (k). Larger blocks ride out more loss at the same
+    overhead, but the Reed-Solomon cost per datagram grows with the repairs per block
+    (docs/sender.md, "Forward error correction")."""
     block_latency: float = 0.2
     """Seconds after its first source a block closes even when not full, so a slow stream gets
     its repairs promptly; at most 1 s, half the time a receiver keeps sources for a block."""

@@ -25,7 +25,9 @@ pytestmark = pytest.mark.kafka
 #: (profile, fec overhead %, extra sender environment, seed): documented in docs/sender.md,
 #: "Forward error correction", with the loss table that justifies them (bench/fec_loss.py).
 CASES = [
-    pytest.param("lossy-5", 20.0, (), 105, id="random-5pct-fec20"),
+    pytest.param(
+        "lossy-5", 20.0, (("DIODE_SENDER_FEC_BLOCK_SIZE", "64"),), 105, id="random-5pct-fec20-b64"
+    ),
     pytest.param(
         "bursty", 50.0, (("DIODE_SENDER_FEC_INTERLEAVE", "4"),), 130, id="gilbert-elliott-fec50-i4"
     ),

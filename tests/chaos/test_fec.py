@@ -3,8 +3,8 @@
 Same harness as test_chaos.py (real processes, netem relay, Spark dedup, bundle + resend), with
 ``--fec-overhead`` on the sender and no copies:
 
-- ``fec-loss-5``: 5 % random loss, 20 % overhead, blocks of 64: every record in the clean topic before any
-  resend, no gap ever reported (slow: the raw-topic version runs in CI,
+- ``fec-loss-5``: 5 % random loss, 20 % overhead, blocks of 64: every record in the clean topic
+  before any resend, no gap ever reported (slow: the raw-topic version runs in CI,
   tests/integration/test_fec_link.py);
 - ``fec-bursty``: the relay's ``bursty`` Gilbert-Elliott profile (p 1 %, r 20 %: ~5 % loss in
   bursts of 5 on average) with 50 % overhead and interleave 4 (the setting docs/sender.md

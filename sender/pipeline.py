@@ -324,8 +324,10 @@ class SendPipeline:
         self._pump()
 
     def _arm_fec(self) -> None:
-        deadline = None if self.fec is None else self.fec.next_deadline()
-        if deadline is None or self._fec_timer is not None or self._closed:
+        if self._fec_timer is not None or self._closed or self.fec is None:
+            return
+        deadline = self.fec.next_deadline()
+        if deadline is None:
             return
         self._fec_timer = self._loop.call_later(max(0.0, deadline - self._clock()), self._on_fec)
 

@@ -258,6 +258,7 @@ class FecEncoder:
         self._session_id = session_id
         self._max_source = max_source_size
         self._max_span = config.max_span
+        self._block_size = config.block_size
         self._next_repair = first_repair_sequence
         self._aead: AESGCM | None = None
         self._aead_key: Key | None = None
@@ -284,18 +285,20 @@ class FecEncoder:
         Returns the repair datagrams of a block this source filled (else an empty list); they
         go to the same stream, after the source.
         """
+        n = len(data)
         if (
-            len(data) > self._max_source
-            or len(data) < _MIN_DATAGRAM
-            or data[8:24] != self._session_id
+            n > self._max_source
+            or n < _MIN_DATAGRAM
+            or not data.startswith(self._session_id, 8)
             or data[5] == KIND_FEC_REPAIR
         ):
             self.unprotected += 1
             return []
         sequence = _SEQ.unpack_from(data, 24)[0]
         slots = self._open[stream]
-        slot = self._dealt[stream] % len(slots)
-        self._dealt[stream] += 1
+        dealt = self._dealt[stream]
+        self._dealt[stream] = dealt + 1
+        slot = dealt % len(slots) if len(slots) > 1 else 0
         out: list[bytes] = []
         block = slots[slot]
         if block is not None and (
@@ -307,8 +310,9 @@ class FecEncoder:
             block = slots[slot] = _OpenBlock(stream, now)
         block.sequences.append(sequence)
         block.datagrams.append(data)
-        block.longest = max(block.longest, len(data))
-        if len(block.datagrams) >= self.config.block_size:
+        if n > block.longest:  # noqa: PLR1730  a compare is cheaper than max()
+            block.longest = n
+        if len(block.datagrams) >= self._block_size:
             slots[slot] = None
             out += self._close(block)
         return out

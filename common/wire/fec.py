@@ -267,6 +267,10 @@ class FecEncoder:
             [None] * config.interleave for _ in range(config.streams)
         ]
         self._dealt = [0] * config.streams
+        #: Per stream, repairs of closed blocks waiting for the rest of their interleave round,
+        #: so the round's repairs go out interleaved too (a burst then hits every block alike).
+        self._ready: list[list[list[bytes]]] = [[] for _ in range(config.streams)]
+        self._ready_since: list[float] = [0.0] * config.streams
         self.blocks = 0
         """Blocks closed (each sent its repairs)."""
         self.repairs = 0
@@ -304,7 +308,7 @@ class FecEncoder:
         if block is not None and (
             sequence <= block.sequences[-1] or sequence - block.sequences[0] >= self._max_span
         ):
-            out = self._close(block)
+            out = self._finish(stream, self._close(block), now)
             block = None
         if block is None:
             block = slots[slot] = _OpenBlock(stream, now)
@@ -314,12 +318,31 @@ class FecEncoder:
             block.longest = n
         if len(block.datagrams) >= self._block_size:
             slots[slot] = None
-            out += self._close(block)
+            out += self._finish(stream, self._close(block), now)
+        return out
+
+    def _finish(self, stream: int, repairs: list[bytes], now: float) -> list[bytes]:
+        """Repairs to send now: at once without interleaving, else once per round, interleaved
+        (held at most ``block_latency``: ``next_deadline`` counts them)."""
+        if len(self._open[stream]) == 1:
+            return repairs
+        ready = self._ready[stream]
+        if not ready:
+            self._ready_since[stream] = now
+        ready.append(repairs)
+        return self._release(stream) if len(ready) >= len(self._open[stream]) else []
+
+    def _release(self, stream: int) -> list[bytes]:
+        ready = self._ready[stream]
+        longest = max((len(r) for r in ready), default=0)
+        out = [r[i] for i in range(longest) for r in ready if i < len(r)]
+        ready.clear()
         return out
 
     def next_deadline(self) -> float | None:
         """When the oldest open block must close (``poll``), or None."""
         opened = [b.opened for slots in self._open for b in slots if b is not None]
+        opened += [t for t, ready in zip(self._ready_since, self._ready, strict=True) if ready]
         return min(opened) + self.config.block_latency if opened else None
 
     def poll(self, now: float) -> list[tuple[int, bytes]]:
@@ -332,11 +355,12 @@ class FecEncoder:
 
     def _close_where(self, due: object) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
-        for slots in self._open:
+        for stream, slots in enumerate(self._open):
             for i, block in enumerate(slots):
                 if block is not None and due(block):  # type: ignore[operator]
                     slots[i] = None
-                    out.extend((block.stream, r) for r in self._close(block))
+                    self._ready[stream].append(self._close(block))
+            out.extend((stream, r) for r in self._release(stream))
         return out
 
     def _close(self, block: _OpenBlock) -> list[bytes]:

@@ -379,3 +379,17 @@ def test_repairs_round_up_and_overhead_bytes_cover_the_bitmap() -> None:
     assert cfg.max_span == 128
     assert cfg.overhead_bytes == HEADER_SIZE + 3 + 16 + FEC_HEADER.size + 2 + 16
     assert struct.calcsize(">QBBBBHH") == FEC_HEADER.size == 16
+
+
+def test_interleaved_repairs_go_out_interleaved_and_never_wait_past_the_latency() -> None:
+    cfg = fec_config(interleave=2, block_size=1, overhead=100)
+    encoder, fec = sender(cfg)
+    out = []
+    for i in range(3):
+        for d in encoder.add("t", 0, i, 0, 1, None, b"x", (), 0.0) + encoder.flush():
+            out.append(fec.add(d.data, 0, 1.0))
+    # blocks of one: the first two close together and their repairs leave as one round
+    assert [len(o) for o in out] == [0, 2, 0]
+    assert fec.next_deadline() == pytest.approx(1.0 + cfg.block_latency)
+    assert len(fec.poll(1.0 + cfg.block_latency)) == 1  # the third block's repair, alone
+    assert fec.next_deadline() is None

@@ -262,7 +262,8 @@ class SendPipeline:
         targets = self._targets
         size = 0
         item: _Item | None = None
-        if front or everywhere or targets > 1 or self.fec is not None:
+        fec = self.fec
+        if front or everywhere or targets > 1:
             items: list[_Item] = []
             target = self._target
             for d in datagrams:
@@ -283,13 +284,25 @@ class SendPipeline:
                 self._queue.extendleft(reversed(items))
             else:
                 self._queue.extend(items)
-        else:  # the hot path: one target, records in order
+        elif fec is None:  # the hot path: one target, records in order
             append = self._queue.append
             for d in datagrams:
                 data = d.data
                 size += len(data)
                 item = _Item(data, d.completes, 0, copies)
                 append(item)
+        else:  # the hot path with FEC: a closed block's repairs right after its last source
+            append, add, now = self._queue.append, fec.add, self._clock()
+            for d in datagrams:
+                data = d.data
+                size += len(data)
+                item = _Item(data, d.completes, 0, copies)
+                append(item)
+                for repair in add(data, 0, now):
+                    size += len(repair)
+                    append(_Item(repair, (), 0, copies))
+            if self._fec_timer is None:
+                self._arm_fec()
         if item is None:
             return
         item.records = records

@@ -11,7 +11,7 @@ Same harness as test_chaos.py (real processes, netem relay, Spark dedup, bundle 
   documents): zero gaps before any resend (slow, raw-topic version in CI);
 - ``fec-beyond``: 20 % random loss, 5 % overhead: blocks the repairs cannot save become gaps of
   exactly the missing offsets (the verdict's promise: nothing silent, nothing falsely reported),
-  and resend passes close them (CI).
+  and resend passes close them (slow; tests/unit/test_wire_fec.py pins the rule in CI).
 """
 
 from __future__ import annotations
@@ -57,6 +57,7 @@ SCENARIOS = [
         Scenario(name="fec-beyond", profile="lossy-20", seed=120, fec_overhead=5, resend_copies=3),
         BEYOND,
         id="fec-beyond",
+        marks=pytest.mark.slow,  # 2-4 min with Spark; unit tests pin the exact-loss rule in CI
     ),
 ]
 

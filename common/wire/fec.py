@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import struct
 from collections import Counter, OrderedDict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final
@@ -353,11 +353,11 @@ class FecEncoder:
         """Close every open block (before a drain or shutdown)."""
         return self._close_where(lambda _b: True)
 
-    def _close_where(self, due: object) -> list[tuple[int, bytes]]:
+    def _close_where(self, due: Callable[[_OpenBlock], bool]) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
         for stream, slots in enumerate(self._open):
             for i, block in enumerate(slots):
-                if block is not None and due(block):  # type: ignore[operator]
+                if block is not None and due(block):
                     slots[i] = None
                     self._ready[stream].append(self._close(block))
             out.extend((stream, r) for r in self._release(stream))

@@ -576,9 +576,13 @@ class FecDecoder:
         if sequence in per_session:
             return []
         per_session[sequence] = data
-        self._order.append((now, session, sequence, len(data)))
+        order = self._order
+        order.append((now, session, sequence, len(data)))
         self._source_bytes += len(data)
-        if self._source_bytes > self._limits.max_source_bytes:
+        if (
+            self._source_bytes > self._limits.max_source_bytes
+            or order[0][0] < now - self._limits.block_timeout
+        ):
             self._trim_sources(now)
         if self._waiting:
             block_key = self._waiting.get((session, sequence))

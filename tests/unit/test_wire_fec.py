@@ -393,3 +393,12 @@ def test_interleaved_repairs_go_out_interleaved_and_never_wait_past_the_latency(
     assert fec.next_deadline() == pytest.approx(1.0 + cfg.block_latency)
     assert len(fec.poll(1.0 + cfg.block_latency)) == 1  # the third block's repair, alone
     assert fec.next_deadline() is None
+
+
+def test_sources_age_out_as_new_ones_arrive_without_any_timer() -> None:
+    sources, _ = encode_with_repairs(fec_config(), RECORDS)
+    fec = FecDecoder(FecLimits(block_timeout=1.0), ring())
+    for i, d in enumerate(sources):
+        fec.add_source(d, i * 0.1)
+    kept = fec.buffered_source_bytes
+    assert 0 < kept <= 11 * max(len(d) for d in sources)  # about the last second's worth

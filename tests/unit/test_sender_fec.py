@@ -12,8 +12,13 @@ import asyncio
 import os
 import socket
 
+import pytest
+
+from common import settings
+from common.errors import ConfigError
 from common.wire import Encoder, WireConfig
 from common.wire.fec import FecConfig, FecEncoder, is_repair
+from sender.config import SenderConfig
 from sender.pacing import Pacer, PacingConfig
 from sender.pipeline import SendPipeline
 from sender.transport import UdpSender
@@ -146,3 +151,55 @@ def test_each_target_gets_its_own_blocks_with_their_repairs_and_copies() -> None
             rig.close()
 
     run(scenario())
+
+
+# -- configuration --------------------------------------------------------------------------
+
+_BASE = {
+    "bootstrap_servers": "127.0.0.1:9092",
+    "target": "127.0.0.1:9000",
+    "topics": ["a"],
+    "insecure_cleartext": True,
+}
+
+
+def _config(**overrides: object) -> SenderConfig:
+    return settings.build(SenderConfig, file_values={**_BASE, **overrides})
+
+
+def test_fec_is_off_by_default_and_sources_keep_their_size() -> None:
+    cfg = _config()
+    assert cfg.fec_config() is None
+    assert cfg.fec_encoder(None, SESSION) is None
+    assert cfg.wire_config().max_datagram_size == cfg.max_datagram_size == 1452
+
+
+def test_fec_settings_from_flags_environment_and_file() -> None:
+    cfg = settings.build(
+        SenderConfig,
+        file_values={**_BASE, "fec_block_size": 64},
+        env={"DIODE_SENDER_FEC_INTERLEAVE": "4"},
+        env_prefix="DIODE_SENDER_",
+        flags={"fec_overhead": 20.0},
+    )
+    fec = cfg.fec_config()
+    assert fec == FecConfig(overhead=20.0, block_size=64, interleave=4, streams=1)
+    # sources leave room for the repair envelope, FEC header and a 512-bit member bitmap
+    assert cfg.wire_config().max_datagram_size == 1452 - (81 + 512 // 8)
+    assert cfg.fec_encoder(None, SESSION) is not None
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        ({"fec_overhead": -1}, "fec_overhead"),
+        ({"fec_overhead": 101}, "fec_overhead"),
+        ({"fec_overhead": 20, "fec_block_latency": 2}, "fec_block_latency"),
+        ({"fec_overhead": 20, "fec_block_size": 256}, "fec_block_size"),
+        ({"fec_overhead": 20, "max_datagram_size": 300}, "max_datagram_size"),
+    ],
+)
+def test_bad_fec_settings_name_the_key(overrides: dict[str, object], key: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        _config(**overrides)
+    assert err.value.key == key

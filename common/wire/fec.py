@@ -502,12 +502,14 @@ class FecDecoder:
         self._replay = ReplayGuard(window=limits.replay_window, max_sessions=limits.max_sessions)
         self._aeads: OrderedDict[tuple[int, bytes], tuple[Key, AESGCM]] = OrderedDict()
         self._codecs = _Codecs()
-        self._sources: dict[bytes, dict[int, bytes]] = {}
-        self._order: deque[tuple[float, bytes, int, int]] = deque()
+        #: Recent authenticated sources by envelope bytes 8..31 (session id || sequence): one
+        #: slice and one dict store per datagram, the receiver's whole cost without FEC.
+        self._sources: dict[bytes, bytes] = {}
+        self._order: deque[tuple[float, bytes, int]] = deque()
         self._source_bytes = 0
         self._pending: OrderedDict[tuple[bytes, int], _Pending] = OrderedDict()
         self._pending_bytes = 0
-        self._waiting: dict[tuple[bytes, int], tuple[bytes, int]] = {}
+        self._waiting: dict[bytes, tuple[bytes, int]] = {}
         self._finished: OrderedDict[tuple[bytes, int], None] = OrderedDict()
         self._drops: Counter[FecDropReason] = Counter()
         self._drop_log: deque[tuple[FecDropReason, str]] = deque(maxlen=256)
@@ -566,26 +568,24 @@ class FecDecoder:
 
     def add_source(self, data: bytes, now: float) -> list[bytes]:
         """Keep an authenticated source datagram; returns datagrams it let a block rebuild."""
-        if len(data) < _MIN_DATAGRAM:
+        n = len(data)
+        if n < _MIN_DATAGRAM:
             return []
-        session = data[8:24]
-        sequence = _SEQ.unpack_from(data, 24)[0]
-        per_session = self._sources.get(session)
-        if per_session is None:
-            per_session = self._sources[session] = {}
-        if sequence in per_session:
+        key = data[8:32]
+        sources = self._sources
+        if key in sources:
             return []
-        per_session[sequence] = data
+        sources[key] = data
         order = self._order
-        order.append((now, session, sequence, len(data)))
-        self._source_bytes += len(data)
+        order.append((now, key, n))
+        self._source_bytes += n
         if (
             self._source_bytes > self._limits.max_source_bytes
             or order[0][0] < now - self._limits.block_timeout
         ):
             self._trim_sources(now)
         if self._waiting:
-            block_key = self._waiting.get((session, sequence))
+            block_key = self._waiting.get(key)
             if block_key is not None:
                 block = self._pending.get(block_key)
                 if block is not None:
@@ -597,13 +597,9 @@ class FecDecoder:
         too_old = now - self._limits.block_timeout
         limit = self._limits.max_source_bytes
         while order and (self._source_bytes > limit or order[0][0] < too_old):
-            _, session, sequence, size = order.popleft()
+            _, key, size = order.popleft()
             self._source_bytes -= size
-            per_session = sources.get(session)
-            if per_session is not None:
-                per_session.pop(sequence, None)
-                if not per_session:
-                    del sources[session]
+            sources.pop(key, None)
 
     # -- repairs ---------------------------------------------------------------------------
 
@@ -734,28 +730,30 @@ class FecDecoder:
         self._pending_bytes -= block.bytes
         session = block.key[0]
         for s in block.sequences:
-            self._waiting.pop((session, s), None)
+            self._waiting.pop(session + _SEQ.pack(s), None)
         self._finished[block.key] = None
         if len(self._finished) > 4 * self._limits.max_pending_blocks:
             self._finished.popitem(last=False)
 
     def _attempt(self, block: _Pending) -> list[bytes]:
         session = block.key[0]
-        have = self._sources.get(session, {})
-        missing = [i for i, s in enumerate(block.sequences) if s not in have]
+        have = self._sources
+        keys = [session + _SEQ.pack(s) for s in block.sequences]
+        missing = [i for i, key in enumerate(keys) if key not in have]
         if not missing:
             self._forget(block)
             self.blocks_complete += 1
             return []
         if len(block.repairs) < len(missing):
             for i in missing:
-                self._waiting[(session, block.sequences[i])] = block.key
+                self._waiting[keys[i]] = block.key
             return []
         size = block.size
         symbols: list[bytes] = []
         numbers: list[int] = []
-        for i, s in enumerate(block.sequences):
-            datagram = have.get(s)
+        for i, key in enumerate(keys):
+            s = block.sequences[i]
+            datagram = have.get(key)
             if datagram is not None:
                 if len(datagram) > size - 2:
                     self._forget(block)

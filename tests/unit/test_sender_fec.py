@@ -27,7 +27,14 @@ from tests.wire_support import SESSION, ring
 
 
 class Rig:
-    def __init__(self, fec: FecConfig, *, targets: int = 1, copies: int = 1) -> None:
+    def __init__(
+        self,
+        fec: FecConfig,
+        *,
+        targets: int = 1,
+        copies: int = 1,
+        pacing: PacingConfig | None = None,
+    ) -> None:
         self.socks = []
         for _ in range(targets):
             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -42,7 +49,7 @@ class Rig:
         self.fec = FecEncoder(fec, keys, session_id=SESSION, max_source_size=size)
         self.pipeline = SendPipeline(
             encoder=Encoder(WireConfig(max_datagram_size=size), keys, session_id=SESSION),
-            pacer=Pacer(PacingConfig(), loop.time()),
+            pacer=Pacer(pacing or PacingConfig(), loop.time()),
             udp=self.udp,
             loop=loop,
             copies=copies,
@@ -147,6 +154,33 @@ def test_each_target_gets_its_own_blocks_with_their_repairs_and_copies() -> None
                 assert link.fec.datagrams_reconstructed == 1
                 assert link.fec.blocks_unrecoverable == 0
                 assert link.drops.get("fec_duplicate", 0) > 0  # the repair copies
+        finally:
+            rig.close()
+
+    run(scenario())
+
+
+def test_repairs_are_paced_and_counted_like_any_datagram() -> None:
+    async def scenario() -> None:
+        rate = 4000.0  # datagrams/s
+        rig = Rig(
+            FecConfig(overhead=50, block_size=8),
+            pacing=PacingConfig(datagrams_per_s=rate, max_datagram_size=1452),
+        )
+        try:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            _add(rig.pipeline, 1200)
+            assert await rig.pipeline.drain(10.0)
+            elapsed = loop.time() - start
+            (wire,) = rig.received()
+            sent = rig.pipeline.datagrams_sent
+            assert sent == len(wire) == len(set(wire))
+            assert sum(is_repair(d) for d in wire) == rig.fec.repairs > 0
+            # every datagram, repairs included, took its token: no faster than the rate allows
+            burst = rate * 0.02
+            assert elapsed >= (sent - burst) / rate * 0.9
+            assert rig.pipeline.pacing_delay > 0
         finally:
             rig.close()
 

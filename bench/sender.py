@@ -147,6 +147,7 @@ async def run_sender(
     port: int,
     broker_pid: int | None,
     fec_overhead: float = 0.0,
+    datagram_size: int = 1452,
 ) -> dict[str, float]:
     cfg = settings.build(
         SenderConfig,
@@ -159,6 +160,7 @@ async def run_sender(
             "key_file": str(key_file),
             "compression": compression,
             "fec_overhead": fec_overhead,
+            "max_datagram_size": datagram_size,
         },
     )
     app = SenderApp(cfg)
@@ -215,6 +217,7 @@ def main() -> int:
         "rounds interleaved --fec-rounds times, best kept)",
     )
     parser.add_argument("--fec-rounds", type=int, default=2)
+    parser.add_argument("--datagram-size", type=int, default=1452, help="for the --fec cases")
     args = parser.parse_args()
     broker = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -263,6 +266,7 @@ def main() -> int:
                                 port,
                                 broker_pid,
                                 float(overhead),
+                                args.datagram_size,
                             )
                         )
                     old = fec_best.get(overhead)

@@ -49,6 +49,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.wire import WireConfig
 from common.wire.encoder import Encoder
+from common.wire.fec import FecConfig, FecEncoder
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from receiver.config import DEFAULT_KAFKA, PINNED_KAFKA
 from tests.integration.receiver_process import ReceiverProcess, free_udp_port, write_key_file
@@ -74,16 +75,30 @@ def source_position(i: int, round_robin: bool) -> tuple[int, int]:
 
 
 def encode_streams(
-    ring, count: int, topic: str, datagram_size: int, senders: int, round_robin: bool = False
+    ring,
+    count: int,
+    topic: str,
+    datagram_size: int,
+    senders: int,
+    round_robin: bool = False,
+    fec_overhead: float = 0.0,
 ) -> list[list[bytes]]:
     """Datagrams of ``count`` records, split over ``senders`` sessions: source partition p goes
     to sender p % senders (partitions split between sender/receiver pairs, docs/receiver.md,
-    scaling out)."""
+    scaling out). With ``fec_overhead`` each session also sends FEC repairs after each block, as
+    the sender does (sources shrink to leave the repairs room)."""
+    fec_config = FecConfig(overhead=fec_overhead) if fec_overhead else None
+    if fec_config is not None:
+        datagram_size -= fec_config.overhead_bytes
+    sessions = [os.urandom(16) for _ in range(senders)]
     encoders = [
-        Encoder(
-            WireConfig(max_datagram_size=datagram_size, linger=0), ring, session_id=os.urandom(16)
-        )
-        for _ in range(senders)
+        Encoder(WireConfig(max_datagram_size=datagram_size, linger=0), ring, session_id=session)
+        for session in sessions
+    ]
+    fecs = [
+        FecEncoder(fec_config, ring, session_id=session, max_source_size=datagram_size)
+        for session in sessions
+        if fec_config is not None
     ]
     value = os.urandom(VALUE)
     out: list[list[bytes]] = [[] for _ in range(senders)]
@@ -94,9 +109,17 @@ def encode_streams(
         datagrams = encoders[j].add(
             topic, partition, offset, 1_700_000_000_000 + i, 1, key, value, (), 0.0
         )
-        out[j] += [d.data for d in datagrams]
+        for d in datagrams:
+            out[j].append(d.data)
+            if fecs:
+                out[j] += fecs[j].add(d.data, 0, 0.0)
     for j, enc in enumerate(encoders):
-        out[j] += [d.data for d in enc.flush()]
+        for d in enc.flush():
+            out[j].append(d.data)
+            if fecs:
+                out[j] += fecs[j].add(d.data, 0, 0.0)
+        if fecs:
+            out[j] += [r for _, r in fecs[j].flush()]
     return out
 
 
@@ -385,7 +408,15 @@ def main() -> int:
         default=1,
         help="receiver ports (listen_ports); blasters spread messages over them round-robin",
     )
+    parser.add_argument(
+        "--fec",
+        default="0",
+        help="FEC overheads to run each rate with, comma-separated (e.g. 0,10,20; one port only)",
+    )
     args = parser.parse_args()
+    fec_cases = [float(f) for f in args.fec.split(",")]
+    if any(fec_cases) and args.ports != 1:
+        parser.error("--fec needs --ports 1 (the bench does not split blocks per port)")
     if args.ports < 1 or (args.workers > 1 and args.workers % args.ports):
         parser.error("--workers must be a multiple of --ports")
     extra_ports = [free_udp_port() for _ in range(args.ports - 1)]
@@ -421,12 +452,12 @@ def main() -> int:
             time.sleep(0.05)  # polling a condition under a deadline
         last_datagrams = None
         try:
-            for rate in rates:
+            for fec, rate in [(f, r) for r in rates for f in fec_cases]:
                 count = int(rate * args.seconds)
-                topic = f"r{rate}-{os.getpid()}"
+                topic = f"r{rate}-f{fec:g}-{os.getpid()}"
                 create_topic(bootstrap, f"bench.{topic}", partitions=3)
                 streams = encode_streams(
-                    ring, count, topic, args.datagram_size, args.senders, args.round_robin
+                    ring, count, topic, args.datagram_size, args.senders, args.round_robin, fec
                 )
                 datagrams = [d for stream in streams for d in stream]
                 last_datagrams = (datagrams, rate, count)
@@ -471,6 +502,7 @@ def main() -> int:
                 active = max(last_change - t0, sent_for)  # first datagram to last delivery
                 runs.append(
                     {
+                        "fec_overhead": fec,
                         "offered_records_per_s": rate,
                         "sent_seconds": round(sent_for, 2),
                         "records_per_s": round(delivered / active),

@@ -146,6 +146,8 @@ async def run_sender(
     compression: str,
     port: int,
     broker_pid: int | None,
+    fec_overhead: float = 0.0,
+    datagram_size: int = 1452,
 ) -> dict[str, float]:
     cfg = settings.build(
         SenderConfig,
@@ -157,6 +159,8 @@ async def run_sender(
             "start_position": "earliest",
             "key_file": str(key_file),
             "compression": compression,
+            "fec_overhead": fec_overhead,
+            "max_datagram_size": datagram_size,
         },
     )
     app = SenderApp(cfg)
@@ -206,6 +210,14 @@ def main() -> int:
     parser.add_argument(
         "--compression", default="none,gzip", help="cases to run, comma-separated (none, gzip)"
     )
+    parser.add_argument(
+        "--fec",
+        default="",
+        help="also run compression none with these FEC overheads, comma-separated (e.g. 0,10,20; "
+        "rounds interleaved --fec-rounds times, best kept)",
+    )
+    parser.add_argument("--fec-rounds", type=int, default=2)
+    parser.add_argument("--datagram-size", type=int, default=1452, help="for the --fec cases")
     args = parser.parse_args()
     broker = None
     with tempfile.TemporaryDirectory() as tmp:
@@ -240,6 +252,29 @@ def main() -> int:
                 for name, value in case.items():
                     results[f"sender_aes_{compression}_{name}"] = value
                 results[f"sender_aes_{compression}_mb_per_s"] = case["records_per_s"] * VALUE / 1e6
+            fec_best: dict[str, dict[str, float]] = {}
+            for _ in range(args.fec_rounds if args.fec else 0):
+                for overhead in args.fec.split(","):
+                    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                        case = runner.run(
+                            run_sender(
+                                bootstrap,
+                                topic,
+                                args.records,
+                                key_file,
+                                "none",
+                                port,
+                                broker_pid,
+                                float(overhead),
+                                args.datagram_size,
+                            )
+                        )
+                    old = fec_best.get(overhead)
+                    if old is None or case["cpu_s_per_1m"] < old["cpu_s_per_1m"]:
+                        fec_best[overhead] = case
+            for overhead, case in fec_best.items():
+                for name in ("records_per_s", "cpu_s_per_1m", "loop_records_per_cpu_s"):
+                    results[f"sender_fec{overhead}_{name}"] = case[name]
             sink.close()
         finally:
             if broker is not None:

@@ -66,6 +66,8 @@ class PipelineSpec:
     """Sender compression: none, gzip or zstd."""
     copies: int = 1
     """Sender redundancy: copies of each datagram."""
+    fec_overhead: float = 0.0
+    """Sender forward error correction: repair datagrams per 100 datagrams (0: off)."""
     rate_bytes: float = 0.0
     """Sender pacing in bytes/s (0: unpaced)."""
     max_datagram_size: int = 0
@@ -235,6 +237,8 @@ class Pipeline:
         args = ["--key-file", str(self.ep.key_file), "--compression", self.spec.compression]
         args += ["--copies", str(copies or self.spec.copies)]
         args += ["--rate-bytes", str(self.spec.rate_bytes)]
+        if self.spec.fec_overhead:
+            args += ["--fec-overhead", str(self.spec.fec_overhead)]
         if self.spec.max_datagram_size:
             args += ["--max-datagram-size", str(self.spec.max_datagram_size)]
         return args

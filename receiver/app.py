@@ -41,6 +41,7 @@ from common.errors import ConfigError, KeyRingError
 from common.logging import RateLimitedLog
 from common.wire import Dropped, DropReason, Heartbeat, KeyRing, RecordBatch, ResendMarker
 from common.wire.decoder import Decoder
+from common.wire.fec import FecDecoder, FecLimits, is_repair
 from receiver.config import ReceiverConfig
 from receiver.kafka_sink import RawTopicSink
 from receiver.metrics import (
@@ -56,6 +57,7 @@ from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 log = logging.getLogger(__name__)
 
 INTERNAL_ERROR = "internal_error"
+_KIND_FEC_REPAIR = b"\x04"  # envelope byte 5 (docs/protocol.md §3): a repair datagram
 _SERVICE_INTERVAL = 0.05
 _TICK_INTERVAL = 1.0
 
@@ -76,7 +78,17 @@ class Receiver:
         if config.key_file is not None:
             self._keyring = KeyRing.from_file(config.key_file)
             self._key_mtime = _mtime(config.key_file)
-        self._decoder = Decoder(config.wire_config(), self._keyring)
+        wire = config.wire_config()
+        self._decoder = Decoder(wire, self._keyring)
+        # FEC needs no setting: repairs say everything on the wire (docs/receiver.md, "FEC").
+        self.fec = FecDecoder(
+            FecLimits(
+                replay_window=wire.replay_window,
+                max_sessions=wire.max_sessions,
+                allow_cleartext=wire.allow_cleartext,
+            ),
+            self._keyring,
+        )
         self._sink: RawTopicSink | None = None
         self._drainers: list[SocketDrainer] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -103,6 +115,7 @@ class Receiver:
             backlog_records=lambda: sink.backlog_records,
             rcvbuf_bytes=lambda: self._rcvbuf,
             sockets=lambda: [(d.port, d.datagrams, d.kernel_drops) for d in self._drainers],
+            fec=self._fec_counters,
         )
         if "{topic}" not in self.config.raw_topic:
             raw = self.config.raw_topic
@@ -151,9 +164,24 @@ class Receiver:
             if self._service_handle is not None:
                 self._service_handle.cancel()
         lost = await sink.close(self.config.shutdown_timeout)
-        summary = {**self.stats.snapshot(), "lost_at_shutdown": lost}
+        summary = {
+            **self.stats.snapshot(),
+            "fec": self._fec_counters(),
+            "lost_at_shutdown": lost,
+        }
         log.info("receiver stopped: %s", json.dumps(summary))
         return summary
+
+    def _fec_counters(self) -> dict[str, int]:
+        fec = self.fec
+        return {
+            "blocks_complete": fec.blocks_complete,
+            "blocks_recovered": fec.blocks_recovered,
+            "datagrams_reconstructed": fec.datagrams_reconstructed,
+            "blocks_unrecoverable": fec.blocks_unrecoverable,
+            "repairs_received": fec.repairs_received,
+            "repairs_unused": fec.repairs_unused,
+        }
 
     def _open_sockets(self) -> None:
         cfg = self.config
@@ -192,13 +220,30 @@ class Receiver:
         decoder = self._decoder
         assert self._loop is not None
         try:
-            decoder.receive_datagram(data, self._loop.time())
+            now = self._loop.time()
+            if data[5:6] == _KIND_FEC_REPAIR and is_repair(data):
+                self._decode_rebuilt(self.fec.receive_repair(data, now), now)
+            else:
+                authenticated = decoder.authenticated
+                decoder.receive_datagram(data, now)
+                if decoder.authenticated != authenticated:  # only authentic sources join blocks
+                    rebuilt = self.fec.add_source(data, now)
+                    if rebuilt:
+                        self._decode_rebuilt(rebuilt, now)
             self._drain_events()
         except Exception:  # noqa: BLE001  hostile input must never stop the receiver (logged)
             stats.drop(INTERNAL_ERROR)
             self._rlog.warning(
                 "internal", "internal error while handling a datagram (a bug)", exc_info=True
             )
+
+    def _decode_rebuilt(self, rebuilt: list[bytes], now: float) -> None:
+        """Reconstructed datagrams take the normal path (GCM, replay window) like any other."""
+        for datagram in rebuilt:
+            self._decoder.receive_datagram(datagram, now)
+        for reason, detail in self.fec.pop_drops():
+            self.stats.drop(str(reason))
+            self._rlog.warning(f"drop:{reason}", "dropped repair: %s: %s", reason, detail)
 
     def _drain_events(self) -> None:
         decoder, sink, stats = self._decoder, self._sink, self.stats
@@ -260,9 +305,12 @@ class Receiver:
     # -- timers -------------------------------------------------------------------------------
 
     def _arm_timer(self) -> None:
-        deadline = self._decoder.next_deadline()
-        if deadline is None:
+        deadlines = [
+            d for d in (self._decoder.next_deadline(), self.fec.next_deadline()) if d is not None
+        ]
+        if not deadlines:
             return
+        deadline = min(deadlines)
         if self._timer is not None:
             if self._timer_at <= deadline:
                 return
@@ -275,7 +323,10 @@ class Receiver:
         self._timer = None
         assert self._loop is not None
         try:
-            self._decoder.handle_timer(self._loop.time())
+            now = self._loop.time()
+            self._decoder.handle_timer(now)
+            self.fec.handle_timer(now)
+            self._decode_rebuilt([], now)
             self._drain_events()
             self._arm_timer()
         except Exception:

@@ -25,6 +25,14 @@ SOCKET_ERROR = "socket_error"
 _KNOWN_REASONS = (*(r.value for r in DropReason), DOWNSTREAM_OVERFLOW, SOCKET_ERROR)
 #: Sender sessions whose last sequence is exported; older ones are forgotten (bounded labels).
 MAX_SESSION_LABELS = 64
+_FEC_DOCS = {
+    "blocks_complete": "FEC blocks whose source datagrams all arrived.",
+    "blocks_recovered": "FEC blocks with lost datagrams rebuilt from repairs.",
+    "datagrams_reconstructed": "Source datagrams rebuilt from FEC repairs.",
+    "blocks_unrecoverable": "FEC blocks with lost datagrams too few repairs reached.",
+    "repairs_received": "FEC repair datagrams received (valid or not).",
+    "repairs_unused": "Authentic FEC repairs of blocks already decided.",
+}
 
 
 @dataclass
@@ -87,6 +95,8 @@ class Gauges:
     rcvbuf_bytes: Callable[[], int] = lambda: 0
     sockets: Callable[[], list[tuple[int, int, int]]] = list
     """Per socket of this process, in order: (local port, datagrams read, kernel drops)."""
+    fec: Callable[[], dict[str, int]] = dict
+    """FEC counters by name (``FecDecoder``: blocks_complete, blocks_recovered, ...)."""
 
 
 class ReceiverCollector(Collector):
@@ -148,6 +158,10 @@ class ReceiverCollector(Collector):
             value=self._beat_at,
         )
         g = self._gauges
+        for name, value in g.fec().items():
+            yield CounterMetricFamily(
+                f"{PREFIX}_fec_{name}", _FEC_DOCS.get(name, f"FEC {name}."), value=value
+            )
         for name, doc, fn in (
             (
                 "reassemblies_in_flight",

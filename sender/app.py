@@ -157,6 +157,7 @@ class SenderApp:
             max_backlog_bytes=self.max_backlog_bytes,
             on_pressure=self._on_pressure,
             clock=self._clock,
+            fec=cfg.fec_encoder(keyring, self.session_id),
         )
         pipeline = self.pipeline
         self.source = KafkaSource(cfg, loop=loop, committable=lambda: dict(pipeline.sent_high))
@@ -577,6 +578,8 @@ class SenderApp:
                 bytes_sent=p.bytes_sent,
                 datagrams_sent=p.datagrams_sent,
                 copies_sent=p.copies_sent,
+                fec_blocks=p.fec.blocks if p.fec is not None else 0,
+                fec_repairs=p.fec.repairs if p.fec is not None else 0,
                 pacing_delay=p.pacing_delay,
                 backlog_bytes=p.backlog_bytes,
             )

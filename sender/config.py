@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Literal
 
 from common.errors import ConfigError, KeyRingError
 from common.wire.config import DEFAULT_DATAGRAM_SIZE, WireConfig
+from common.wire.fec import FecConfig, FecEncoder
 from sender.pacing import PacingConfig
 from sender.transport import parse_address
 
@@ -99,6 +100,18 @@ class SenderConfig:
     """Send each datagram this many times (redundancy against loss)."""
     copy_spacing: float = 0.0
     """Seconds between the copies of one datagram (spreads them past burst losses)."""
+    fec_overhead: float = 0.0
+    """Forward error correction: repair datagrams per 100 source datagrams (0 is off). The
+    receiver needs no setting. Sources shrink by a few dozen bytes so repairs fit
+    max_datagram_size (docs/sender.md, "Forward error correction")."""
+    fec_block_size: int = 32
+    """FEC: source datagrams per block at most (1..255); larger blocks survive more loss at the
+    same overhead but cost more CPU per datagram and send their repairs later."""
+    fec_block_latency: float = 0.2
+    """FEC: seconds (at most 1) after its first datagram a block is closed and its repairs sent,
+    even when not full (bounds the repair delay on slow streams)."""
+    fec_interleave: int = 1
+    """FEC: blocks filled round-robin, so a burst of consecutive losses is spread over them."""
     heartbeat_interval: float = 2.0
     """Seconds between heartbeats (highest offset sent per partition, counters)."""
     sender_id: str = field(default_factory=socket.gethostname)
@@ -221,6 +234,9 @@ class SenderConfig:
         if not self.sender_id or len(self.sender_id) > 255:
             raise ConfigError("sender_id", "must be 1..255 characters")
         del host
+        if not (math.isfinite(self.fec_overhead) and 0 <= self.fec_overhead <= 100):
+            raise ConfigError("fec_overhead", f"is {self.fec_overhead}", "use 0 (off) .. 100 %")
+        self.fec_config()  # its own checks name the fec_* keys
         self.wire_config()  # its own checks name the same keys
         self.pacing_config()
         self._check_window_and_pacing()
@@ -281,10 +297,42 @@ class SenderConfig:
         """The source address to bind, if any."""
         return parse_address("bind", self.bind, default_port=0) if self.bind else None
 
+    def fec_config(self) -> FecConfig | None:
+        """The FEC block settings, or None when ``fec_overhead`` is 0."""
+        if self.fec_overhead == 0:
+            return None
+        return FecConfig(
+            overhead=self.fec_overhead,
+            block_size=self.fec_block_size,
+            block_latency=self.fec_block_latency,
+            interleave=self.fec_interleave,
+            streams=len(self.targets()),
+        )
+
+    def fec_encoder(self, keyring: KeyRing | None, session_id: bytes) -> FecEncoder | None:
+        """The session's FEC encoder for ``SendPipeline(fec=...)``, or None when FEC is off."""
+        fec = self.fec_config()
+        if fec is None:
+            return None
+        return FecEncoder(
+            fec, keyring, session_id=session_id, max_source_size=self.source_datagram_size()
+        )
+
+    def source_datagram_size(self) -> int:
+        """Largest datagram the wire encoder builds: ``max_datagram_size``, less the room a
+        repair datagram needs around it when FEC is on."""
+        fec = self.fec_config()
+        size = self.max_datagram_size - (fec.overhead_bytes if fec is not None else 0)
+        if size < 256:
+            raise ConfigError(
+                "max_datagram_size", f"leaves {size} bytes for sources with FEC", "raise it"
+            )
+        return size
+
     def wire_config(self) -> WireConfig:
         """The encoder's limits."""
         return WireConfig(
-            max_datagram_size=self.max_datagram_size,
+            max_datagram_size=self.source_datagram_size(),
             compression=self.compression,
             compression_level=self.compression_level,
             max_record_size=self.max_record_size,

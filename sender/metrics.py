@@ -45,6 +45,12 @@ class SenderMetrics:
             f"{_PREFIX}_copies_sent", "Redundant copies sent (beyond the first)", registry=r
         )
         self.heartbeats_sent = Counter(f"{_PREFIX}_heartbeats_sent", "Heartbeats", registry=r)
+        self.fec_blocks = Counter(
+            f"{_PREFIX}_fec_blocks", "FEC blocks closed (their repairs queued)", registry=r
+        )
+        self.fec_repairs = Counter(
+            f"{_PREFIX}_fec_repairs", "FEC repair datagrams built (before copies)", registry=r
+        )
         self.pacing_delay = Counter(
             f"{_PREFIX}_pacing_delay_seconds",
             "Time datagrams were held back by pacing",
@@ -100,6 +106,8 @@ class SenderMetrics:
             "datagrams_sent",
             "copies_sent",
             "heartbeats_sent",
+            "fec_blocks",
+            "fec_repairs",
             "pacing_delay",
             "commits",
             "keyring_reloads",

@@ -36,6 +36,7 @@ from sender.transport import SendResult, UdpSender
 
 if TYPE_CHECKING:
     from common.wire import Encoder, OutgoingDatagram
+    from common.wire.fec import FecEncoder
 
 Headers = Sequence[tuple[str, bytes | None]] | None
 
@@ -60,8 +61,13 @@ class SendPipeline:
         replay_window: int = 8192,
         on_pressure: Callable[[bool], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        fec: FecEncoder | None = None,
     ) -> None:
         self.encoder = encoder
+        #: Repair datagrams over the finished datagrams (docs/sender.md, "Forward error
+        #: correction"); the scheduler queues a closed block's repairs after its last source.
+        self.fec = fec
+        self._fec_timer: asyncio.TimerHandle | None = None
         self.scheduler = SendScheduler(
             pacer=pacer,
             copies=copies,
@@ -69,6 +75,7 @@ class SendPipeline:
             targets=udp.target_count,
             max_backlog_bytes=max_backlog_bytes,
             replay_window=replay_window,
+            fec=fec,
         )
         self._udp = udp
         self._loop = loop
@@ -195,6 +202,8 @@ class SendPipeline:
     async def drain(self, timeout: float) -> bool:  # noqa: ASYNC109  a bound, not a cancel
         """Flush, then wait until every datagram and copy was handed over; False on timeout."""
         self.flush()
+        if self.scheduler.flush_fec():
+            self._idle.clear()
         self._pump()
         try:
             async with asyncio.timeout(timeout):
@@ -206,10 +215,10 @@ class SendPipeline:
     def close(self) -> None:
         """Cancel timers; queued datagrams are abandoned (idempotent)."""
         self._closed = True
-        for handle in (self._timer, self._linger):
+        for handle in (self._timer, self._linger, self._fec_timer):
             if handle is not None:
                 handle.cancel()
-        self._timer = self._linger = None
+        self._timer = self._linger = self._fec_timer = None
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -232,11 +241,27 @@ class SendPipeline:
         sealed = self.encoder.records_sealed
         records = sealed - self._emitted_records  # the last datagram completes them
         self._emitted_records = sealed
-        self.scheduler.push(datagrams, records)
+        self.scheduler.push(datagrams, records, self._clock() if self.fec is not None else 0.0)
         self._idle.clear()
         self._report_pressure()
+        if self.fec is not None and self._fec_timer is None:
+            self._arm_fec()
         if pump:
             self._pump()
+
+    def _arm_fec(self) -> None:
+        deadline = self.scheduler.fec_deadline()
+        if deadline is None or self._closed:
+            return
+        self._fec_timer = self._loop.call_later(max(0.0, deadline - self._clock()), self._on_fec)
+
+    def _on_fec(self) -> None:
+        self._fec_timer = None
+        if self.scheduler.poll_fec(self._clock()):
+            self._idle.clear()
+            self._report_pressure()
+            self._pump()
+        self._arm_fec()
 
     def _report_pressure(self) -> None:
         congested = self.scheduler.congested

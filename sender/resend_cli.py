@@ -560,6 +560,7 @@ class ResendJob:
                 replay_window=cfg.replay_window,
                 max_backlog_bytes=cfg.max_backlog_bytes,
                 on_pressure=on_pressure,
+                fec=cfg.fec_encoder(self.keyring, self.session_id),
             )
             self.pipeline = pipeline
             log.info(

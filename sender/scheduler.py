@@ -40,6 +40,15 @@ neither ever runs ahead of what left the process.
 Backpressure. ``backlog_bytes`` counts every pending copy; above ``max_backlog_bytes`` the
 scheduler is ``congested`` (the caller pauses its Kafka partitions) until it falls to half.
 
+Forward error correction. With a ``FecEncoder`` every record batch (and fragment) pushed joins
+its target's FEC block; a block's repair datagrams follow the source that closed it in the data
+lane, to the same target, paced and copied like any datagram (docs/sender.md, "Forward error
+correction"). Control datagrams stay out of blocks: a heartbeat is superseded by the next one
+(and on a slow link heartbeat-only blocks closed by the latency bound would add a repair per
+heartbeat), a resend marker is repeated by ``copies``. Repairs
+have their own sequence counter on the wire; here they carry the sequence of the datagram they
+follow, which keeps every lane in sequence order for the rule above.
+
 Targets. With several destination ports the target is chosen per *message*, round-robin: a
 datagram whose fragment index is 0 starts a message and moves to the next target, its further
 fragments and every copy follow it, so one receiver socket sees a whole message. Control
@@ -57,6 +66,7 @@ from common.wire.envelope import KIND_RECORD_BATCH
 
 if TYPE_CHECKING:
     from common.wire import OutgoingDatagram
+    from common.wire.fec import FecEncoder
     from sender.pacing import Pacer
 
 #: Envelope byte of the message kind (``common.wire.envelope.HEADER`` field 3).
@@ -112,12 +122,16 @@ class SendScheduler:
         targets: int = 1,
         max_backlog_bytes: int = 4 * 1024 * 1024,
         replay_window: int = 8192,
+        fec: FecEncoder | None = None,
     ) -> None:
         if replay_window < 2:
             raise ConfigError("replay_window", f"is {replay_window}", "use the receiver's value")
         if not 1 <= copies <= 16:
             raise ConfigError("copies", f"is {copies}", "use 1..16")
         self._pacer = pacer
+        self.fec = fec
+        """Repairs over the pushed datagrams (None: FEC off)."""
+        self._last_sequence = -1  # highest sequence pushed: the one repairs from a timer carry
         self._copies = copies
         self._spacing = copy_spacing
         self._targets = targets
@@ -160,47 +174,90 @@ class SendScheduler:
 
     # -- input ---------------------------------------------------------------------------------
 
-    def push(self, datagrams: Sequence[OutgoingDatagram], records: int = 0) -> None:
-        """Queue the encoder's datagrams in their order; the last one finishes ``records``.
+    def push(
+        self, datagrams: Sequence[OutgoingDatagram], records: int = 0, now: float = 0.0
+    ) -> None:
+        """Queue the encoder's datagrams in their order; the last record batch among them
+        finishes ``records`` (a push without one carries none: the encoder seals records only
+        into record batches).
 
         Record batches (and their fragments) join the data lane, going round-robin over the
         targets per message; anything else (a heartbeat, a resend marker) joins the control lane
-        once per target.
+        once per target. ``now`` only times FEC blocks.
         """
         if not datagrams:
             return
-        copies, targets = self._copies, self._targets
-        data_lane, control_lane = self._fresh
+        copies, targets, fec = self._copies, self._targets, self.fec
+        lanes = self._fresh
         size = 0
         last: Transmit | None = None
-        if targets == 1:
+        if targets == 1 and fec is None:
+            data_lane, control_lane = lanes
             for d in datagrams:
                 data = d.data
-                lane = _DATA if data[_KIND] == KIND_RECORD_BATCH else _CONTROL
-                last = Transmit(data, d.sequence, d.completes, copies, 0, lane)
-                (control_lane if lane else data_lane).append(last)
+                if data[_KIND] == KIND_RECORD_BATCH:
+                    last = Transmit(data, d.sequence, d.completes, copies, 0, _DATA)
+                    data_lane.append(last)
+                else:
+                    control_lane.append(
+                        Transmit(data, d.sequence, d.completes, copies, 0, _CONTROL)
+                    )
                 size += len(data)
         else:
             target = self._target
             for d in datagrams:
                 data = d.data
+                sequence = d.sequence
                 if data[_KIND] != KIND_RECORD_BATCH:
-                    for t in range(targets):
-                        last = Transmit(data, d.sequence, d.completes, copies, t, _CONTROL)
-                        control_lane.append(last)
-                        size += len(data)
-                    continue
-                if not (data[_FRAGMENT_INDEX_HIGH] | data[_FRAGMENT_INDEX_LOW]):
-                    target = target + 1 if target < targets - 1 else 0  # a new message
-                last = Transmit(data, d.sequence, d.completes, copies, target, _DATA)
-                data_lane.append(last)
-                size += len(data)
+                    chosen: range | tuple[int] = range(targets)
+                    lane = _CONTROL
+                else:
+                    if not (data[_FRAGMENT_INDEX_HIGH] | data[_FRAGMENT_INDEX_LOW]):
+                        target = target + 1 if target < targets - 1 else 0  # a new message
+                    chosen = (target,)
+                    lane = _DATA
+                queue = lanes[lane]
+                for t in chosen:
+                    item = Transmit(data, sequence, d.completes, copies, t, lane)
+                    queue.append(item)
+                    size += len(data)
+                    if lane == _DATA:
+                        last = item
+                    if fec is not None and lane == _DATA:
+                        for repair in fec.add(data, t, now):
+                            queue.append(Transmit(repair, sequence, (), copies, t, lane))
+                            size += len(repair)
             self._target = target
-        if last is not None:
-            last.records = records
+        if (
+            last is not None
+        ):  # the last record batch finishes the records sealed since the last push
+            last.records += records
+        self._last_sequence = max(self._last_sequence, datagrams[-1].sequence)
         self.backlog_bytes += size * copies
         if not self.congested and self.backlog_bytes > self.max_backlog_bytes:
             self.congested = True
+
+    def fec_deadline(self) -> float | None:
+        """When ``poll_fec`` has a block to close for its latency bound (None: no FEC or open
+        block)."""
+        return self.fec.next_deadline() if self.fec is not None else None
+
+    def poll_fec(self, now: float) -> int:
+        """Close FEC blocks whose latency bound passed and queue their repairs; returns how many."""
+        return self._queue_repairs(self.fec.poll(now)) if self.fec is not None else 0
+
+    def flush_fec(self) -> int:
+        """Close every open FEC block (shutdown) and queue the repairs; returns how many."""
+        return self._queue_repairs(self.fec.flush()) if self.fec is not None else 0
+
+    def _queue_repairs(self, repairs: list[tuple[int, bytes]]) -> int:
+        copies, lane, sequence = self._copies, self._fresh[_DATA], self._last_sequence
+        for target, data in repairs:
+            lane.append(Transmit(data, sequence, (), copies, target, _DATA))
+            self.backlog_bytes += len(data) * copies
+        if not self.congested and self.backlog_bytes > self.max_backlog_bytes:
+            self.congested = True
+        return len(repairs)
 
     # -- output --------------------------------------------------------------------------------
 

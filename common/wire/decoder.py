@@ -94,6 +94,9 @@ class Decoder:
         self._drops: Counter[DropReason] = Counter()
         #: Datagrams received (valid or not).
         self.datagrams = 0
+        #: Datagrams that authenticated and were new to their replay window (FEC keeps these:
+        #: a receiver compares it before and after ``receive_datagram``).
+        self.authenticated = 0
         self._replay = ReplayGuard(window=config.replay_window, max_sessions=config.max_sessions)
         self._reassembler = Reassembler(
             max_reassemblies=config.max_reassemblies,
@@ -196,6 +199,7 @@ class Decoder:
                             window.update(sequence)
                         windows.move_to_end(session_id)
                         ciphers.move_to_end(cache_key)
+                        self.authenticated += 1
                         groups, count = decode_record_groups(payload)
                         batch = _new(RecordBatch)
                         _set_session(batch, session_id)
@@ -304,6 +308,7 @@ class Decoder:
         reason = replay.accept(session_id, sequence)
         if reason is not None:
             raise RemoteProtocolError(reason, f"sequence {sequence}")
+        self.authenticated += 1
         first = sequence - index
         if count > 1:
             message = self._reassembler.add(

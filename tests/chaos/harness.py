@@ -83,6 +83,13 @@ class Scenario:
     """Copies of each datagram during resend passes (the resend crosses the same bad link)."""
     check_integrity_drops: bool = False
     """Also require the relay's corruptions to show up as receiver integrity drops."""
+    fec_overhead: float = 0.0
+    """Sender FEC overhead in percent (0: off)."""
+    sender_env: tuple[tuple[str, str], ...] = ()
+    """Extra ``DIODE_SENDER_*`` settings (e.g. FEC block settings)."""
+    receiver_first: bool = False
+    """Start the sender only once receiver and relay listen (scenarios that promise zero gaps
+    before any resend must not lose the first datagrams to a socket nobody has opened yet)."""
 
     def spec(self) -> PipelineSpec:
         """The pipeline for this scenario."""
@@ -94,6 +101,8 @@ class Scenario:
             heartbeat_interval=0.5,
             gap_emit_interval=1.0,
             persist_interval_ms=500,
+            fec_overhead=self.fec_overhead,
+            extra_env=self.sender_env,
         )
 
 
@@ -130,6 +139,8 @@ class Outcome:
     seconds: float = 0.0
     relay: dict[str, float] = field(default_factory=dict)
     integrity_drops: dict[str, float] = field(default_factory=dict)
+    fec: dict[str, float] = field(default_factory=dict)
+    """Receiver FEC counters (blocks_complete, blocks_recovered, ...), at the end."""
     error: str = ""
 
 
@@ -223,7 +234,7 @@ class Run:
         p = self.pipeline
         try:
             p.setup()
-            p.start_components()
+            p.start_components(receiver_first=self.sc.receiver_first)
             self._produce_and_fault()
             self.first = self.settle()
             verdict = self.first
@@ -377,6 +388,12 @@ class Run:
         receiver = scrape(p.ep.metrics.get("receiver"))
         drops = _labelled(receiver, "kafka_diode_receiver_drops_total", "reason")
         self.outcome.integrity_drops = {k: v for k, v in drops.items() if k in INTEGRITY_DROPS}
+        prefix = "kafka_diode_receiver_fec_"
+        self.outcome.fec = {
+            k[len(prefix) : -len("_total")]: v
+            for k, v in receiver.items()
+            if k.startswith(prefix) and k.endswith("_total")
+        }
 
     def _fill_outcome(self) -> None:
         o = self.outcome

@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.wire import Decoder, DropReason, Encoder, RecordBatch, WireConfig
+from common.wire.fec import FecConfig, FecEncoder, is_repair
 from sender.pacing import Pacer, PacingConfig
 from sender.scheduler import SendScheduler
 
@@ -39,6 +40,7 @@ class Setting:
     large_every: int
     blocking: float
     seed: int
+    fec_overhead: float = 0.0
 
 
 settings_strategy = st.builds(
@@ -56,6 +58,7 @@ settings_strategy = st.builds(
     large_every=st.sampled_from([0, 25]),
     blocking=st.sampled_from([0.0, 0.05]),
     seed=st.integers(0, 2**32 - 1),
+    fec_overhead=st.sampled_from([0.0, 0.0, 20.0]),
 )
 
 
@@ -72,7 +75,8 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
         max_decompressed_size=12288,
     )
     now = 0.0
-    encoder = Encoder(wire, None, session_id=os.urandom(16))
+    session = os.urandom(16)
+    encoder = Encoder(wire, None, session_id=session)
     scheduler = SendScheduler(
         pacer=Pacer(
             PacingConfig(
@@ -87,6 +91,14 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
         targets=s.targets,
         max_backlog_bytes=max(s.backlog_datagrams, 4 * s.copies) * DATAGRAM,
         replay_window=s.window,
+        fec=FecEncoder(
+            FecConfig(overhead=s.fec_overhead, block_size=8, streams=s.targets),
+            None,
+            session_id=session,
+            max_source_size=DATAGRAM,
+        )
+        if s.fec_overhead
+        else None,
     )
     if margin is not None:
         scheduler.margin = margin
@@ -97,11 +109,13 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
     fed = 0
     next_heartbeat = 0.0
     worst_distance = 0
+    repairs = 0
+    flushed = False
 
-    def push(out: list) -> None:  # type: ignore[type-arg]
+    def push(out: list, now: float = 0.0) -> None:  # type: ignore[type-arg]
         nonlocal sealed
         if out:
-            scheduler.push(out, encoder.records_sealed - sealed)
+            scheduler.push(out, encoder.records_sealed - sealed, now)
             sealed = encoder.records_sealed
 
     def drain_events(decoder: Decoder) -> None:
@@ -130,12 +144,18 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
             partition = fed % 3
             size = 4000 if s.large_every and fed % s.large_every == 0 else rng.randint(0, 300)
             low.setdefault(("t", partition), fed)
-            push(encoder.add("t", partition, fed, 1, 0, None, b"v" * size, (), now))
+            push(encoder.add("t", partition, fed, 1, 0, None, b"v" * size, (), now), now)
             fed += 1
         deadline = encoder.next_deadline()
         if deadline is not None and deadline <= now:
-            push(encoder.poll(now))
+            push(encoder.poll(now), now)
+        fec_deadline = scheduler.fec_deadline()
+        if fec_deadline is not None and fec_deadline <= now:
+            scheduler.poll_fec(now)
         finishing = fed == records and encoder.next_deadline() is None
+        if finishing and not flushed:
+            flushed = True
+            scheduler.flush_fec()
         if now >= next_heartbeat and not finishing:
             if not scheduler.control_pending:  # the sender skips a tick while one still waits
                 heartbeat(now)
@@ -147,7 +167,10 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
                 break
             worst_distance = max(worst_distance, scheduler.highest_sent - item.sequence)
             decoder = decoders[item.target if s.window_per_target else 0]
-            decoder.receive_datagram(item.data, now)
+            if is_repair(item.data):
+                repairs += 1  # the receiver's FEC layer takes these; the ordering is checked
+            else:
+                decoder.receive_datagram(item.data, now)
             drain_events(decoder)
             scheduler.transmitted(item, now)
         for decoder in decoders:
@@ -159,6 +182,7 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
             continue  # the source feeds again at once
         wakes = [None if finishing else next_heartbeat, now + 0.005 if blocked else None]
         wakes += [scheduler.next_timer(), encoder.next_deadline(), decoders[0].next_deadline()]
+        wakes.append(scheduler.fec_deadline())
         now = max(now + 1e-9, min(w for w in wakes if w is not None))
     for decoder in decoders:
         decoder.handle_timer(now + 3600.0)
@@ -167,6 +191,8 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
     for decoder in decoders:
         for reason, count in decoder.drops.items():
             drops[reason] = drops.get(reason, 0) + count
+    if s.fec_overhead:
+        assert repairs > 0
     return {"delivered": delivered, "drops": drops, "worst": worst_distance}
 
 

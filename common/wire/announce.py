@@ -430,6 +430,12 @@ class AnnouncementVerifier:
     ) -> None:
         self.receiver_keys = receiver_keys
         self.trusted = trusted
+        if not 0 <= max_clock_skew <= 86400:
+            raise ConfigError(
+                "max_clock_skew", f"{max_clock_skew} is outside 0..86400 s", "e.g. 300"
+            )
+        self.max_clock_skew = max_clock_skew
+        """Seconds the sender's and receiver's wall clocks may differ at validity checks."""
         self._skew_ms = int(max_clock_skew * 1000)
         self._max_sessions = max_sessions
         self._sessions: OrderedDict[tuple[bytes, bytes], _SessionState] = OrderedDict()

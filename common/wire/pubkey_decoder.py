@@ -48,8 +48,6 @@ MiB: Final = 1024 * 1024
 class PublicKeyReceiveConfig:
     """Limits of the receiver's public-key mode (seconds, datagrams, bytes)."""
 
-    max_clock_skew: float = 300.0
-    """Seconds the sender's and receiver's wall clocks may differ at validity checks."""
     retire_grace: float = 30.0
     """Seconds an older session key stays usable after a newer one of its session arrived."""
     hold_datagrams: int = 4096
@@ -60,7 +58,7 @@ class PublicKeyReceiveConfig:
     """Seconds a held datagram waits for its key before it is dropped as unknown_key."""
 
     def __post_init__(self) -> None:
-        for name in ("max_clock_skew", "retire_grace", "hold_timeout"):
+        for name in ("retire_grace", "hold_timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
                 raise ConfigError(name, f"must be a non-negative number, got {value!r}", "e.g. 5")
@@ -191,9 +189,9 @@ class PublicKeyDecoder(Decoder):
         self.datagrams += 1
         self._drop(DropReason.UNKNOWN_KEY, f"key id {key_id:08x}: {why}", bytes(data[8:24]))
 
-    def _release(self, key_id: int, now: float) -> int:
+    def _take_held(self, key_id: int) -> list[bytes]:
         if not self._held:
-            return 0
+            return []
         keep: deque[tuple[float, int, bytes]] = deque()
         ready: list[bytes] = []
         for item in self._held:
@@ -203,10 +201,7 @@ class PublicKeyDecoder(Decoder):
             else:
                 keep.append(item)
         self._held = keep
-        for data in ready:
-            Decoder.receive_datagram(self, data, now)
-        self.held_released += len(ready)
-        return len(ready)
+        return ready
 
     def _announcement(self, data: bytes, now: float) -> None:
         key_id = self._accepted.get(data)
@@ -232,7 +227,9 @@ class PublicKeyDecoder(Decoder):
                 self._drop(DropReason.BAD_SEAL, str(exc), a.session_id)
                 return
             self.announcements_accepted += 1
-        end_mono = (a.not_after_ms + pk.max_clock_skew * 1000.0 - self._wall_offset_ms) / 1000.0
+        end_mono = (
+            a.not_after_ms + self.verifier.max_clock_skew * 1000.0 - self._wall_offset_ms
+        ) / 1000.0
         live = self._live.get(a.key_id)
         if live is None:
             live = self._live[a.key_id] = _Live(end_mono, "expired")
@@ -246,7 +243,7 @@ class PublicKeyDecoder(Decoder):
         self._accepted[data] = a.key_id
         if len(self._accepted) > self._max_accepted:
             self._accepted.popitem(last=False)
-        released = self._release(a.key_id, now)
+        ready = self._take_held(a.key_id)
         self._events.append(
             _as_event(
                 KeyLearned(
@@ -257,10 +254,13 @@ class PublicKeyDecoder(Decoder):
                     a.sender_fingerprint,
                     a.receiver_fingerprint,
                     a.not_after_ms,
-                    released,
+                    len(ready),
                 )
             )
         )
+        for held in ready:  # after the event: a KeyLearned precedes what it releases
+            Decoder.receive_datagram(self, held, now)
+        self.held_released += len(ready)
 
     def next_event(self) -> Event | KeyLearned | KeyRetired | None:  # type: ignore[override]
         """The next event, or None when none is queued."""

@@ -59,7 +59,7 @@ def announcer(**kw) -> KeyAnnouncer:
     return KeyAnnouncer(config, SENDER, public(RECEIVER_PAIR), session_id=SESSION)
 
 
-def announcement(  # noqa: PLR0913  a knob per field, for the refusal tests
+def announcement(
     *,
     key: Key | None = None,
     signer: SigningKey = SENDER,

@@ -70,8 +70,10 @@ def _batch(enc: Encoder, offset: int, now: float = 0.0) -> bytes:
 def test_fingerprints_read_well_aloud_and_differ_by_key_type() -> None:
     text = format_fingerprint(RECEIVER_PAIR.fingerprint)
     groups = text.split("-")
-    assert len(text) == 32 and [len(g) for g in groups] == [4, 4, 4, 4, 4, 4, 2]
-    assert text.replace("-", "").isalnum() and text.upper() == text
+    assert len(text) == 32
+    assert [len(g) for g in groups] == [4, 4, 4, 4, 4, 4, 2]
+    assert text.replace("-", "").isalnum()
+    assert text.upper() == text
     assert SENDER.fingerprint != RECEIVER_PAIR.fingerprint
 
 
@@ -91,11 +93,13 @@ def test_key_files_round_trip_with_private_files_0600(tmp_path) -> None:
     write_key_file(sk_path, signing_key_document(SENDER), private=True)
     write_key_file(trust, public_keys_document(SIGNING, [SENDER.public_entry()]), private=False)
     loaded = load_signing_key(sk_path)
-    assert loaded.public == SENDER.public and loaded.name == "high-1"
+    assert loaded.public == SENDER.public
+    assert loaded.name == "high-1"
     assert [k.fingerprint for k in load_trusted(trust)] == [SENDER.fingerprint]
     with pytest.raises(KeyRingError, match="exists"):
         write_key_file(sk_path, signing_key_document(SENDER), private=True)
-    assert "private" not in repr(loaded) and loaded.private.__class__.__name__ not in repr(loaded)
+    assert "private" not in repr(loaded)
+    assert loaded.private.__class__.__name__ not in repr(loaded)
 
 
 def test_key_files_refuse_damage_and_the_wrong_kind(tmp_path) -> None:
@@ -134,7 +138,8 @@ def test_announcement_is_one_small_datagram_and_valid_avro() -> None:
 def test_a_valid_announcement_yields_its_key() -> None:
     key, data = announcement()
     learned = verifier().verify(data, T0_MS + 1)
-    assert learned.key.material == key.material and learned.signer_name == "high-1"
+    assert learned.key.material == key.material
+    assert learned.signer_name == "high-1"
 
 
 def test_each_refusal_has_its_own_reason() -> None:
@@ -179,7 +184,8 @@ def test_every_single_bit_flip_of_a_valid_announcement_is_refused() -> None:
             dec = decoder()
             dec.receive_datagram(bytes(flipped), 0.0)
             events = drain(dec)
-            assert events and all(isinstance(e, Dropped) for e in events), i
+            assert events, i
+            assert all(isinstance(e, Dropped) for e in events), i
             reasons.update(e.reason for e in events)
             continue
         reasons.add(_refusal(bytes(flipped), v=v))
@@ -198,14 +204,18 @@ def test_data_before_its_announcement_is_held_then_delivered() -> None:
     enc = Encoder(WireConfig(), ann.keyring, session_id=SESSION)
     dec = decoder()
     dec.receive_datagram(_batch(enc, 1), 0.1)
-    assert drain(dec) == [] and dec.held == 1 and not dec.drops
+    assert drain(dec) == []
+    assert dec.held == 1
+    assert not dec.drops
     dec.receive_datagram(first[0].data, 0.2)
     events = drain(dec)
     assert [type(e) for e in events] == [KeyLearned, RecordBatch]
-    assert events[0].released == 1 and events[1].records[0].offset == 1
+    assert events[0].released == 1
+    assert events[1].records[0].offset == 1
     assert dec.datagrams == 2
     dec.receive_datagram(first[0].data, 0.3)  # a repeat: no cryptography, no event
-    assert drain(dec) == [] and dec.announcements_repeated == 1
+    assert drain(dec) == []
+    assert dec.announcements_repeated == 1
 
 
 def test_held_datagrams_are_bounded_and_time_out_as_unknown_key() -> None:
@@ -215,10 +225,12 @@ def test_held_datagrams_are_bounded_and_time_out_as_unknown_key() -> None:
     dec = decoder(hold_datagrams=3, hold_timeout=2.0)
     for i in range(5):
         dec.receive_datagram(_batch(enc, i), 0.0)
-    assert dec.held == 3 and dec.drops[DropReason.UNKNOWN_KEY] == 2  # the two oldest evicted
+    assert dec.held == 3
+    assert dec.drops[DropReason.UNKNOWN_KEY] == 2
     assert dec.next_deadline() == pytest.approx(2.0)
     dec.handle_timer(2.0)
-    assert dec.held == 0 and dec.drops[DropReason.UNKNOWN_KEY] == 5
+    assert dec.held == 0
+    assert dec.drops[DropReason.UNKNOWN_KEY] == 5
     assert dec.datagrams == 5
     no_hold = decoder(hold_datagrams=0)
     no_hold.receive_datagram(_batch(enc, 9), 0.0)
@@ -254,8 +266,10 @@ def test_rotation_retires_old_keys_and_replays_of_them_are_refused() -> None:
         t += 0.5
         out = ann.poll(t, T0_MS + int(t * 1000), offset * 100)
     assert delivered == sent
-    assert ann.keys_made == 6 and len(ann.keyring) == 1
-    assert {r.why for r in retired} == {"superseded"} and len(retired) >= 4
+    assert ann.keys_made == 6
+    assert len(ann.keyring) == 1
+    assert {r.why for r in retired} == {"superseded"}
+    assert len(retired) >= 4
     assert len(dec.keyring) <= 2
     dec.receive_datagram(seen_announcements[0], t)  # epoch 0, retired long ago
     assert [e.reason for e in drain(dec)] == [DropReason.ANNOUNCE_ROLLBACK]
@@ -330,7 +344,8 @@ def test_bytes_trigger_a_new_session_key() -> None:
     out = ann.poll(0.2, T0_MS, 1000)
     assert [parse_announcement(d.data).epoch for d in out] == [1]
     ann.poll(1.3, T0_MS, 1500)  # lead over: the new key is active, the old one gone
-    assert ann.epoch == 1 and len(ann.keyring) == 1
+    assert ann.epoch == 1
+    assert len(ann.keyring) == 1
     assert Key.generate().key_id not in ann.keyring
 
 

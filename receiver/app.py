@@ -33,6 +33,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +42,7 @@ from common.errors import KeyRingError
 from common.logging import RateLimitedLog
 from common.wire import Dropped, DropReason, Heartbeat, KeyRing, RecordBatch, ResendMarker
 from common.wire.decoder import Decoder
+from common.wire.pubkey_decoder import KeyLearned, KeyRetired
 from receiver.config import ReceiverConfig
 from receiver.kafka_sink import RawTopicSink
 from receiver.metrics import (
@@ -50,6 +52,7 @@ from receiver.metrics import (
     ReceiverStats,
     make_registry,
 )
+from receiver.pubkey import PublicKeyGlue
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 
 log = logging.getLogger(__name__)
@@ -75,7 +78,12 @@ class Receiver:
         if config.key_file is not None:
             self._keyring = KeyRing.from_file(config.key_file)
             self._key_mtime = _mtime(config.key_file)
-        self._decoder = Decoder(config.wire_config(), self._keyring)
+        self._pk: PublicKeyGlue | None = None
+        if config.receiver_key_file is not None:  # public-key mode (receiver/pubkey.py)
+            self._pk = PublicKeyGlue(config, config.wire_config())
+        self._decoder = (
+            self._pk.decoder if self._pk else Decoder(config.wire_config(), self._keyring)
+        )
         self._sink: RawTopicSink | None = None
         self._drainers: list[SocketDrainer] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -214,6 +222,10 @@ class Receiver:
                     len(event.ranges),
                     event.records_sent,
                 )
+            elif isinstance(event, KeyLearned | KeyRetired):  # public-key mode only
+                assert self._pk is not None
+                self._pk.on_event(event)
+                self.stats.session_keys_learned = self._pk.keys_learned
 
     def _on_dropped(self, event: Dropped) -> None:
         reason = event.reason
@@ -289,6 +301,9 @@ class Receiver:
             items = list(sequences.items())[-MAX_SESSION_LABELS:]
             self.stats.last_sequence = {sid.hex(): seq for sid, seq in items}
         interval = self.config.key_check_interval
+        if self._pk is not None and now >= self._next_key_check:
+            self._next_key_check = now + interval
+            self._pk.tick(time.time() * 1000.0, now)
         if self.config.key_file is not None and interval > 0 and now >= self._next_key_check:
             self._next_key_check = now + interval
             mtime = _mtime(self.config.key_file)
@@ -298,6 +313,9 @@ class Receiver:
     def reload_keys(self, why: str) -> None:
         """Re-read the key file and swap the ring in place; keep the old ring on failure."""
         path = self.config.key_file
+        if self._pk is not None:
+            self._pk.reload(why)
+            return
         if path is None or self._keyring is None:
             log.info("%s: no key file configured, nothing to reload", why)
             return

@@ -52,6 +52,8 @@ class ReceiverStats:
     """Successful key ring reloads."""
     keyring_reload_errors: int = 0
     """Failed key ring reloads (the previous ring stays in use)."""
+    session_keys_learned: int = 0
+    """Public-key mode: session keys learned from verified key announcements."""
     last_sequence: dict[str, int] = field(default_factory=dict)
     """Last sequence number seen per sender session (hex id)."""
 
@@ -112,6 +114,11 @@ class ReceiverCollector(Collector):
             ),
             ("keyring_reloads", "Key ring reloads.", s.keyring_reloads),
             ("keyring_reload_errors", "Failed key ring reloads.", s.keyring_reload_errors),
+            (
+                "session_keys_learned",
+                "Session keys learned from key announcements (public-key mode).",
+                s.session_keys_learned,
+            ),
         ):
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
         drops = CounterMetricFamily(

@@ -74,3 +74,8 @@ def test_the_verifier_learns_the_session_key_and_fastavro_reads_the_datagram() -
     body = schemaless_reader(io.BytesIO(envelope["payload"]), ANNOUNCEMENT_SCHEMA, None)
     assert body["not_after_ms"] == V["not_after_ms"]
     assert body["sealed_key"].hex() == V["hpke"]["sealed"]
+
+
+def test_protocol_md_prints_the_vector() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text("utf-8")
+    assert V["datagram_hex"] in "".join(text.split())

@@ -137,6 +137,7 @@ class PublicKeyDecoder(Decoder):
         """Exact repeats of an accepted announcement whose key is live (cheap, not drops)."""
         self.held_released = 0
         """Held datagrams decoded after their key arrived."""
+        self._unknown_key = False
 
     @property
     def held(self) -> int:
@@ -153,15 +154,24 @@ class PublicKeyDecoder(Decoder):
             self.datagrams += 1
             self._announcement(data, now)
             return
-        super().receive_datagram(data, now)
-        events = self._events
-        if events and self._pk.hold_datagrams:
-            last = events[-1]
+        Decoder.receive_datagram(self, data, now)
+        if self._unknown_key:  # set by _open: hold the datagram instead of dropping it
+            self._unknown_key = False
+            events = self._events
+            last = events[-1] if events else None
             if last.__class__ is Dropped and last.reason is DropReason.UNKNOWN_KEY:
                 events.pop()
                 self._uncount(DropReason.UNKNOWN_KEY)
                 self.datagrams -= 1  # counted again when it is decoded or dropped for good
                 self._hold(data, now)
+
+    def _open(self, data: bytes, pos: int, session_id: bytes, sequence: int, key_id: int) -> bytes:
+        # Only the general path reaches here (the fast path needs a known key), so the data path
+        # pays nothing for holding: a flag is set only when the key is missing.
+        keyring = self.keyring
+        if self._pk.hold_datagrams and (keyring is None or keyring.get(key_id) is None):
+            self._unknown_key = True
+        return Decoder._open(self, data, pos, session_id, sequence, key_id)
 
     def _uncount(self, reason: DropReason) -> None:
         drops = self._drops

@@ -301,9 +301,11 @@ class Receiver:
             items = list(sequences.items())[-MAX_SESSION_LABELS:]
             self.stats.last_sequence = {sid.hex(): seq for sid, seq in items}
         interval = self.config.key_check_interval
-        if self._pk is not None and now >= self._next_key_check:
-            self._next_key_check = now + interval
-            self._pk.tick(time.time() * 1000.0, now)
+        if self._pk is not None:
+            check = interval > 0 and now >= self._next_key_check
+            if check:
+                self._next_key_check = now + interval
+            self._pk.tick(time.time() * 1000.0, now, check_files=check)
         if self.config.key_file is not None and interval > 0 and now >= self._next_key_check:
             self._next_key_check = now + interval
             mtime = _mtime(self.config.key_file)

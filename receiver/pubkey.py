@@ -81,9 +81,12 @@ class PublicKeyGlue:
             ),
         )
 
-    def tick(self, wall_ms: float, now: float) -> None:
-        """Once a second: clock sync; reload a key file whose modification time changed."""
+    def tick(self, wall_ms: float, now: float, *, check_files: bool = True) -> None:
+        """Once a second: clock sync; with ``check_files``, reload a key file whose modification
+        time changed."""
         self.decoder.sync_clock(wall_ms, now)
+        if not check_files:
+            return
         mtimes = tuple(_mtime(p) for p in self._paths)
         if mtimes != self._mtimes and None not in mtimes:
             self.reload("key file changed")

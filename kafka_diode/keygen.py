@@ -19,7 +19,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from common.errors import KeyRingError
-from kafka_diode import keygen_pubkey
 from common.wire.keyring import (
     MIN_SALT_SIZE,
     SCRYPT_N,
@@ -30,6 +29,7 @@ from common.wire.keyring import (
     derive_key,
     format_key_id,
 )
+from kafka_diode import keygen_pubkey
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:

@@ -123,13 +123,13 @@ def run(args: argparse.Namespace, prog: str) -> int:
         if args.merge:
             merged: dict[bytes, PublicKey] = {}
             for path in args.merge:
-                for key in load_public_keys(path, SIGNING):
-                    merged[key.fingerprint] = key
+                for entry in load_public_keys(path, SIGNING):
+                    merged[entry.fingerprint] = entry
             write_key_file(
                 out, public_keys_document(SIGNING, merged.values()), private=False, overwrite=True
             )
-            for key in merged.values():
-                print(f"trusted {format_fingerprint(key.fingerprint)} {key.name}")
+            for entry in merged.values():
+                print(f"trusted {format_fingerprint(entry.fingerprint)} {entry.name}")
             return 0
         public_path = _public_path(args)
         if args.receiver:

@@ -411,7 +411,6 @@ class LearnedKey:
 class _SessionState:
     epoch: int
     key_id: int
-    older: list[int]
 
 
 class AnnouncementVerifier:
@@ -485,12 +484,11 @@ class AnnouncementVerifier:
             raise RemoteProtocolError(DropReason.BAD_SEAL, "key does not match its key id")
         superseded: tuple[int, ...] = ()
         if state is None:
-            self._sessions[slot] = _SessionState(a.epoch, a.key_id, [])
+            self._sessions[slot] = _SessionState(a.epoch, a.key_id)
             if len(self._sessions) > self._max_sessions:
                 self._sessions.popitem(last=False)
         elif a.epoch > state.epoch:
-            superseded = (*state.older, state.key_id)
-            state.older = []
+            superseded = (state.key_id,)
             state.epoch, state.key_id = a.epoch, a.key_id
         self._sessions.move_to_end(slot)
         signer = self.trusted.get(a.sender_fingerprint)

@@ -50,7 +50,7 @@ class RelaySettings:
     """Address the metrics endpoint binds to."""
     kind_loss: str = ""
     """Extra loss aimed at one envelope kind (byte 5), KIND:PERCENT[:FIRST]: e.g. 3:20:2 drops
-    the first 2 key announcements and 20 percent of the later ones (tests of the public-key mode)."""
+    the first 2 key announcements and 20 percent of the later ones (public-key mode tests)."""
     stats_interval: float = 0.0
     """Print a JSON line of counters every this many seconds (0: only at exit)."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"

@@ -109,6 +109,7 @@ class Receiver:
             producer_queue=lambda: sink.queued,
             backlog_records=lambda: sink.backlog_records,
             rcvbuf_bytes=lambda: self._rcvbuf,
+            held_datagrams=lambda: self._pk.decoder.held if self._pk else 0,
             sockets=lambda: [(d.port, d.datagrams, d.kernel_drops) for d in self._drainers],
         )
         common_metrics.serve(

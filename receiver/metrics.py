@@ -84,6 +84,8 @@ class Gauges:
     producer_queue: Callable[[], int] = lambda: 0
     backlog_records: Callable[[], int] = lambda: 0
     rcvbuf_bytes: Callable[[], int] = lambda: 0
+    held_datagrams: Callable[[], int] = lambda: 0
+    """Public-key mode: datagrams held for a session key not yet learned."""
     sockets: Callable[[], list[tuple[int, int, int]]] = list
     """Per socket of this process, in order: (local port, datagrams read, kernel drops)."""
 
@@ -145,6 +147,11 @@ class ReceiverCollector(Collector):
                 "backlog_records",
                 "Records held by the receiver before the producer.",
                 g.backlog_records,
+            ),
+            (
+                "held_datagrams",
+                "Datagrams held for a session key not yet announced (public-key mode).",
+                g.held_datagrams,
             ),
             (
                 "socket_rcvbuf_bytes",

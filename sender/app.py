@@ -524,6 +524,9 @@ class SenderApp:
             "keyring_reloads": self.keyring_reloads,
             "paused": 1.0 if self._paused else 0.0,
         }
+        if self.announcer is not None:
+            totals["announcements_sent"] = self.announcer.announcements
+            totals["session_keys"] = self.announcer.keys_made
         if p is not None:
             totals.update(
                 records_sent=p.records_sent,

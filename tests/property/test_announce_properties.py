@@ -104,3 +104,33 @@ def test_with_lost_announcements_every_record_is_delivered_or_counted(lost, reco
     assert len(delivered) + unknown == data_datagrams == offset  # one record per datagram
     assert set(range(offset - 12 * records_per_tick, offset)) <= set(delivered)  # flows after
     assert set(dec.drops) <= {DropReason.UNKNOWN_KEY}
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.floats(0.01, 3.0), st.integers(0, 5000)), min_size=1, max_size=60),
+    st.integers(0, 20_000),
+)
+def test_the_key_schedule_announces_every_key_before_data_uses_it(steps, byte_limit):
+    """Whatever the timing and the byte counts: the ring holds at most two keys, epochs count up
+    by one, and every key the encoder can use was announced earlier (or in the same poll)."""
+    ann = announcer(
+        session_key_interval=2.0, announce_lead=0.5, announce_interval=0.4,
+        session_key_bytes=byte_limit,
+    )  # fmt: skip
+    announced: set[int] = set()
+    epochs: list[int] = []
+    for d in ann.start(0.0, T0_MS):
+        announced.add(int.from_bytes(d.data[32:36], "big"))
+    t, sent = 0.0, 0
+    for dt, nbytes in steps:
+        t += dt
+        sent += nbytes
+        for d in ann.poll(t, T0_MS + int(t * 1000), sent):
+            announced.add(int.from_bytes(d.data[32:36], "big"))
+            epochs.append(int.from_bytes(d.data[24:32], "big"))
+        assert len(ann.keyring) <= 2
+        assert ann.keyring.active.key_id in announced
+    if epochs:  # no epoch skipped
+        assert sorted(set(epochs)) == list(range(min(epochs), max(epochs) + 1))
+    assert ann.keys_made == ann.epoch + 1 + (len(ann.keyring) - 1)

@@ -5,6 +5,9 @@ JSON so a person can read it, and it is authenticated so the high side can trust
 made it and nobody changed it on the way: HMAC-SHA256 over the canonical JSON of every field but
 ``auth``, under a key derived from the shared link key with HKDF-SHA256
 (``info = b"kafka-diode bundle v1"``), so the bundle MAC never reuses the AES-GCM key directly.
+In the public-key mode the low side signs instead with its own Ed25519 key (``sign_ed25519``,
+``auth.alg = "Ed25519"``) and the high side verifies with that key's public half from its trusted
+list: no secret crosses, and a high-side compromise cannot forge bundles.
 
 Canonical JSON: ``json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=True)``.
 The full format is in ``docs/resend.md``. Verification refuses, with a ``BundleError`` that says
@@ -22,16 +25,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from common.errors import BundleError
+from common.wire.pubkey import SigningKey, TrustedKeys, format_fingerprint
 
 FORMAT = "kafka-diode-bundle"
 VERSION = 1
 MAX_BUNDLE_BYTES = 64 * 1024 * 1024
 MAX_RANGES = 1_000_000
 _HKDF_INFO = b"kafka-diode bundle v1"
+_SIGN_LABEL = b"kafka-diode bundle signature v1\x00"
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +160,48 @@ def sign(bundle: Bundle, *, key_id: int, link_key: bytes) -> bytes:
     return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 
 
+def sign_ed25519(bundle: Bundle, signing_key: SigningKey) -> bytes:
+    """Serialise ``bundle`` signed with the low side's Ed25519 key (public-key mode).
+
+    The signature covers ``SIGN_LABEL || canonical JSON of every field but auth``; the high side
+    verifies it with the low side's public key from its trusted list, so no secret is shared.
+    """
+    doc = _document(bundle)
+    signature = signing_key.sign(_SIGN_LABEL + _canonical(doc))
+    doc["auth"] = {
+        "alg": "Ed25519",
+        "key": format_fingerprint(signing_key.fingerprint),
+        "signature": signature.hex(),
+    }
+    return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+
+def _verify_ed25519(doc: dict[str, Any], auth: Mapping[str, Any], trusted: TrustedKeys) -> None:
+    stated = auth.get("key")
+    entry = next(
+        (
+            k
+            for k in trusted
+            if isinstance(stated, str) and format_fingerprint(k.fingerprint) == stated
+        ),
+        None,
+    )
+    if entry is None:
+        raise BundleError(
+            f"bundle is signed by key {stated!r}, which is not a trusted low-side key"
+            " (bundle_trusted_keys_file)"
+        )
+    verifier = trusted.verifier(entry.fingerprint)
+    assert verifier is not None
+    try:
+        signature = bytes.fromhex(str(auth.get("signature")))
+        verifier.verify(signature, _SIGN_LABEL + _canonical(doc))
+    except (ValueError, InvalidSignature):
+        raise BundleError(
+            "bundle authentication failed: it was altered or signed with another key"
+        ) from None
+
+
 def _int(doc: Mapping[str, Any], name: str) -> int:
     value = doc.get(name)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -161,12 +209,13 @@ def _int(doc: Mapping[str, Any], name: str) -> int:
     return value
 
 
-def verify(data: bytes, keys: Mapping[int, bytes]) -> Bundle:
+def verify(data: bytes, keys: Mapping[int, bytes], *, trusted: TrustedKeys | None = None) -> Bundle:
     """Check ``data`` and return the bundle it holds.
 
     Args:
         data: the bundle file's bytes.
-        keys: link keys by key id (the high side's key ring).
+        keys: link keys by key id (the high side's key ring), for HMAC-SHA256 bundles.
+        trusted: the low side's Ed25519 public keys, for signed bundles (public-key mode).
 
     Raises:
         BundleError: the file is too large, not JSON, of another format or version, signed with a
@@ -187,6 +236,14 @@ def verify(data: bytes, keys: Mapping[int, bytes]) -> Bundle:
             " make the bundle with the same kafka-diode version on both sides"
         )
     auth = doc.pop("auth", None)
+    if isinstance(auth, dict) and auth.get("alg") == "Ed25519":
+        if trusted is None:
+            raise BundleError(
+                "bundle is signed with Ed25519 (public-key mode); configure the low side's "
+                "public key (bundle_trusted_keys_file) to verify it"
+            )
+        _verify_ed25519(doc, auth, trusted)
+        return _parse(doc)
     if not isinstance(auth, dict) or auth.get("alg") != "HMAC-SHA256":
         raise BundleError("bundle has no HMAC-SHA256 authentication block")
     key_id = auth.get("key_id")

@@ -46,6 +46,7 @@ from common.errors import BundleError, ConfigError, DiodeError, KeyRingError, Se
 
 if TYPE_CHECKING:
     from common.wire import KeyRing
+    from common.wire.pubkey import SigningKey, TrustedKeys
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +73,19 @@ class BundleKeyConfig:
     """Derive the link key from this password (with salt) instead of a key file. Secret."""
     salt: str = ""
     """Salt (hex) of the password derivation; the same as the sender's and receiver's."""
+    signing_key_file: Path | None = None
+    """Public-key mode: the low side's Ed25519 bundle signing key ('keygen --signing'); bundles
+    are signed with it instead of the link key (the sender trusts its public half)."""
 
     def __post_init__(self) -> None:
-        if self.key_file is not None and self.password is not None:
-            raise ConfigError("key_file", "and password are both set", "choose one")
+        if (self.key_file is not None) + (self.password is not None) + (
+            self.signing_key_file is not None
+        ) > 1:
+            raise ConfigError(
+                "key_file", "key_file, password and signing_key_file exclude each other"
+            )
+        if self.signing_key_file is not None:
+            return
         if self.key_file is None and self.password is None:
             raise ConfigError(
                 "key_file", "no link key configured", "set key_file (the link's key ring file)"
@@ -83,14 +93,38 @@ class BundleKeyConfig:
         if self.password is not None and not self.salt:
             raise ConfigError("salt", "is required with password", "use the link's salt")
 
+    def signing_key(self) -> SigningKey | None:
+        """The bundle signing key of the public-key mode, or None.
+
+        Raises:
+            ConfigError: unreadable or malformed signing key file.
+        """
+        from common.wire.pubkey import load_signing_key  # noqa: PLC0415  keeps --help light
+
+        if self.signing_key_file is None:
+            return None
+        try:
+            return load_signing_key(self.signing_key_file)
+        except KeyRingError as exc:
+            raise ConfigError("signing_key_file", str(exc), "run 'keygen --signing'") from exc
+
+    def trusted(self) -> TrustedKeys | None:
+        """The public half of the signing key, to verify own bundles (public-key mode)."""
+        from common.wire.pubkey import TrustedKeys  # noqa: PLC0415  keeps --help light
+
+        key = self.signing_key()
+        return TrustedKeys([key.public_entry()]) if key is not None else None
+
     def keyring(self) -> KeyRing:
-        """Load the key ring.
+        """Load the key ring (empty in the public-key mode).
 
         Raises:
             ConfigError: unreadable or malformed key file, or a failed derivation.
         """
         from common.wire import Key, KeyRing, derive_key  # noqa: PLC0415  keeps --help light
 
+        if self.signing_key_file is not None:
+            return KeyRing()
         if self.key_file is not None:
             try:
                 return KeyRing.from_file(self.key_file)
@@ -445,7 +479,9 @@ def join_parts(parts: Iterable[str]) -> bytes:
     return data
 
 
-def write_qr(path: Path, keyring: KeyRing, out_dir: Path, kind: str) -> list[Path]:
+def write_qr(
+    path: Path, keyring: KeyRing, out_dir: Path, kind: str, trusted: TrustedKeys | None = None
+) -> list[Path]:
     """Verify the bundle at ``path`` and write one image per QR payload into ``out_dir``.
 
     Raises:
@@ -462,7 +498,7 @@ def write_qr(path: Path, keyring: KeyRing, out_dir: Path, kind: str) -> list[Pat
         data = path.read_bytes()
     except OSError as exc:
         raise BundleError(f"cannot read {path}: {exc.strerror}") from exc
-    bundle = bundle_format.verify(data, {k.key_id: k.material for k in keyring})
+    bundle = bundle_format.verify(data, {k.key_id: k.material for k in keyring}, trusted=trusted)
     parts = qr_parts(data)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
@@ -489,8 +525,8 @@ def create(
     Raises:
         ConfigError: key unusable. ServiceError: Kafka. OSError: writing the file.
     """
+    signing = config.signing_key()
     keyring = config.keyring()
-    key = keyring.active
     scan = latest_open_gaps(read_gap_topic(config), config.topics)
     if scan.malformed:
         log.warning("%d malformed gap records were skipped", scan.malformed)
@@ -510,13 +546,26 @@ def create(
     if dry_run or out is None:
         echo("dry run: no file written")
         return bundle
-    data = bundle_format.sign(bundle, key_id=key.key_id, link_key=key.material)
+    if signing is not None:
+        from common.wire.pubkey import format_fingerprint  # noqa: PLC0415  keeps --help light
+
+        data = bundle_format.sign_ed25519(bundle, signing)
+        signer = f"Ed25519 key {format_fingerprint(signing.fingerprint)}"
+    else:
+        key = keyring.active
+        data = bundle_format.sign(bundle, key_id=key.key_id, link_key=key.material)
+        signer = f"key {key.key_id:08x}"
     write_atomically(out, data)
-    echo(f"wrote {out} ({len(data)} bytes, signed with key {key.key_id:08x})")
+    echo(f"wrote {out} ({len(data)} bytes, signed with {signer})")
     return bundle
 
 
-def show(path: Path, keyring: KeyRing, echo: Callable[[str], None] = print) -> bundle_format.Bundle:
+def show(
+    path: Path,
+    keyring: KeyRing,
+    echo: Callable[[str], None] = print,
+    trusted: TrustedKeys | None = None,
+) -> bundle_format.Bundle:
     """Verify and print a bundle.
 
     Raises:
@@ -527,20 +576,26 @@ def show(path: Path, keyring: KeyRing, echo: Callable[[str], None] = print) -> b
             data = fh.read(bundle_format.MAX_BUNDLE_BYTES + 1)
     except OSError as exc:
         raise BundleError(f"cannot read {path}: {exc.strerror}") from exc
-    return show_bytes(data, keyring, echo)
+    return show_bytes(data, keyring, echo, trusted)
 
 
 def show_bytes(
-    data: bytes, keyring: KeyRing, echo: Callable[[str], None] = print
+    data: bytes,
+    keyring: KeyRing,
+    echo: Callable[[str], None] = print,
+    trusted: TrustedKeys | None = None,
 ) -> bundle_format.Bundle:
     """Verify and print a bundle given as bytes.
 
     Raises:
         BundleError: refused.
     """
-    bundle = bundle_format.verify(data, {k.key_id: k.material for k in keyring})
+    bundle = bundle_format.verify(data, {k.key_id: k.material for k in keyring}, trusted=trusted)
     echo(summary_table(bundle))
-    echo("authentication: OK (HMAC-SHA256 with the link key)")
+    if trusted is not None and b'"Ed25519"' in data:
+        echo("authentication: OK (Ed25519 with the low side's bundle key)")
+    else:
+        echo("authentication: OK (HMAC-SHA256 with the link key)")
     return bundle
 
 
@@ -608,22 +663,24 @@ def main(argv: Sequence[str], prog: str = "kafka-diode bundle") -> int:
             if args.out is None and not args.dry_run:
                 raise ConfigError("--out", "is required", "give --out FILE, or --dry-run")
             config.keyring()
+            config.signing_key()
         else:
             key_config = load_key_config(args, os.environ)
             keyring = key_config.keyring()
+            trusted = key_config.trusted()
     except ConfigError as exc:
         print(f"{prog} {args.command}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     if args.command != "create":
         try:
             if args.command == "show":
-                show(args.file, keyring)
+                show(args.file, keyring, trusted=trusted)
             elif args.command == "qr":
-                for image in write_qr(args.file, keyring, args.out_dir, args.format):
+                for image in write_qr(args.file, keyring, args.out_dir, args.format, trusted):
                     print(image)
             else:
                 data = join_parts(p.read_text(encoding="utf-8") for p in args.parts)
-                show_bytes(data, keyring)
+                show_bytes(data, keyring, trusted=trusted)
                 write_atomically(args.out, data)
                 print(f"wrote {args.out}")
         except BundleError as exc:

@@ -29,6 +29,7 @@ from common.wire.keyring import (
     derive_key,
     format_key_id,
 )
+from kafka_diode import keygen_pubkey
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -36,7 +37,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description="Write a new 256-bit key file with mode 0600 and print its key id.",
     )
-    p.add_argument("--out", required=True, type=Path, help="key file to write")
+    p.add_argument("--out", type=Path, help="key file to write")
     p.add_argument("--force", action="store_true", help="overwrite an existing key file")
     p.add_argument(
         "--add",
@@ -55,6 +56,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "(it is printed: give the same salt to the other side)",
     )
     p.add_argument("--scrypt-n", type=int, default=SCRYPT_N, help="scrypt cost N (power of 2)")
+    keygen_pubkey.add_arguments(p)
     return p
 
 
@@ -88,7 +90,12 @@ def _keep_access(path: Path) -> tuple[int, tuple[int, int]]:
 
 def main(argv: Sequence[str], prog: str = "kafka-diode keygen") -> int:
     """Entry point; returns the exit code (0 ok, 1 error, 2 usage)."""
-    args = _parser(prog).parse_args(list(argv))
+    parser = _parser(prog)
+    args = parser.parse_args(list(argv))
+    if keygen_pubkey.wanted(args):
+        return keygen_pubkey.run(args, prog)
+    if args.out is None:
+        parser.error("--out is required")
     created = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     try:
         if args.add and args.force:

@@ -23,6 +23,7 @@ from common import logging as diode_logging
 from common import settings
 from common.errors import ConfigError, ServiceError
 from common.metrics import CollectorRegistry, serve
+from netem.kind_loss import KindLoss
 from netem.profile import NAMED_PROFILES, Profile, resolve
 from netem.relay import Relay, parse_address
 from netem.tc import NetemUnavailableError, TcNetem
@@ -47,6 +48,9 @@ class RelaySettings:
     """Serve Prometheus metrics on this port (0: off)."""
     metrics_addr: str = "127.0.0.1"
     """Address the metrics endpoint binds to."""
+    kind_loss: str = ""
+    """Extra loss aimed at one envelope kind (byte 5), KIND:PERCENT[:FIRST]: e.g. 3:20:2 drops
+    the first 2 key announcements and 20 percent of the later ones (public-key mode tests)."""
     stats_interval: float = 0.0
     """Print a JSON line of counters every this many seconds (0: only at exit)."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
@@ -61,6 +65,8 @@ class RelaySettings:
         if not self.forward:
             raise ConfigError("forward", "is required", "pass --forward HOST:PORT")
         parse_address("forward", self.forward)
+        if self.kind_loss:
+            KindLoss.parse(self.kind_loss)
         if not 0 <= self.metrics_port <= 65535:
             raise ConfigError("metrics_port", "must be 0 to 65535")
         if not 0 <= self.stats_interval <= 86_400:
@@ -194,7 +200,8 @@ async def _serve(
     cfg: RelaySettings, profile: Profile, listen: tuple[str, int], forward: tuple[str, int]
 ) -> int:
     registry = CollectorRegistry()
-    relay = Relay(listen, forward, profile, registry=registry)
+    kind_loss = KindLoss.parse(cfg.kind_loss, seed=profile.seed or 0) if cfg.kind_loss else None
+    relay = Relay(listen, forward, profile, registry=registry, kind_loss=kind_loss)
     await relay.start()
     host, port = relay.listen_address
     print(

@@ -31,6 +31,7 @@ from prometheus_client.registry import Collector
 
 from common.errors import ConfigError, ServiceError
 from netem.impair import DEFAULT_MAX_HELD_BYTES, Impairer
+from netem.kind_loss import KindLoss
 from netem.profile import Profile
 
 log = logging.getLogger(__name__)
@@ -118,8 +119,11 @@ class Relay:
         registry: CollectorRegistry | None = None,
         max_held_bytes: int = DEFAULT_MAX_HELD_BYTES,
         rcvbuf: int = RCVBUF_BYTES,
+        kind_loss: KindLoss | None = None,
     ) -> None:
         self.listen = listen
+        self.kind_loss = kind_loss
+        """Loss aimed at one datagram kind before the profile applies (netem/kind_loss.py)."""
         self.forward = forward
         self.profile = profile
         self.impairer = Impairer(profile, seed, max_held_bytes=max_held_bytes)
@@ -154,6 +158,8 @@ class Relay:
         counts = self.impairer.stats.as_dict()
         counts["send_errors"] = self.send_errors
         counts["held"] = self.impairer.held
+        if self.kind_loss is not None:
+            counts["dropped_kind"] = self.kind_loss.dropped
         return counts
 
     def summary(self) -> dict[str, object]:
@@ -239,6 +245,7 @@ class Relay:
         now = loop.time()
         submit = self.impairer.submit
         view = self._view
+        kind_loss = self.kind_loss
         for _ in range(DRAIN_BATCH):
             try:
                 n = rsock.recv_into(self._buffer)
@@ -247,7 +254,10 @@ class Relay:
             except OSError as exc:  # e.g. ICMP errors queued on the socket; keep going
                 log.debug("netem relay recv error: %s", exc)
                 continue
-            submit(bytes(view[:n]), now)
+            data = bytes(view[:n])
+            if kind_loss is not None and kind_loss.drops(data):
+                continue
+            submit(data, now)
         self._release()
 
     def _on_timer(self) -> None:

@@ -33,6 +33,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -42,6 +43,7 @@ from common.logging import RateLimitedLog
 from common.wire import Dropped, DropReason, Heartbeat, KeyRing, RecordBatch, ResendMarker
 from common.wire.decoder import Decoder
 from common.wire.fec import FecDecoder, FecLimits, is_repair
+from common.wire.pubkey_decoder import KeyLearned, KeyRetired
 from receiver.config import ReceiverConfig
 from receiver.kafka_sink import RawTopicSink
 from receiver.metrics import (
@@ -51,6 +53,7 @@ from receiver.metrics import (
     ReceiverStats,
     make_registry,
 )
+from receiver.pubkey import PublicKeyGlue
 from receiver.topic_check import raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 
@@ -79,15 +82,20 @@ class Receiver:
             self._keyring = KeyRing.from_file(config.key_file)
             self._key_mtime = _mtime(config.key_file)
         wire = config.wire_config()
-        self._decoder = Decoder(wire, self._keyring)
+        self._pk: PublicKeyGlue | None = None
+        if config.receiver_key_file is not None:  # public-key mode (receiver/pubkey.py)
+            self._pk = PublicKeyGlue(config, wire)
+        self._decoder = self._pk.decoder if self._pk else Decoder(wire, self._keyring)
         # FEC needs no setting: repairs say everything on the wire (docs/receiver.md, "FEC").
+        # It shares the decoder's key ring: in public-key mode that ring learns the announced
+        # session keys in place, so repairs under them authenticate too.
         self.fec = FecDecoder(
             FecLimits(
                 replay_window=wire.replay_window,
                 max_sessions=wire.max_sessions,
                 allow_cleartext=wire.allow_cleartext,
             ),
-            self._keyring,
+            self._decoder.keyring,
         )
         self._sink: RawTopicSink | None = None
         self._drainers: list[SocketDrainer] = []
@@ -114,6 +122,7 @@ class Receiver:
             producer_queue=lambda: sink.queued,
             backlog_records=lambda: sink.backlog_records,
             rcvbuf_bytes=lambda: self._rcvbuf,
+            held_datagrams=lambda: self._pk.decoder.held if self._pk else 0,
             sockets=lambda: [(d.port, d.datagrams, d.kernel_drops) for d in self._drainers],
             fec=self._fec_counters,
         )
@@ -275,6 +284,10 @@ class Receiver:
                     len(event.ranges),
                     event.records_sent,
                 )
+            elif isinstance(event, KeyLearned | KeyRetired):  # public-key mode only
+                assert self._pk is not None
+                self._pk.on_event(event)
+                self.stats.session_keys_learned = self._pk.keys_learned
 
     def _on_dropped(self, event: Dropped) -> None:
         reason = event.reason
@@ -356,6 +369,11 @@ class Receiver:
             items = list(sequences.items())[-MAX_SESSION_LABELS:]
             self.stats.last_sequence = {sid.hex(): seq for sid, seq in items}
         interval = self.config.key_check_interval
+        if self._pk is not None:
+            check = interval > 0 and now >= self._next_key_check
+            if check:
+                self._next_key_check = now + interval
+            self._pk.tick(time.time() * 1000.0, now, check_files=check)
         if self.config.key_file is not None and interval > 0 and now >= self._next_key_check:
             self._next_key_check = now + interval
             mtime = _mtime(self.config.key_file)
@@ -365,6 +383,9 @@ class Receiver:
     def reload_keys(self, why: str) -> None:
         """Re-read the key file and swap the ring in place; keep the old ring on failure."""
         path = self.config.key_file
+        if self._pk is not None:
+            self._pk.reload(why)
+            return
         if path is None or self._keyring is None:
             log.info("%s: no key file configured, nothing to reload", why)
             return

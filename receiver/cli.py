@@ -79,6 +79,10 @@ def main(argv: Sequence[str], prog: str = "kafka-diode receive") -> int:
             ring = KeyRing.from_file(config.key_file)
             if not len(ring):
                 raise ConfigError("key_file", f"{config.key_file} holds no keys")
+        if config.receiver_key_file is not None:
+            from receiver.pubkey import load_verifier  # noqa: PLC0415  keep --help light
+
+            load_verifier(config)
     except (ConfigError, KeyRingError) as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -18,6 +18,7 @@ from typing import Any, Literal
 from common.errors import ConfigError
 from common.topic_limits import record_limit
 from common.wire.config import MAX_DATAGRAM_SIZE, WireConfig
+from common.wire.pubkey_decoder import PublicKeyReceiveConfig
 
 ENV_PREFIX = "DIODE_RECEIVER_"
 
@@ -88,6 +89,22 @@ class ReceiverConfig:
     """Key ring file from 'kafka-diode keygen'; reloaded on SIGHUP or when its mtime changes."""
     key_check_interval: float = 2.0
     """Seconds between checks of the key file's modification time (0: only reload on SIGHUP)."""
+    receiver_key_file: Path | None = None
+    """Public-key mode: this receiver's X25519 key pair(s) ('kafka-diode keygen --receiver');
+    replaces key_file. Reloaded like key_file."""
+    trusted_senders_file: Path | None = None
+    """Public-key mode: Ed25519 public keys of the senders whose key announcements are accepted
+    ('keygen --signing' wrote each, 'keygen --merge' joins them); reloaded without a restart."""
+    max_clock_skew: float = 300.0
+    """Public-key mode: seconds the sender's and receiver's clocks may differ at validity checks."""
+    retire_grace: float = 30.0
+    """Public-key mode: seconds an older session key stays usable after its successor arrived."""
+    hold_datagrams: int = 4096
+    """Public-key mode: datagrams under a not-yet-announced key held for its announcement."""
+    hold_bytes: int = 16 * 1024 * 1024
+    """Public-key mode: bytes of such held datagrams at most."""
+    hold_timeout: float = 5.0
+    """Public-key mode: seconds a held datagram waits for its key (then dropped: unknown_key)."""
     max_datagram_size: int = MAX_DATAGRAM_SIZE
     """Largest datagram accepted; the default accepts any size a sender may be configured with."""
     max_record_size: int = _WIRE_DEFAULTS.max_record_size
@@ -178,10 +195,30 @@ class ReceiverConfig:
             "e.g. 512",
         )
         need(
-            self.key_file is not None or self.allow_cleartext,
+            self.key_file is not None or self.receiver_key_file is not None or self.allow_cleartext,
             "key_file",
             "is required unless allow_cleartext is true",
-            "create one with 'kafka-diode keygen --out FILE' and set key_file",
+            "create one with 'kafka-diode keygen --out FILE' and set key_file, or use the "
+            "public-key mode (receiver_key_file and trusted_senders_file)",
+        )
+        need(
+            self.key_file is None or self.receiver_key_file is None,
+            "receiver_key_file",
+            "and key_file are both set",
+            "choose the shared-key mode (key_file) or the public-key mode (receiver_key_file)",
+        )
+        need(
+            (self.receiver_key_file is None) == (self.trusted_senders_file is None),
+            "trusted_senders_file",
+            "and receiver_key_file go together",
+            "set both for the public-key mode, or neither",
+        )
+        self.pubkey_config()
+        need(
+            0 <= self.max_clock_skew <= 86400,
+            "max_clock_skew",
+            "is outside 0..86400",
+            "e.g. 300",
         )
         need(self.key_check_interval >= 0, "key_check_interval", "is negative", "e.g. 2")
         for name in ("buffer_max_records", "buffer_max_bytes", "backlog_max_records"):
@@ -242,6 +279,15 @@ class ReceiverConfig:
     def socket_count(self) -> int:
         """Sockets in all: ``sockets`` per port (and worker processes, with worker_processes)."""
         return len(self.ports()) * self.sockets
+
+    def pubkey_config(self) -> PublicKeyReceiveConfig:
+        """The public-key mode's limits, taken from this configuration."""
+        return PublicKeyReceiveConfig(
+            retire_grace=self.retire_grace,
+            hold_datagrams=self.hold_datagrams,
+            hold_bytes=self.hold_bytes,
+            hold_timeout=self.hold_timeout,
+        )
 
     def wire_config(self) -> WireConfig:
         """The decoder's limits, taken from this configuration."""

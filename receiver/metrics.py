@@ -63,6 +63,8 @@ class ReceiverStats:
     """Successful key ring reloads."""
     keyring_reload_errors: int = 0
     """Failed key ring reloads (the previous ring stays in use)."""
+    session_keys_learned: int = 0
+    """Public-key mode: session keys learned from verified key announcements."""
     last_sequence: dict[str, int] = field(default_factory=dict)
     """Last sequence number seen per sender session (hex id)."""
 
@@ -93,6 +95,8 @@ class Gauges:
     producer_queue: Callable[[], int] = lambda: 0
     backlog_records: Callable[[], int] = lambda: 0
     rcvbuf_bytes: Callable[[], int] = lambda: 0
+    held_datagrams: Callable[[], int] = lambda: 0
+    """Public-key mode: datagrams held for a session key not yet learned."""
     sockets: Callable[[], list[tuple[int, int, int]]] = list
     """Per socket of this process, in order: (local port, datagrams read, kernel drops)."""
     fec: Callable[[], dict[str, int]] = dict
@@ -133,6 +137,11 @@ class ReceiverCollector(Collector):
             ),
             ("keyring_reloads", "Key ring reloads.", s.keyring_reloads),
             ("keyring_reload_errors", "Failed key ring reloads.", s.keyring_reload_errors),
+            (
+                "session_keys_learned",
+                "Session keys learned from key announcements (public-key mode).",
+                s.session_keys_learned,
+            ),
         ):
             yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
         drops = CounterMetricFamily(
@@ -173,6 +182,11 @@ class ReceiverCollector(Collector):
                 "backlog_records",
                 "Records held by the receiver before the producer.",
                 g.backlog_records,
+            ),
+            (
+                "held_datagrams",
+                "Datagrams held for a session key not yet announced (public-key mode).",
+                g.held_datagrams,
             ),
             (
                 "socket_rcvbuf_bytes",

@@ -42,11 +42,13 @@ from confluent_kafka import KafkaError, Message
 from common.errors import KeyRingError, LocalProtocolError
 from common.logging import RateLimitedLog
 from common.wire import Encoder, KeyRing, RecordTooLarge
+from common.wire.announce import KeyAnnouncer
 from sender.config import SenderConfig, load_keyring
 from sender.kafka_source import KafkaSource
 from sender.metrics import SenderMetrics
 from sender.pacing import Pacer
 from sender.pipeline import SendPipeline
+from sender.pubkey import announce_loop, load_announcer, wall_ms
 from sender.transport import UdpSender
 
 log = logging.getLogger(__name__)
@@ -104,6 +106,8 @@ class SenderApp:
         """True while the stall check finds the consumer lagging with nothing read or sent."""
         self.stalls = 0
         self._reopen_wanted = False
+        self.announcer: KeyAnnouncer | None = None
+        """Public-key mode: the session-key schedule (owns ``keyring``); None otherwise."""
 
     @property
     def max_backlog_bytes(self) -> int:
@@ -141,8 +145,14 @@ class SenderApp:
         cfg = self.config
         if cfg.key_file is not None:
             self._key_mtime = _mtime(cfg.key_file)  # before reading: a change meanwhile reloads
-        keyring = self._keyring if self._keyring is not None else load_keyring(cfg)
+        announcer = load_announcer(cfg, self.session_id)  # public-key mode (sender/pubkey.py)
+        first = announcer.start(self._clock(), wall_ms()) if announcer is not None else []
+        if announcer is not None:
+            keyring: KeyRing | None = announcer.keyring
+        else:
+            keyring = self._keyring if self._keyring is not None else load_keyring(cfg)
         self.keyring = keyring
+        self.announcer = announcer
         self._udp = UdpSender(cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer)
         encoder = Encoder(cfg.wire_config(), keyring, session_id=self.session_id)
         self._pressure = asyncio.Event()
@@ -160,6 +170,7 @@ class SenderApp:
             fec=cfg.fec_encoder(keyring, self.session_id),
         )
         pipeline = self.pipeline
+        pipeline.enqueue(first)
         self.source = KafkaSource(cfg, loop=loop, committable=lambda: dict(pipeline.sent_high))
         try:
             await self.source.start()
@@ -180,6 +191,8 @@ class SenderApp:
         self._spawn(self._commit_loop(), "commit")
         if cfg.stall_timeout > 0:
             self._spawn(self._stall_loop(cfg.stall_timeout), "stall-check")
+        if announcer is not None:
+            self._spawn(announce_loop(announcer, pipeline, self._clock), "announce")
         if cfg.key_file is not None and cfg.key_check_interval > 0 and keyring is not None:
             self._spawn(self._key_check_loop(cfg.key_file, cfg.key_check_interval), "key-check")
 
@@ -572,6 +585,9 @@ class SenderApp:
             "stalled": 1.0 if self.stalled else 0.0,
             "stalls": self.stalls,
         }
+        if self.announcer is not None:
+            totals["announcements_sent"] = self.announcer.announcements
+            totals["session_keys"] = self.announcer.keys_made
         if p is not None:
             totals.update(
                 records_sent=p.records_sent,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from common.errors import ConfigError, KeyRingError
+from common.wire.announce import AnnounceConfig
 from common.wire.config import DEFAULT_DATAGRAM_SIZE, WireConfig
 from common.wire.fec import FecConfig, FecEncoder
 from sender.pacing import PacingConfig
@@ -79,6 +80,22 @@ class SenderConfig:
     """Salt (hex, 32+ digits) for the scrypt password derivation; must match the receiver's."""
     insecure_cleartext: bool = False
     """Send without encryption (cipher none): tests and demos only; the receiver must allow it."""
+    signing_key_file: Path | None = None
+    """Public-key mode: this sender's Ed25519 signing key ('kafka-diode keygen --signing');
+    replaces key_file. Session keys are made here and announced, sealed and signed."""
+    receiver_public_key_file: Path | None = None
+    """Public-key mode: the receiver's public key file ('keygen --receiver' wrote it)."""
+    session_key_interval: float = 3600.0
+    """Public-key mode: seconds between fresh session keys (one is also made at every start)."""
+    session_key_bytes: int = 64 * 1024**3
+    """Public-key mode: bytes sent under one session key before a fresh one (0: time only)."""
+    announce_interval: float = 1.0
+    """Public-key mode: seconds between repeats of the session key announcement."""
+    announce_lead: float = 2.0
+    """Public-key mode: seconds a new session key is announced before data uses it."""
+    bundle_trusted_keys_file: Path | None = None
+    """Public-key mode, resend: the low side's bundle signing public key(s); bundles must be
+    signed by one of them."""
     max_datagram_size: int = DEFAULT_DATAGRAM_SIZE
     """Largest UDP payload in bytes; 1452 fits a 1500-byte MTU (up to 65507)."""
     compression: Literal["none", "gzip", "zstd"] = "none"
@@ -182,9 +199,24 @@ class SenderConfig:
         for key, why in _RESERVED_KAFKA.items():
             if key in self.kafka:
                 raise ConfigError(f"kafka.{key}", "cannot be passed through", why)
-        keyed = (self.key_file is not None) + (self.password is not None)
+        keyed = (
+            (self.key_file is not None)
+            + (self.password is not None)
+            + (self.signing_key_file is not None)
+        )
         if keyed > 1:
-            raise ConfigError("key_file", "and password are both set", "choose one")
+            raise ConfigError(
+                "key_file",
+                "key_file, password and signing_key_file exclude each other",
+                "choose one",
+            )
+        if (self.signing_key_file is None) != (self.receiver_public_key_file is None):
+            raise ConfigError(
+                "receiver_public_key_file",
+                "and signing_key_file go together",
+                "set both for the public-key mode, or neither",
+            )
+        self.announce_config()
         if keyed and self.insecure_cleartext:
             raise ConfigError("insecure_cleartext", "is set together with a key", "choose one")
         if not keyed and not self.insecure_cleartext:
@@ -270,6 +302,15 @@ class SenderConfig:
         by_bytes = message * self.copies / self.rate_bytes if self.rate_bytes else 0.0
         by_count = datagrams * self.copies / self.rate_datagrams if self.rate_datagrams else 0.0
         return max(by_bytes, by_count)
+
+    def announce_config(self) -> AnnounceConfig:
+        """The public-key mode's session-key schedule, taken from this configuration."""
+        return AnnounceConfig(
+            session_key_interval=self.session_key_interval,
+            session_key_bytes=self.session_key_bytes,
+            announce_interval=self.announce_interval,
+            announce_lead=self.announce_lead,
+        )
 
     def start_timestamp_ms(self) -> int:
         """``start_timestamp`` in milliseconds since the epoch."""

@@ -88,6 +88,14 @@ class SenderMetrics:
         self.keyring_reloads = Counter(
             f"{_PREFIX}_keyring_reloads", "Key file reloads that took effect", registry=r
         )
+        self.announcements_sent = Counter(
+            f"{_PREFIX}_announcements_sent",
+            "Key announcements queued, repeats counted (public-key mode)",
+            registry=r,
+        )
+        self.session_keys = Counter(
+            f"{_PREFIX}_session_keys", "Session keys made (public-key mode)", registry=r
+        )
         self._last: dict[str, float] = {}
 
     def _add(self, name: str, counter: Counter, total: float) -> None:
@@ -112,6 +120,8 @@ class SenderMetrics:
             "commits",
             "keyring_reloads",
             "stalls",
+            "announcements_sent",
+            "session_keys",
         ):
             if name in totals:
                 self._add(name, getattr(self, name), totals[name])

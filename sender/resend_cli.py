@@ -54,6 +54,7 @@ from common.errors import (
 )
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 from sender.pacing_advice import pacing_warning
+from sender.pubkey import announce_loop, load_announcer, load_bundle_trust, wall_ms
 from sender.resend import (
     DEFAULT_MAX_SKIP,
     PartitionOutcome,
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message
 
     from common.wire import KeyRing
+    from common.wire.pubkey import TrustedKeys
     from sender.pipeline import SendPipeline
 
 log = logging.getLogger(__name__)
@@ -263,22 +265,27 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> SenderConfi
     )
 
 
-def read_bundle(path: Path, keyring: KeyRing | None) -> bundle_format.Bundle:
-    """Read and verify a bundle with the link keys of ``keyring``.
+def read_bundle(
+    path: Path, keyring: KeyRing | None, trusted: TrustedKeys | None = None
+) -> bundle_format.Bundle:
+    """Read and verify a bundle with the link keys of ``keyring`` or, in the public-key mode,
+    the low side's signing keys ``trusted``.
 
     Raises:
         BundleError: unreadable, or refused by ``common.bundle.verify`` (the message says why).
     """
-    if keyring is None:
+    if keyring is None and trusted is None:
         raise BundleError(
-            "a bundle can only be verified with the link key; configure key_file or password"
+            "a bundle can only be verified with the link key (key_file or password) or, in the "
+            "public-key mode, the low side's bundle key (bundle_trusted_keys_file)"
         )
     try:
         with path.open("rb") as fh:
             data = fh.read(bundle_format.MAX_BUNDLE_BYTES + 1)
     except OSError as exc:
         raise BundleError(f"cannot read bundle {path}: {exc.strerror}") from exc
-    return bundle_format.verify(data, {key.key_id: key.material for key in keyring})
+    keys = {key.key_id: key.material for key in keyring} if keyring is not None else {}
+    return bundle_format.verify(data, keys, trusted=trusted)
 
 
 def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:
@@ -288,6 +295,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:
         request = request_from_args(args)
         config = load_config(args, os.environ)
         keyring = load_keyring(config)
+        trusted = load_bundle_trust(config)
         for host, port in config.targets():
             resolve("target", host, port)
         if args.max_skip < 0:
@@ -309,7 +317,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:
     bundle: bundle_format.Bundle | None = None
     if request.bundle is not None:
         try:
-            bundle = read_bundle(request.bundle, keyring)
+            bundle = read_bundle(request.bundle, keyring, trusted)
         except BundleError as exc:
             print(f"{prog}: bundle refused: {exc}", file=sys.stderr)
             return EXIT_BAD_BUNDLE
@@ -549,7 +557,10 @@ class ResendJob:
                 self.complete = True
                 return
             udp = UdpSender(cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer)
-            encoder = Encoder(cfg.wire_config(), self.keyring, session_id=self.session_id)
+            announcer = load_announcer(cfg, self.session_id)  # public-key mode
+            first = announcer.start(time.monotonic(), wall_ms()) if announcer else []
+            keyring = announcer.keyring if announcer is not None else self.keyring
+            encoder = Encoder(cfg.wire_config(), keyring, session_id=self.session_id)
             pipeline = SendPipeline(
                 encoder=encoder,
                 pacer=Pacer(cfg.pacing_config(), time.monotonic()),
@@ -568,7 +579,13 @@ class ResendJob:
                 self.bundle_id, self.session_id.hex(), self.total_to_read, len(self.plans),
                 ", ".join(f"{h}:{p}" for h, p in cfg.targets()),
             )  # fmt: skip
+            pipeline.enqueue(first)
             pipeline.enqueue(self._marker(encoder, "start", 0))
+            announcing = (
+                asyncio.ensure_future(announce_loop(announcer, pipeline, time.monotonic))
+                if announcer is not None
+                else None
+            )
             with self._progress_display() as tick:
                 ticker = asyncio.ensure_future(self._tick(tick))
                 try:
@@ -593,6 +610,8 @@ class ResendJob:
                         log.error("datagrams still unsent after the timeout")
                 finally:
                     ticker.cancel()
+                    if announcing is not None:
+                        announcing.cancel()
                     tick()
         finally:
             if self.pipeline is not None:

@@ -53,6 +53,19 @@ class DropReason(StrEnum):
     """Decodable, but a value no Kafka record or resend marker can have: an offset, partition,
     timestamp (base + delta beyond 64 bits) or count out of range, a topic name Kafka cannot
     carry (empty, over 249 characters, a NUL character)."""
+    # Public-key mode: refused key announcements (kind 3, docs/protocol.md §7.5).
+    UNTRUSTED_SIGNER = "untrusted_signer"
+    """A key announcement signed by a key that is not in the trusted-sender list."""
+    BAD_SIGNATURE = "bad_signature"
+    """A key announcement whose Ed25519 signature does not verify: tampered or forged."""
+    OTHER_RECEIVER = "other_receiver"
+    """A key announcement sealed to a receiver public key this receiver does not hold."""
+    ANNOUNCE_EXPIRED = "announce_expired"
+    """A key announcement outside its validity window (beyond the allowed clock skew)."""
+    ANNOUNCE_ROLLBACK = "announce_rollback"
+    """A key announcement older than one already accepted for its sender session (replayed)."""
+    BAD_SEAL = "bad_seal"
+    """A signed key announcement whose sealed session key does not open or match its key id."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,6 +185,7 @@ def test_pacing_holds_the_byte_rate_and_pauses_partitions(
         rate_bytes=rate,
         max_backlog_bytes=512 * 1024,
         batch_size=500,
+        max_record_size=1_000_000,  # at 300 kB/s a 16 MiB record could never be reassembled
     )
     paused_seen = []
     backlog_max = []
@@ -244,7 +245,12 @@ def test_sigkill_then_restart_sends_everything_and_sigterm_commits(
     # ~150 kB/s: the whole topic takes ~9 s, so a kill after ~1/3 lands mid-stream.
     log_path = tmp_path / "sender.log"
     first = _spawn_sender(
-        upstream_kafka, topic, group_id, rx.port, log_path, ["--rate-bytes", "150000"]
+        upstream_kafka,
+        topic,
+        group_id,
+        rx.port,
+        log_path,
+        ["--rate-bytes", "150000", "--max-record-size", "500000"],
     )
     try:
         wait_until(lambda: (rx.drain(), len(rx.records) > n // 4)[1], 60, 0.02, "first third")

@@ -161,3 +161,25 @@ def test_help_documents_every_field() -> None:
     for name in settings.field_docs(SenderConfig):
         assert settings.flag_name(name) in text
     assert isinstance(cli.build_parser("x"), argparse.ArgumentParser)
+
+
+def test_pacing_that_cannot_carry_the_largest_record_stops_start_up() -> None:
+    """Issue #14: at 300 kB/s a 16 MiB record takes ~56 s, longer than the receiver's
+    reassembly_timeout: refused at start-up, naming max_record_size and the fix."""
+    with pytest.raises(ConfigError) as err:
+        make(rate_bytes=300_000)
+    assert err.value.key == "max_record_size"
+    assert "reassembly_timeout" in str(err.value)
+    make(rate_bytes=300_000, max_record_size=1_000_000)  # 3.4 s: fine
+    make(rate_bytes=300_000, reassembly_timeout=120)  # the receiver waits longer: fine
+    with pytest.raises(ConfigError) as err:
+        make(rate_datagrams=100, max_record_size=1_000_000, copies=2)
+    assert err.value.key == "max_record_size"
+    assert make().largest_message_seconds() == 0.0  # unpaced: no bound
+
+
+@pytest.mark.parametrize("window", [0, 63, (1 << 20) + 1])
+def test_replay_window_out_of_range_names_the_key(window: int) -> None:
+    with pytest.raises(ConfigError) as err:
+        make(replay_window=window)
+    assert err.value.key == "replay_window"

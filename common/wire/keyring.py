@@ -329,25 +329,7 @@ class KeyRing:
             )
         if target.exists() and not overwrite:
             raise KeyRingError(f"{target} exists; refusing to overwrite it")
-        text = json.dumps(self.to_dict(), indent=2) + "\n"
-        try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                    os.fchmod(fd, 0o600)  # mkstemp's mode, stated: nothing is ever wider
-                    _set_owner(fd, owner, target)
-                    os.fchmod(fd, mode)
-                    fh.write(text)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                if not overwrite and target.exists():
-                    raise KeyRingError(f"{target} appeared meanwhile; refusing to overwrite it")
-                Path(tmp).replace(target)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-        except OSError as exc:
-            raise KeyRingError(f"cannot write key file {target}: {exc}") from exc
+        write_json_atomically(target, self.to_dict(), mode=mode, overwrite=overwrite, owner=owner)
 
 
 def _set_owner(fd: int, owner: tuple[int, int] | None, target: Path) -> None:
@@ -369,3 +351,41 @@ def _set_owner(fd: int, owner: tuple[int, int] | None, target: Path) -> None:
             f"it replaces ({exc.strerror}); run as root or as that user so the service keeps "
             "access; nothing was changed"
         ) from exc
+
+
+def write_json_atomically(
+    target: Path,
+    doc: dict[str, Any],
+    *,
+    mode: int,
+    overwrite: bool,
+    owner: tuple[int, int] | None = None,
+) -> None:
+    """Write ``doc`` as JSON to ``target`` atomically (temporary file, fsync, rename), created
+    0600 and only then given ``owner`` and ``mode``: key material is never readable by anyone
+    else, not even for a moment. Shared by key rings and the public-key mode's key files.
+
+    Raises:
+        KeyRingError: ``target`` appeared meanwhile and ``overwrite`` is false, the owner cannot
+            be set, or the file cannot be written. On any error an existing file is left as it
+            was.
+    """
+    text = json.dumps(doc, indent=2) + "\n"
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                os.fchmod(fd, 0o600)  # mkstemp's mode, stated: nothing is ever wider
+                _set_owner(fd, owner, target)
+                os.fchmod(fd, mode)
+                fh.write(text)
+                fh.flush()
+                os.fsync(fh.fileno())
+            if not overwrite and target.exists():
+                raise KeyRingError(f"{target} appeared meanwhile; refusing to overwrite it")
+            Path(tmp).replace(target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise KeyRingError(f"cannot write key file {target}: {exc}") from exc

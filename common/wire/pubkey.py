@@ -38,7 +38,6 @@ import base64
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +53,7 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from common.errors import KeyRingError
+from common.wire.keyring import write_json_atomically
 
 KeyType = Literal["x25519-receiver", "ed25519-signing"]
 RECEIVER: Final = "x25519-receiver"
@@ -446,20 +446,4 @@ def write_key_file(
     target = Path(path)
     if target.exists() and not overwrite:
         raise KeyRingError(f"{target} exists; refusing to overwrite it")
-    text = json.dumps(doc, indent=2) + "\n"
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                os.fchmod(fd, 0o600 if private else 0o644)
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            if not overwrite and target.exists():
-                raise KeyRingError(f"{target} appeared meanwhile; refusing to overwrite it")
-            Path(tmp).replace(target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise KeyRingError(f"cannot write key file {target}: {exc}") from exc
+    write_json_atomically(target, doc, mode=0o600 if private else 0o644, overwrite=overwrite)

@@ -914,28 +914,28 @@ def record_count(records: pa.Table) -> int:
 
 # -- fault injection (tests only) ---------------------------------------------------------------
 
-#: ``<point>:<batch>:<partition>:<once-file>``: at that point of that batch and partition, the
-#: process exits (code ``FAULT_EXIT``) - once: only if it can create the once-file. Points:
-#: ``task-before-commit``, ``task-in-commit`` (during the commit), ``task-after-commit`` (task
-#: side, a Python worker dies), ``driver-after-commit`` (every task committed, Spark's commit log
-#: not written). The crash tests set it; nothing else should.
+#: ``<point>:<batch>:<partition>:<once-file>`` (several: comma-separated): at that point of
+#: that batch and partition the process exits (code ``FAULT_EXIT``), once: only if it can
+#: create the once-file. Points: ``task-before-commit``, ``task-in-commit`` (during the commit),
+#: ``task-after-commit`` (a Python worker of the task dies), ``driver-after-commit`` (every task
+#: committed, Spark's commit log not written: the driver dies). Crash tests set it; nothing else
+#: should.
 FAULT_ENV = "KAFKA_DIODE_DEDUP_FAULT"
 FAULT_EXIT = 70
 
 
 def _fault_matches(point: str, batch_id: int, partition: int) -> bool:
-    spec = os.environ.get(FAULT_ENV)
-    if not spec:
-        return False
-    name, batch, part, once = spec.split(":", 3)
-    if (name, int(batch), int(part)) != (point, batch_id, partition):
-        return False
-    try:
-        os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    log.warning("injected fault %s at batch %d partition %d", point, batch_id, partition)
-    return True
+    for spec in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
+        name, batch, part, once = spec.split(":", 3)
+        if (name, int(batch), int(part)) != (point, batch_id, partition):
+            continue
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            continue
+        log.warning("injected fault %s at batch %d partition %d", point, batch_id, partition)
+        return True
+    return False
 
 
 def _fault(point: str, batch_id: int, partition: int) -> None:

@@ -57,7 +57,7 @@ def setup(bootstrap: str) -> tuple[WriterSettings, str]:
     return settings, f"query-{tag}"
 
 
-def batch(first: int, last: int):  # noqa: ANN201  a pyarrow Table
+def batch(first: int, last: int):
     return decisions([(0, o, o) for o in range(first, last)])
 
 
@@ -121,7 +121,7 @@ def _crash_in_subprocess(settings: WriterSettings, query: str, point: str, tmp: 
         """
     )
     env = {**os.environ, FAULT_ENV: f"{point}:2:0:{tmp / point}"}
-    done = subprocess.run(  # noqa: S603  our own interpreter and code
+    done = subprocess.run(
         [sys.executable, "-c", script], env=env, timeout=120, check=False, capture_output=True
     )
     assert (tmp / point).exists(), done.stderr.decode(errors="replace")[-2000:]

@@ -707,6 +707,10 @@ class TransactionalBatchWriter:
             )
             if skipped
         }
+        if fenced:
+            # the tasks' own logs stay in the executors: say it where operators look
+            log.info("batch %d: partitions %s already committed (markers): skipped", batch_id,
+                     sorted(fenced))  # fmt: skip
         stats = table.filter(pc.equal(kinds, "stat"))
         if fenced:
             # counted when they were committed (before the crash this replay follows)

@@ -439,7 +439,7 @@ def detected(classified: DataFrame, config: DedupConfig) -> DataFrame:
         return detect_group(params, key, frames, state)
 
     return classified.groupBy("src_topic", "src_partition").applyInPandasWithState(
-        func,  # type: ignore[arg-type]
+        func,
         outputStructType=OUTPUT_SCHEMA,
         stateStructType=STATE_SCHEMA,
         outputMode="append",

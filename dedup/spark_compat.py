@@ -32,7 +32,7 @@ def apply() -> None:
         return
     from pyspark.sql.pandas import serializers  # noqa: PLC0415  only where pyspark is loaded
 
-    cls = serializers.ApplyInPandasWithStateSerializer
+    cls: Any = serializers.ApplyInPandasWithStateSerializer  # 4.0.x's shape, untyped in 4.2
     original: Any = cls.arrow_to_pandas
 
     def arrow_to_pandas(self: Any, arrow_column: Any, *args: Any, **kwargs: Any) -> Any:
@@ -46,5 +46,5 @@ def apply() -> None:
                             row[name] = int(row[name])
         return result
 
-    cls.arrow_to_pandas = arrow_to_pandas  # type: ignore[method-assign]
+    cls.arrow_to_pandas = arrow_to_pandas
     _applied = True

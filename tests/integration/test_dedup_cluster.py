@@ -46,7 +46,7 @@ MISSING = {0: {100, 101}, 1: {2_000}, 2: {3_999}}  # 3_999: a tail, announced by
 def _daemon(args: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
     spark_class = Path(pyspark.__file__).parent / "bin" / "spark-class"
     with log.open("wb") as out:
-        return subprocess.Popen(  # noqa: S603  pyspark's own launcher
+        return subprocess.Popen(
             [str(spark_class), *args],
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -77,10 +77,18 @@ def spark_cluster(tmp_path: Path) -> Iterator[str]:
     }
     procs = [
         _daemon(
-            ["org.apache.spark.deploy.master.Master", "--host", "127.0.0.1", "--port", str(port),
-             "--webui-port", str(ui)],
-            tmp_path / "master.log", env,
-        )  # fmt: skip
+            [
+                "org.apache.spark.deploy.master.Master",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--webui-port",
+                str(ui),
+            ],
+            tmp_path / "master.log",
+            env,
+        )
     ]
     master = f"spark://127.0.0.1:{port}"
     try:
@@ -89,11 +97,23 @@ def spark_cluster(tmp_path: Path) -> Iterator[str]:
             work.mkdir()
             procs.append(
                 _daemon(
-                    ["org.apache.spark.deploy.worker.Worker", master, "--host", "127.0.0.1",
-                     "--cores", "1", "--memory", "640m", "--work-dir", str(work),
-                     "--webui-port", str(free_port())],
-                    tmp_path / f"worker{i}.log", env,
-                )  # fmt: skip
+                    [
+                        "org.apache.spark.deploy.worker.Worker",
+                        master,
+                        "--host",
+                        "127.0.0.1",
+                        "--cores",
+                        "1",
+                        "--memory",
+                        "640m",
+                        "--work-dir",
+                        str(work),
+                        "--webui-port",
+                        str(free_port()),
+                    ],
+                    tmp_path / f"worker{i}.log",
+                    env,
+                )
             )
 
         def two_workers_alive() -> bool:
@@ -101,7 +121,7 @@ def spark_cluster(tmp_path: Path) -> Iterator[str]:
                 if proc.poll() is not None:
                     raise AssertionError(f"a Spark daemon exited: {proc.args}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:  # noqa: S310  our own master
+                with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
                     state = json.load(r)
             except OSError:
                 return False

@@ -46,7 +46,7 @@ def assert_exactly_once(downstream_kafka, clean_topic: str) -> None:
     assert len(counts) == 3 * PER_PARTITION
 
 
-@pytest.mark.slow  # two Spark starts; the retry test below covers the fence in CI
+@pytest.mark.slow  # two Spark starts; test_dedup_fencing.py covers the fence in CI without Spark
 def test_driver_killed_between_the_kafka_commits_and_sparks_commit_log(
     downstream_kafka, kafka_topic, tmp_path: Path
 ) -> None:
@@ -68,6 +68,7 @@ def test_driver_killed_between_the_kafka_commits_and_sparks_commit_log(
     assert_exactly_once(downstream_kafka, clean_topic)
 
 
+@pytest.mark.slow  # a Spark start with task retries; the fence itself: test_dedup_fencing.py
 def test_retried_tasks_after_a_worker_died_before_and_after_its_commit(
     downstream_kafka, kafka_topic, tmp_path: Path
 ) -> None:

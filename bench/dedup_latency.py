@@ -25,6 +25,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
+import re  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -73,12 +74,11 @@ class CleanWatcher(threading.Thread):
 def produce_at(producer: Producer, topic: str, rate: int, seconds: float, next_offset: list[int]):
     """Offer ``rate`` records/s for ``seconds`` (10 ms ticks); returns (records, seconds)."""
     tick = 0.01
-    per_tick = rate * tick
-    owed = 0.0
     sent = 0
     start = time.monotonic()
     while (elapsed := time.monotonic() - start) < seconds:
-        owed += per_tick
+        # what is owed by now (not per tick: a late wake-up must not lower the rate)
+        owed = rate * elapsed - sent
         while owed >= 1:
             partition = sent % PARTITIONS
             offset = next_offset[partition]
@@ -107,6 +107,24 @@ def produce_at(producer: Producer, topic: str, rate: int, seconds: float, next_o
     return sent, time.monotonic() - start
 
 
+def batch_profile(log: Path) -> dict[str, object]:
+    """Medians over the dedup's batches with records (its DEBUG lines): wall, fence, write."""
+    walls, fences, writes = [], [], []
+    for line in log.read_text(errors="replace").splitlines():
+        match = re.search(r"batch \d+: (\d+) records, \d+ gaps in ([\d.]+)s \(tasks: fence max "
+                          r"(\d+) ms, write max (\d+) ms\)", line)  # fmt: skip
+        if match and int(match.group(1)):
+            walls.append(round(float(match.group(2)) * 1000))
+            fences.append(int(match.group(3)))
+            writes.append(int(match.group(4)))
+    return {
+        "with_records": len(walls),
+        "wall_ms_p50": percentile(walls, 0.5),
+        "task_fence_ms_p50": percentile(fences, 0.5),
+        "task_write_ms_p50": percentile(writes, 0.5),
+    }
+
+
 def percentile(values: list[int], q: float) -> int | None:
     if not values:
         return None
@@ -114,7 +132,12 @@ def percentile(values: list[int], q: float) -> int | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+def _raise_on_sigterm(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main() -> int:
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)  # the finally below stops dedup and broker
     parser = argparse.ArgumentParser()
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--rates", default="1000,5000,20000")
@@ -151,6 +174,7 @@ def main() -> int:
         "PERSIST_INTERVAL_MS": str(args.trigger_ms),
         "WINDOW_SIZE": "1000",
         "MAX_WINDOWS": "1000",
+        "LOG_LEVEL": "DEBUG",  # per-batch lines: wall time, the write tasks' fence and write
     }
     log = (tmp / "dedup.log").open("wb")
     dedup = subprocess.Popen(
@@ -164,9 +188,9 @@ def main() -> int:
     result: dict[str, object] = {"bench": "dedup_latency", "trigger_ms": args.trigger_ms}
     try:
         # warm-up: the query is up and has delivered (Spark start, first batches)
-        produce_at(producer, raw, 100, 1.0, next_offset)
-        deadline = time.monotonic() + 180
-        while len(watcher.samples) < 100:
+        first, _ = produce_at(producer, raw, 100, 1.0, next_offset)
+        deadline = time.monotonic() + 600  # a loaded 2-core machine: Spark starts slowly
+        while len(watcher.samples) < first:
             if dedup.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"dedup did not start; see {tmp / 'dedup.log'}")
             time.sleep(0.2)
@@ -196,6 +220,7 @@ def main() -> int:
             }
         result |= {
             "per_rate": per_rate,
+            "batches": batch_profile(tmp / "dedup.log"),
             "records_total": total,
             "seen_total": len(samples),
             "load_average_1m_start": round(load_start, 2),

@@ -685,12 +685,15 @@ class TransactionalBatchWriter:
         _fault("driver-after-commit", batch_id, 0)
         self.last = self.account(table, batch_id)
         self.batches_seen += 1
+        tasks = self.last_tasks
         log.debug(
-            "batch %d: %d records, %d gaps in %.2fs",
+            "batch %d: %d records, %d gaps in %.2fs (tasks: fence max %d ms, write max %d ms)",
             batch_id,
             self.last.records,
             self.last.gaps,
             time.monotonic() - started,
+            (pc.max(tasks.column("fence_ms")).as_py() or 0) if tasks is not None else 0,
+            (pc.max(tasks.column("write_ms")).as_py() or 0) if tasks is not None else 0,
         )
 
     def account(self, table: pa.Table, batch_id: int) -> BatchResult:

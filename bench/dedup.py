@@ -441,7 +441,10 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="Spark setting (e.g. spark.sql.shuffle.partitions=1)",
     )
+    parser.add_argument("--value-bytes", type=int, default=200, help="raw record value size")
     args = parser.parse_args()
+    global VALUE  # noqa: PLW0603  one setting for the whole run
+    VALUE = b"v" * args.value_bytes
 
     broker = None
     bootstrap = args.bootstrap
@@ -551,6 +554,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         "raw_records": written,
         "distinct_records": distinct,
         "value_bytes": len(VALUE),
+        "dedup_payload_mb_per_s": round(results["dedup"]["records_per_s"] * len(VALUE) / 1e6, 1)
+        if "dedup" in results
+        else None,
         "partitions": PARTITIONS,
         "max_offsets_per_trigger": args.max_offsets_per_trigger,
         "arrow_max_records_per_batch": args.arrow_max_records_per_batch,

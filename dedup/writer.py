@@ -922,7 +922,8 @@ def record_count(records: pa.Table) -> int:
 # -- fault injection (tests only) ---------------------------------------------------------------
 
 #: ``<point>:<batch>:<partition>:<once-file>`` (several: comma-separated): at that point of
-#: that batch and partition the process exits (code ``FAULT_EXIT``), once: only if it can
+#: that batch (``*``: the first to get there) and partition the process exits (code
+#: ``FAULT_EXIT``), once: only if it can
 #: create the once-file. Points: ``task-before-commit``, ``task-in-commit`` (during the commit),
 #: ``task-after-commit`` (a Python worker of the task dies), ``driver-after-commit`` (every task
 #: committed, Spark's commit log not written: the driver dies). Crash tests set it; nothing else
@@ -934,7 +935,7 @@ FAULT_EXIT = 70
 def _fault_matches(point: str, batch_id: int, partition: int) -> bool:
     for spec in filter(None, os.environ.get(FAULT_ENV, "").split(",")):
         name, batch, part, once = spec.split(":", 3)
-        if (name, int(batch), int(part)) != (point, batch_id, partition):
+        if (name, int(part)) != (point, partition) or batch not in ("*", str(batch_id)):
             continue
         try:
             os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY))

@@ -5,10 +5,12 @@ SparkSession (local[2]) runs, each over the whole topic:
 
 - ``passthrough``: the issue's baseline - Spark reads the topic and writes it unchanged (key,
   value, headers, partition) with Spark's own Kafka sink (at-least-once, no transaction);
-- ``passthrough_txn`` (unless ``--no-txn-passthrough``): the same records through a
-  transactional ``foreachBatch`` writer that collects the payload to the driver (the previous
-  round's baseline, the shape the old dedup had);
-- ``dedup``: the dedup query with its effectively-once writer.
+- ``dedup``: the dedup query with its effectively-once writer (per-task transactions in the
+  executors). With ``--warm-dedup`` a first dedup run warms the JVM and the Python workers
+  *before* the pass-through, so both measured queries run warm.
+
+The driver's own CPU (this Python process: py4j, foreachBatch) is reported separately
+(``driver_python_cpu_s_per_million``); in local mode the JVM driver is also the executor.
 
 Each rate is records read / seconds from query start to the last batch written (Spark start-up
 excluded); CPU is the process tree's (driver, JVM, Python workers; not the broker), per million
@@ -40,13 +42,17 @@ import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402, N812
 
 from dedup import job  # noqa: E402
 from dedup.cli import writer_settings  # noqa: E402
 from dedup.config import from_sources  # noqa: E402
 from dedup.raw_record import pack_positions  # noqa: E402
-from dedup.writer import TransactionalBatchWriter, WriterSettings  # noqa: E402
+from dedup.writer import (  # noqa: E402
+    PartitionWriter,
+    TransactionalBatchWriter,
+    WriterSettings,
+    ensure_topics,
+)
 from kafka_diode.local_kafka.artifacts import spark_connector_jars  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 
@@ -115,67 +121,24 @@ def prefill(
 
 
 class CountingWriter(TransactionalBatchWriter):
-    """Counts input rows of committed batches (stat rows; pass-through: records)."""
+    """Counts input rows of committed batches (stat rows) and the write tasks' times."""
 
     rows_in = 0
-    passthrough = False
-    write_s = 0.0  # seconds in write_table (the Kafka transaction), the rest of addBatch is Spark
+    fence_s = 0.0  # summed over tasks: fresh producer + init_transactions + marker read
+    task_s = 0.0  # summed over tasks: the whole write task (fence, re-read, produce, commit)
+    tasks = 0
 
-    @property
-    def records_kind(self):
-        return "record" if self.passthrough else super().records_kind
-
-    def record_count(self, records):
-        return records.num_rows if self.passthrough else super().record_count(records)
-
-    def _produce_records(self, producer, records):
-        if not self.passthrough:
-            return super()._produce_records(producer, records)
-        # The old writer's loop: the payload was collected with the batch (Arrow -> Python).
-        sources = pc.binary_join_element_wise(
-            records.column("src_topic"), pc.cast(records.column("src_partition"), pa.string()), ":"
-        )
-        runs = pc.run_end_encode(sources).combine_chunks()
-        keys = records.column("key").to_pylist()
-        values = records.column("value").to_pylist()
-        stamps = records.column("timestamp").to_pylist()
-        header_rows = records.column("headers").to_pylist()
-        start = 0
-        for end, source in zip(runs.run_ends.to_pylist(), runs.values.to_pylist(), strict=True):
-            topic_name, _, partition_text = source.rpartition(":")
-            name = self.clean_name(topic_name)
-            partition = int(partition_text) % self._partition_count(producer, name)
-            for i in range(start, end):
-                hdrs = header_rows[i]
-                extra = {"headers": [(h["key"], h["value"]) for h in hdrs]} if hdrs else {}
-                while True:
-                    try:
-                        producer.produce(
-                            name, values[i], keys[i], partition, timestamp=stamps[i], **extra
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-            start = end
-        return records.num_rows
-
-    def write_table(self, table, batch_id):
-        started = time.monotonic()
-        try:
-            return self._count_and_write(table, batch_id)
-        finally:
-            self.write_s += time.monotonic() - started
-
-    def _count_and_write(self, table, batch_id):
+    def account(self, table, batch_id):
         stats = table.filter(pc.equal(table.column("kind"), "stat"))
         if stats.num_rows:
             self.rows_in += sum(
                 pc.sum(stats.column(n)).as_py() or 0 for n in ("delivered", "duplicates")
             )
-        result = super().write_table(table, batch_id)
-        if self.passthrough:
-            self.rows_in += result.records
-        return result
+        tasks = table.filter(pc.equal(table.column("kind"), "task"))
+        self.fence_s += (pc.sum(tasks.column("fence_ms")).as_py() or 0) / 1000
+        self.task_s += (pc.sum(tasks.column("write_ms")).as_py() or 0) / 1000
+        self.tasks += tasks.num_rows
+        return super().account(table, batch_id)
 
 
 def thread_cpu_s() -> dict[str, float]:
@@ -249,6 +212,7 @@ def steady(progresses) -> dict:
 def run_query(spark, config, writer, total: int, transform=None) -> tuple[float, dict]:
     """Seconds to read ``total`` rows, and where the micro-batches' time went (query progress)."""
     cpu_before = tree_cpu_s()
+    driver_before = time.process_time()
     start = time.monotonic()
     query = job.start_query(spark, config, writer, transform=transform)
     try:
@@ -258,6 +222,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
             query.awaitTermination(0.2)
         seconds = time.monotonic() - start
         cpu_s = tree_cpu_s() - cpu_before
+        driver_s = time.process_time() - driver_before
         # The last batch's progress is posted after its foreachBatch returned: wait for it.
         last_id = writer.last.batch_id if writer.last is not None else -1
         deadline = time.monotonic() + 60
@@ -276,7 +241,11 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         profile = {k: round(v, 2) for k, v in sorted(durations.items())}
         profile["batches_with_input"] = batches
         profile |= steady(query.recentProgress)
-        profile["write_table_s"] = round(writer.write_s, 2)
+        profile["write_tasks"] = writer.tasks
+        profile["write_task_s_sum"] = round(writer.task_s, 2)
+        profile["fence_s_sum"] = round(writer.fence_s, 2)
+        profile["driver_python_cpu_s"] = round(driver_s, 2)
+        profile["driver_python_cpu_s_per_million"] = round(driver_s * 1e6 / total, 2)
         profile["cpu_s"] = round(cpu_s, 1)
         profile["cpu_s_per_million"] = round(cpu_s * 1e6 / total, 1)
         return seconds, profile
@@ -367,10 +336,8 @@ def driver_only(args: argparse.Namespace, bootstrap: str) -> int:
         new_topic_partitions=PARTITIONS,
         raw_topics=(raw,),
     )
-    writer = TransactionalBatchWriter(settings)
-    writer.bind(tag)
-    writer.ensure_topics([settings.clean_topic])
-    writer.ensure_topics([settings.gap_topic, settings.progress_topic], compact=True)
+    ensure_topics(settings, [settings.clean_topic])
+    ensure_topics(settings, [settings.gap_topic, settings.progress_topic], compact=True)
     admin = AdminClient({"bootstrap.servers": bootstrap})
     deadline = time.monotonic() + 30  # new topics: wait for their leaders
     while time.monotonic() < deadline:
@@ -400,10 +367,12 @@ def driver_only(args: argparse.Namespace, bootstrap: str) -> int:
     cpu0, t0 = time.process_time(), time.monotonic()
     produced = 0
     for batch_id, table in enumerate(tables):
+        # a fresh writer per batch, as each write task attempt has (fence included)
+        writer = PartitionWriter(settings, tag, 0)
         produced += writer.write_table(table, batch_id).records
+        writer.close()
     seconds, cpu_s = time.monotonic() - t0, time.process_time() - cpu0
     threads = thread_cpu_s()
-    writer.close()
     print(
         json.dumps(
             {
@@ -431,11 +400,6 @@ def main() -> int:
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--max-offsets-per-trigger", type=int, default=200_000)
     parser.add_argument("--arrow-max-records-per-batch", type=int, default=100_000)
-    parser.add_argument(
-        "--no-txn-passthrough",
-        action="store_true",
-        help="skip the transactional foreachBatch pass-through (the previous round's baseline)",
-    )
     parser.add_argument(
         "--driver-only",
         action="store_true",
@@ -477,7 +441,10 @@ def main() -> int:
         metavar="NAME=VALUE",
         help="Spark setting (e.g. spark.sql.shuffle.partitions=1)",
     )
+    parser.add_argument("--value-bytes", type=int, default=200, help="raw record value size")
     args = parser.parse_args()
+    global VALUE  # noqa: PLW0603  one setting for the whole run
+    VALUE = b"v" * args.value_bytes
 
     broker = None
     bootstrap = args.bootstrap
@@ -532,21 +499,18 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
     spark = job.build_session(cfg, [str(p) for p in spark_connector_jars()])
     spark_start_s = time.monotonic() - t0
 
-    def passthrough_txn(raw_df):
-        return raw_df.where(F.col("topic") == raw).select(
-            F.lit("record").alias("kind"),
-            F.col("topic").alias("src_topic"),
-            F.col("partition").alias("src_partition"),
-            F.col("offset").alias("src_offset"),
-            F.col("key"),
-            F.col("value"),
-            F.expr("cast(unix_millis(timestamp) as bigint)").alias("timestamp"),
-            F.col("headers"),
-            *[F.lit(None).cast("bigint").alias(name) for name in (*job._STAT_COLUMNS,)],
-        )
-
     results = {}
     try:
+        if args.warm_dedup and args.only != "passthrough":
+            # JIT and Python workers warm before either measured query
+            c = config("dedup_warmup")
+            writer = CountingWriter(writer_settings(c, WriterSettings))
+            seconds, profile = run_query(spark, c, writer, written)
+            results["dedup_warmup"] = {
+                "records_per_s": round(written / seconds),
+                "profile": profile,
+            }
+            print(f"dedup_warmup: {seconds:.1f} s; {profile}", file=sys.stderr)
         if args.only != "dedup":
             seconds, profile = run_sink_passthrough(
                 spark, bootstrap, raw, f"{tag}.sink.out", tmp / "sink", written,
@@ -575,17 +539,11 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
                 "sink": sink,
             }
             print(f"variant {label}: {seconds:.1f} s; {profile}", file=sys.stderr)
-        runs = [("dedup", None)] if args.only != "passthrough" else []
-        if args.warm_dedup and runs:
-            runs.insert(0, ("dedup_warmup", None))  # JIT, Python workers: then the measured one
-        if not args.no_txn_passthrough and args.only == "all":
-            runs.insert(0, ("passthrough_txn", passthrough_txn))
-        for name, transform in runs:
+        runs = ["dedup"] if args.only != "passthrough" else []
+        for name in runs:
             c = config(name)
             writer = CountingWriter(writer_settings(c, WriterSettings))
-            writer.passthrough = transform is not None
-            seconds, profile = run_query(spark, c, writer, written, transform)
-            writer.close()
+            seconds, profile = run_query(spark, c, writer, written)
             results[name] = {"records_per_s": round(written / seconds), "profile": profile}
             print(f"{name}: {written} records in {seconds:.1f} s; {profile}", file=sys.stderr)
     finally:
@@ -596,6 +554,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         "raw_records": written,
         "distinct_records": distinct,
         "value_bytes": len(VALUE),
+        "dedup_payload_mb_per_s": round(results["dedup"]["records_per_s"] * len(VALUE) / 1e6, 1)
+        if "dedup" in results
+        else None,
         "partitions": PARTITIONS,
         "max_offsets_per_trigger": args.max_offsets_per_trigger,
         "arrow_max_records_per_batch": args.arrow_max_records_per_batch,
@@ -631,11 +592,6 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         out["cpu_ratio_to_passthrough"] = round(
             dedup["profile"]["cpu_s_per_million"] / base["profile"]["cpu_s_per_million"], 3
         )
-    if "passthrough_txn" in results:
-        txn = results["passthrough_txn"]
-        out["passthrough_txn_records_per_s"] = txn["records_per_s"]
-        out["passthrough_txn_cpu_s_per_million"] = txn["profile"]["cpu_s_per_million"]
-        out["passthrough_txn_profile_s"] = txn["profile"]
     print(json.dumps(out))
     return 0
 

@@ -1,5 +1,8 @@
 """A fix for pyspark 4.0.0's ``applyInPandasWithState`` under recent pyarrow (measured: 26.0.1).
 
+Only for pyspark 4.0.x: 4.2.0 (pinned now) rewrote that serializer and passes the dedup's tests
+without it, so ``apply`` does nothing there. Kept for installs that still run 4.0.x.
+
 pyspark 4.0.0 reads each group's data range from a struct column whose rows after the last group
 are null. Recent pyarrow turns the int32 fields of such a struct into floats when converting it
 to pandas, and ``RecordBatch.slice(0.0, 58.0)`` then fails with "'float' object cannot be
@@ -22,9 +25,14 @@ def apply() -> None:
     global _applied  # noqa: PLW0603  one process-wide patch
     if _applied:
         return
+    import pyspark  # noqa: PLC0415  only where pyspark is loaded
+
+    if not pyspark.__version__.startswith("4.0."):
+        _applied = True
+        return
     from pyspark.sql.pandas import serializers  # noqa: PLC0415  only where pyspark is loaded
 
-    cls = serializers.ApplyInPandasWithStateSerializer
+    cls: Any = serializers.ApplyInPandasWithStateSerializer  # 4.0.x's shape, untyped in 4.2
     original: Any = cls.arrow_to_pandas
 
     def arrow_to_pandas(self: Any, arrow_column: Any, *args: Any, **kwargs: Any) -> Any:
@@ -38,5 +46,5 @@ def apply() -> None:
                             row[name] = int(row[name])
         return result
 
-    cls.arrow_to_pandas = arrow_to_pandas  # type: ignore[method-assign]
+    cls.arrow_to_pandas = arrow_to_pandas
     _applied = True

@@ -39,10 +39,10 @@ KAFKA_VERSION = "4.1.1"
 #: Kafka 4.1 logs through slf4j 1.7; this log4j2 release and its slf4j 1.x binding carry the logs.
 LOG4J_VERSION = "2.24.3"
 #: Must equal the pinned pyspark version: Spark refuses a connector built for another release.
-SPARK_VERSION = "4.0.0"
-#: The kafka-clients and commons-pool2 versions spark-sql-kafka-0-10 4.0.0 was built against.
-SPARK_KAFKA_CLIENTS_VERSION = "3.9.0"
-COMMONS_POOL2_VERSION = "2.12.0"
+SPARK_VERSION = "4.2.0"
+#: The kafka-clients and commons-pool2 versions spark-sql-kafka-0-10 4.2.0 was built against.
+SPARK_KAFKA_CLIENTS_VERSION = "3.9.2"
+COMMONS_POOL2_VERSION = "2.13.1"
 SCALA_BINARY_VERSION = "2.13"
 MIN_JAVA_MAJOR = 17
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"

@@ -1,12 +1,17 @@
 """The dedup writer against the downstream broker's limits (real broker, no Spark).
 
+The per-task writer (``PartitionWriter``, what each write task runs) and the driver's start-up
+check of a fixed clean topic; the count of replaced timestamps the task hands back is folded into
+the metric by the driver (tests/unit/test_dedup_account.py).
+
 1. Source timestamps far from the broker's clock (2 h ahead, 30 days behind) reach a clean topic
    the dedup creates unchanged; a pre-existing clean topic with Kafka 4's default window (one hour
    ahead) gets the record it would refuse with the dedup's time and the source timestamp in a
    header -- the batch commits, nothing is lost, no other record is affected.
 2. Records of 3 MB (over librdkafka's and Kafka's 1 MB defaults) travel raw -> clean.
 3. A clean topic whose max.message.bytes is below what MAX_RECORD_SIZE needs stops the writer
-   with an error naming the setting; nothing is written.
+   with an error naming the setting, in the task and at the driver's start-up; nothing is
+   written.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from common.errors import ServiceError
 from common.topic_limits import record_limit
 from dedup.writer import (
     ORIGINAL_TIMESTAMP_HEADER,
-    DedupMetrics,
+    PartitionWriter,
     TransactionalBatchWriter,
     WriterSettings,
 )
@@ -60,12 +65,10 @@ def _write(downstream_kafka, records, tag_topic: str, *, precreate: dict[str, st
             downstream_kafka, f"clean.{tag_topic}.{SOURCE}", partitions=1, config=precreate
         )
     writer = make_writer(downstream_kafka.bootstrap, tag_topic, tag_topic)
-    writer.metrics = DedupMetrics()
     try:
-        result = writer.write_table(decisions([(0, o, o) for o in range(len(records))]), 0)
+        return writer.write_table(decisions([(0, o, o) for o in range(len(records))]), 0)
     finally:
         writer.close()
-    return writer, result
 
 
 @pytest.mark.parametrize("headers", [(), (("trace", b"1"),)])  # the fast path and restore()
@@ -75,15 +78,14 @@ def test_skewed_source_timestamps_reach_a_created_clean_topic_unchanged(
     raw_topic = create_topic(downstream_kafka, partitions=1)
     stamps = _skewed(int(time.time() * 1000))
     records = [raw(i, b"v%d" % i, ts, headers) for i, ts in enumerate(stamps)]
-    writer, result = _write(downstream_kafka, records, raw_topic, precreate=None)
+    result = _write(downstream_kafka, records, raw_topic, precreate=None)
     assert (result.records, result.skipped) == (len(stamps), False)
     clean = consume_all(downstream_kafka, f"clean.{raw_topic}.{SOURCE}", timeout=30)
     assert sorted((r.value, r.timestamp) for r in clean) == sorted(
         (b"v%d" % i, ts) for i, ts in enumerate(stamps)
     )
     assert all(tuple(r.headers) == headers and r.timestamp_type == 1 for r in clean)
-    assert writer.metrics is not None
-    assert writer.metrics.timestamps_replaced._value.get() == 0
+    assert result.replaced == 0
 
 
 @pytest.mark.parametrize("headers", [(), (("trace", b"1"),)])
@@ -95,7 +97,7 @@ def test_a_clean_topic_with_the_default_window_gets_the_dedups_time_and_loses_no
     stamps = _skewed(now)
     records = [raw(i, b"v%d" % i, ts, headers) for i, ts in enumerate(stamps)]
     # {} = the broker's defaults: Kafka 4 refuses CreateTime more than an hour ahead
-    writer, result = _write(downstream_kafka, records, raw_topic, precreate={})
+    result = _write(downstream_kafka, records, raw_topic, precreate={})
     assert (result.records, result.skipped) == (len(stamps), False)
     clean = consume_all(downstream_kafka, f"clean.{raw_topic}.{SOURCE}", timeout=30)
     by_value = {r.value: r for r in clean}
@@ -109,8 +111,7 @@ def test_a_clean_topic_with_the_default_window_gets_the_dedups_time_and_loses_no
         else:
             assert r.timestamp == ts
             assert tuple(r.headers) == headers
-    assert writer.metrics is not None
-    assert writer.metrics.timestamps_replaced._value.get() == 2
+    assert result.replaced == 2
 
 
 def test_records_of_3_mb_travel_raw_to_clean(downstream_kafka) -> None:
@@ -118,7 +119,7 @@ def test_records_of_3_mb_travel_raw_to_clean(downstream_kafka) -> None:
     values = [os.urandom(3 * 1024 * 1024 + i) for i in range(3)]
     now = int(time.time() * 1000)
     records = [raw(i, v, now + i) for i, v in enumerate(values)]
-    _, result = _write(downstream_kafka, records, raw_topic, precreate=None)
+    result = _write(downstream_kafka, records, raw_topic, precreate=None)
     assert result.records == 3
     clean = consume_all(downstream_kafka, f"clean.{raw_topic}.{SOURCE}", timeout=60)
     assert sorted(r.value for r in clean) == sorted(values)
@@ -130,21 +131,24 @@ def test_a_clean_topic_too_small_for_max_record_size_stops_the_writer(downstream
     for name in (f"gaps.{raw_topic}", f"progress.{raw_topic}"):
         create_topic(downstream_kafka, name, partitions=1, config={"cleanup.policy": "compact"})
     produce_records(downstream_kafka, raw_topic, [raw(0, b"v", int(time.time() * 1000))])
-    writer = TransactionalBatchWriter(
-        WriterSettings(
-            bootstrap_servers=downstream_kafka.bootstrap,
-            clean_topic=clean,
-            gap_topic=f"gaps.{raw_topic}",
-            progress_topic=f"progress.{raw_topic}",
-            transactional_id=f"txn.{raw_topic}",
-            raw_topics=(raw_topic, f"control.{raw_topic}"),
-        )
+    settings = WriterSettings(
+        bootstrap_servers=downstream_kafka.bootstrap,
+        clean_topic=clean,
+        gap_topic=f"gaps.{raw_topic}",
+        progress_topic=f"progress.{raw_topic}",
+        transactional_id=f"txn.{raw_topic}",
+        raw_topics=(raw_topic, f"control.{raw_topic}"),
     )
-    writer.bind(f"query-{raw_topic}")
+    task = PartitionWriter(settings, f"query-{raw_topic}", 0)
     try:
         with pytest.raises(ServiceError, match=r"max\.message\.bytes=16781312") as info:
-            writer.write_table(decisions([(0, 0, 0)]), 0)
+            task.write_table(decisions([(0, 0, 0)]), 0)
     finally:
-        writer.close()
+        task.close()
     assert "MAX_RECORD_SIZE" in str(info.value)
+    # the driver checks a fixed clean topic at start-up, before any task runs
+    driver = TransactionalBatchWriter(settings)
+    driver.bind(f"query-{raw_topic}")
+    with pytest.raises(ServiceError, match=r"max\.message\.bytes=16781312"):
+        driver._start()
     assert consume_all(downstream_kafka, clean, timeout=5) == []

@@ -22,7 +22,7 @@ from confluent_kafka.admin import AdminClient
 from common.errors import ServiceError
 from dedup.raw_record import KIND_RECORDS, pack_positions
 from dedup.reread import RawRecordGoneError
-from dedup.writer import TransactionalBatchWriter, WriterSettings
+from dedup.writer import PartitionWriter, WriterSettings
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records
 
 pytestmark = [pytest.mark.kafka]
@@ -85,23 +85,23 @@ def decisions(rows: list[tuple[int, int, int]]) -> pa.Table:
     return pa.table(columns)
 
 
-def make_writer(bootstrap: str, raw: str, tag: str) -> TransactionalBatchWriter:
+def settings_for(bootstrap: str, raw: str, tag: str) -> WriterSettings:
+    return WriterSettings(
+        bootstrap_servers=bootstrap,
+        clean_topic=f"clean.{tag}.{{topic}}",
+        gap_topic=f"gaps.{tag}",
+        progress_topic=f"progress.{tag}",
+        transactional_id=f"txn.{tag}",
+        new_topic_partitions=2,
+        raw_topics=(raw, f"control.{tag}"),
+        reread_chunk=3,  # several chunks per partition even in a small test
+    )
+
+
+def make_writer(bootstrap: str, raw: str, tag: str, partition: int = 0) -> PartitionWriter:
     for name in (f"gaps.{tag}", f"progress.{tag}"):  # ready (led) before the fence reads it
         create_topic(bootstrap, name, partitions=1, config={"cleanup.policy": "compact"})
-    writer = TransactionalBatchWriter(
-        WriterSettings(
-            bootstrap_servers=bootstrap,
-            clean_topic=f"clean.{tag}.{{topic}}",
-            gap_topic=f"gaps.{tag}",
-            progress_topic=f"progress.{tag}",
-            transactional_id=f"txn.{tag}",
-            new_topic_partitions=2,
-            raw_topics=(raw, f"control.{tag}"),
-            reread_chunk=3,  # several chunks per partition even in a small test
-        )
-    )
-    writer.bind(f"query-{tag}")
-    return writer
+    return PartitionWriter(settings_for(bootstrap, raw, tag), f"query-{tag}", partition)
 
 
 def test_clean_records_are_the_named_raw_records_restored_exactly(downstream_kafka) -> None:

@@ -326,10 +326,10 @@ def test_spark_connector_set_is_minimal() -> None:
         pytest.skip("spark connector jars not cached yet (run 'make jars')")
     names = sorted(p.name for p in artifacts.spark_connector_jars())
     assert names == [
-        "commons-pool2-2.12.0.jar",
-        "kafka-clients-3.9.0.jar",
-        "spark-sql-kafka-0-10_2.13-4.0.0.jar",
-        "spark-token-provider-kafka-0-10_2.13-4.0.0.jar",
+        "commons-pool2-2.13.1.jar",
+        "kafka-clients-3.9.2.jar",
+        "spark-sql-kafka-0-10_2.13-4.2.0.jar",
+        "spark-token-provider-kafka-0-10_2.13-4.2.0.jar",
     ]
     assert importlib.metadata.version("pyspark") == artifacts.SPARK_VERSION
     marker = json.loads(

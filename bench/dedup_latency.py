@@ -1,0 +1,246 @@
+"""Dedup latency: raw-topic produce -> clean-topic visibility (read_committed), at steady rates.
+
+Starts ``kafka-diode dedup`` (a subprocess, ``local[2]``, 1 s trigger, WINDOW_SIZE 1000,
+MAX_WINDOWS 1000) on a 3-partition raw topic, waits until it delivers a first record, then
+offers raw records (200 B values, as the receiver writes them, ``diode.timestamp`` = the moment
+of the produce call) at each rate of ``--rates`` for ``--seconds`` each, back to back. A
+``read_committed`` consumer of the clean topic takes, per record, ``now - source timestamp``:
+the time the dedup adds between a record's arrival in the raw topic and its visibility to a
+reader of the clean topic (the sender/receiver add their own, see bench/e2e.py). Per rate:
+p50, p99, max and the achieved rate. Records produced in the first second of each phase count
+for it (a phase change is a step, not a backlog). Needs a broker: ``--bootstrap`` (default:
+start one). Last line: one JSON object.
+
+    .venv/bin/python bench/dedup_latency.py --rates 1000,5000,20000 --seconds 30
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import tempfile  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from confluent_kafka import Consumer, Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
+
+PARTITIONS = 3
+VALUE = b"v" * 200
+SESSION = b"ab" * 16
+
+
+class CleanWatcher(threading.Thread):
+    """Reads the clean topic (read_committed) and keeps (source timestamp, latency) per record."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        super().__init__(daemon=True)
+        self.consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": f"latency-{time.time_ns()}",
+                "isolation.level": "read_committed",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+        )
+        self.consumer.subscribe([topic])
+        self.samples: list[tuple[int, int]] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            for msg in self.consumer.consume(10_000, 0.05):
+                if msg.error() is not None:
+                    continue
+                now = time.time_ns() // 1_000_000
+                self.samples.append((msg.timestamp()[1], now - msg.timestamp()[1]))
+        self.consumer.close()
+
+
+def produce_at(producer: Producer, topic: str, rate: int, seconds: float, next_offset: list[int]):
+    """Offer ``rate`` records/s for ``seconds`` (10 ms ticks); returns (records, seconds)."""
+    tick = 0.01
+    sent = 0
+    start = time.monotonic()
+    while (elapsed := time.monotonic() - start) < seconds:
+        # what is owed by now (not per tick: a late wake-up must not lower the rate)
+        owed = rate * elapsed - sent
+        while owed >= 1:
+            partition = sent % PARTITIONS
+            offset = next_offset[partition]
+            next_offset[partition] += 1
+            now = time.time_ns() // 1_000_000
+            headers = [
+                ("diode.key", b"key-%d" % offset),
+                ("diode.timestamp", b"%d" % now),
+                ("diode.timestamp-type", b"1"),
+                ("diode.session", SESSION),
+            ]
+            while True:
+                try:
+                    producer.produce(topic, VALUE, b"src:%d:%d" % (partition, offset), partition,
+                                     headers=headers, timestamp=now)  # fmt: skip
+                    break
+                except BufferError:
+                    producer.poll(0.01)
+            owed -= 1
+            sent += 1
+        producer.poll(0)
+        sleep = start + (int(elapsed / tick) + 1) * tick - time.monotonic()
+        if sleep > 0:
+            time.sleep(sleep)
+    producer.flush(30)
+    return sent, time.monotonic() - start
+
+
+def batch_profile(log: Path) -> dict[str, object]:
+    """Medians over the dedup's batches with records (its DEBUG lines): wall, fence, write."""
+    walls, fences, writes = [], [], []
+    for line in log.read_text(errors="replace").splitlines():
+        match = re.search(r"batch \d+: (\d+) records, \d+ gaps in ([\d.]+)s \(tasks: fence max "
+                          r"(\d+) ms, write max (\d+) ms\)", line)  # fmt: skip
+        if match and int(match.group(1)):
+            walls.append(round(float(match.group(2)) * 1000))
+            fences.append(int(match.group(3)))
+            writes.append(int(match.group(4)))
+    return {
+        "with_records": len(walls),
+        "wall_ms_p50": percentile(walls, 0.5),
+        "task_fence_ms_p50": percentile(fences, 0.5),
+        "task_write_ms_p50": percentile(writes, 0.5),
+    }
+
+
+def percentile(values: list[int], q: float) -> int | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def _raise_on_sigterm(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)  # the finally below stops dedup and broker
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bootstrap", default=None)
+    parser.add_argument("--rates", default="1000,5000,20000")
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--trigger-ms", type=int, default=1000)
+    parser.add_argument("--spark-master", default="local[2]")
+    args = parser.parse_args()
+    rates = [int(r) for r in args.rates.split(",")]
+    broker = None
+    bootstrap = args.bootstrap
+    tmp = Path(tempfile.mkdtemp(prefix="bench-latency-"))
+    if bootstrap is None:
+        broker = LocalBroker("bench-latency", free_port(), data_dir=tmp / "kafka", partitions=3)
+        broker.start()
+        bootstrap = broker.bootstrap
+    tag = f"lat{int(time.time())}"
+    raw, clean = f"{tag}.raw", f"{tag}.clean.src"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics(
+        [NewTopic(raw, PARTITIONS, 1), NewTopic(clean, PARTITIONS, 1)]
+    ).values():
+        future.result(30)
+    env = {
+        **os.environ,
+        "RAW_TOPICS": raw,
+        "BOOTSTRAP_SERVERS": bootstrap,
+        "STATE_DIR_CONFIG": str(tmp / "checkpoint"),
+        "CLEAN_TOPIC": f"{tag}.clean.{{topic}}",
+        "GAP_TOPIC": f"{tag}.gaps",
+        "PROGRESS_TOPIC": f"{tag}.progress",
+        "CONTROL_TOPIC": f"{tag}.control",
+        "SPARK_MASTER": args.spark_master,
+        "SHUFFLE_PARTITIONS": "2",
+        "PERSIST_INTERVAL_MS": str(args.trigger_ms),
+        "WINDOW_SIZE": "1000",
+        "MAX_WINDOWS": "1000",
+        "LOG_LEVEL": "DEBUG",  # per-batch lines: wall time, the write tasks' fence and write
+    }
+    log = (tmp / "dedup.log").open("wb")
+    dedup = subprocess.Popen(
+        [sys.executable, "-m", "kafka_diode", "dedup"], env=env, stdout=log, stderr=log
+    )
+    watcher = CleanWatcher(bootstrap, clean)
+    watcher.start()
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+    load_start = os.getloadavg()[0]
+    next_offset = [0] * PARTITIONS
+    result: dict[str, object] = {"bench": "dedup_latency", "trigger_ms": args.trigger_ms}
+    try:
+        # warm-up: the query is up and has delivered (Spark start, first batches)
+        first, _ = produce_at(producer, raw, 100, 1.0, next_offset)
+        deadline = time.monotonic() + 600  # a loaded 2-core machine: Spark starts slowly
+        while len(watcher.samples) < first:
+            if dedup.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"dedup did not start; see {tmp / 'dedup.log'}")
+            time.sleep(0.2)
+        produce_at(producer, raw, rates[0], 10.0, next_offset)  # JIT, workers warm
+        phases = []
+        for rate in rates:
+            begin = time.time_ns() // 1_000_000
+            sent, took = produce_at(producer, raw, rate, args.seconds, next_offset)
+            phases.append((rate, begin, time.time_ns() // 1_000_000, sent, took))
+        total = sum(next_offset)
+        deadline = time.monotonic() + 180
+        while len(watcher.samples) < total and time.monotonic() < deadline:
+            time.sleep(0.2)
+        watcher.stop.set()
+        watcher.join(10)
+        samples = list(watcher.samples)
+        per_rate = {}
+        for rate, begin, end, sent, took in phases:
+            lat = [lat for ts, lat in samples if begin <= ts < end]
+            per_rate[str(rate)] = {
+                "offered_per_s": round(sent / took),
+                "records": sent,
+                "seen": len(lat),
+                "p50_ms": percentile(lat, 0.5),
+                "p99_ms": percentile(lat, 0.99),
+                "max_ms": max(lat) if lat else None,
+            }
+        result |= {
+            "per_rate": per_rate,
+            "batches": batch_profile(tmp / "dedup.log"),
+            "records_total": total,
+            "seen_total": len(samples),
+            "load_average_1m_start": round(load_start, 2),
+            "load_average_1m_end": round(os.getloadavg()[0], 2),
+        }
+    finally:
+        watcher.stop.set()
+        if dedup.poll() is None:
+            dedup.send_signal(signal.SIGTERM)
+            try:
+                dedup.wait(60)
+            except subprocess.TimeoutExpired:
+                dedup.kill()
+                dedup.wait()
+        log.close()
+        if broker is not None:
+            broker.stop()
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The driver folds its write tasks' result rows into the metrics (pure: no Kafka, no Spark).
+
+Records written with the dedup's time (their clean topic would refuse the source timestamp) are
+counted in the tasks; the driver adds those of the tasks that wrote (not of fenced replays) to
+``timestamps_replaced`` and says so in one WARNING per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from dedup.writer import (
+    RESULT_SCHEMA,
+    DedupMetrics,
+    TransactionalBatchWriter,
+    WriterSettings,
+)
+
+SETTINGS = WriterSettings(
+    bootstrap_servers="localhost:1",
+    clean_topic="clean.{topic}",
+    gap_topic="gaps",
+    progress_topic="progress",
+    transactional_id="txn",
+)
+
+
+def tasks(rows: list[tuple[int, int, int, bool]]) -> pa.Table:
+    """Task rows ``(partition, records, replaced, skipped)``."""
+    columns: dict[str, list[Any]] = {name: [None] * len(rows) for name in RESULT_SCHEMA.names}
+    columns["kind"] = ["task"] * len(rows)
+    columns["task_partition"] = [p for p, _, _, _ in rows]
+    columns["attempt"] = [0] * len(rows)
+    columns["records"] = [n for _, n, _, _ in rows]
+    columns["gaps"] = [0] * len(rows)
+    columns["replaced"] = [r for _, _, r, _ in rows]
+    columns["skipped"] = [s for _, _, _, s in rows]
+    columns["fence_ms"] = [0] * len(rows)
+    columns["write_ms"] = [0] * len(rows)
+    return pa.Table.from_pydict(columns, schema=RESULT_SCHEMA)
+
+
+def test_replaced_timestamps_of_the_writing_tasks_are_counted_and_logged(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    metrics = DedupMetrics()
+    writer = TransactionalBatchWriter(SETTINGS, metrics)
+    with caplog.at_level(logging.WARNING, logger="dedup.writer"):
+        result = writer.account(tasks([(0, 10, 2, False), (1, 5, 3, False), (2, 0, 0, True)]), 7)
+    assert (result.records, result.replaced) == (15, 5)
+    assert metrics.timestamps_replaced._value.get() == 5
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1
+    assert "batch 7: 5 records" in warnings[0]
+    assert "diode.original-timestamp" in warnings[0]
+    writer.account(tasks([(0, 4, 0, False), (1, 0, 0, False)]), 8)
+    assert metrics.timestamps_replaced._value.get() == 5

@@ -17,6 +17,7 @@ the metric by the driver (tests/unit/test_dedup_account.py).
 from __future__ import annotations
 
 import os
+import pickle
 import time
 
 import pytest
@@ -26,6 +27,7 @@ from common.topic_limits import record_limit
 from dedup.writer import (
     ORIGINAL_TIMESTAMP_HEADER,
     PartitionWriter,
+    TaskSpec,
     TransactionalBatchWriter,
     WriterSettings,
 )
@@ -152,3 +154,51 @@ def test_a_clean_topic_too_small_for_max_record_size_stops_the_writer(downstream
     with pytest.raises(ServiceError, match=r"max\.message\.bytes=16781312"):
         driver._start()
     assert consume_all(downstream_kafka, clean, timeout=5) == []
+
+
+def test_a_fixed_clean_topic_is_checked_by_the_driver_and_its_window_shipped_to_the_tasks(
+    downstream_kafka,
+) -> None:
+    raw_topic = create_topic(downstream_kafka, partitions=1)
+    clean = create_topic(downstream_kafka, partitions=1, config={})  # Kafka 4: 1 h ahead at most
+    for name in (f"gaps.{raw_topic}", f"progress.{raw_topic}"):
+        create_topic(downstream_kafka, name, partitions=1, config={"cleanup.policy": "compact"})
+    now = int(time.time() * 1000)
+    stamps = _skewed(now)
+    produce_records(
+        downstream_kafka, raw_topic, [raw(i, b"v%d" % i, ts) for i, ts in enumerate(stamps)]
+    )
+    settings = WriterSettings(
+        bootstrap_servers=downstream_kafka.bootstrap,
+        clean_topic=clean,
+        gap_topic=f"gaps.{raw_topic}",
+        progress_topic=f"progress.{raw_topic}",
+        transactional_id=f"txn.{raw_topic}",
+        raw_topics=(raw_topic, f"control.{raw_topic}"),
+    )
+    driver = TransactionalBatchWriter(settings)
+    driver.bind(f"query-{raw_topic}")
+    floor = driver._start()
+    spec = pickle.loads(
+        pickle.dumps(
+            TaskSpec(
+                settings=settings,
+                query_id=f"query-{raw_topic}",
+                batch_id=0,
+                floor=floor,
+                windows=dict(driver._windows),
+            )
+        )
+    )  # as Spark ships it to the executors
+    assert spec.windows[clean].after_ms == HOUR
+    task = PartitionWriter(settings, spec.query_id, 0, floor=spec.floor, windows=spec.windows)
+    try:
+        result = task.write_table(decisions([(0, o, o) for o in range(len(stamps))]), 0)
+    finally:
+        task.close()
+    assert (result.records, result.replaced) == (len(stamps), 2)
+    got = {r.value: r for r in consume_all(downstream_kafka, clean, timeout=30)}
+    assert len(got) == len(stamps)
+    for i, ts in enumerate(stamps):
+        replaced = dict(got[b"v%d" % i].headers).get(ORIGINAL_TIMESTAMP_HEADER)
+        assert replaced == (b"%d" % ts if ts > now + HOUR else None)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import time
 from typing import Any
 
 import pytest
@@ -306,11 +307,14 @@ def test_a_raw_topic_first_seen_while_running_is_checked_and_a_problem_logged(
     for raw in ("raw.a", "raw.b"):
         assert asyncio.run(sink.wait_metadata(raw, 5.0))
     with caplog.at_level(logging.ERROR, logger="receiver.kafka_sink"):
-        for _ in range(100):  # the check runs on the metadata thread
+        # The check runs on the metadata thread: poll for its log line, with a deadline (a
+        # loaded machine may take a while to schedule it; a fixed count of ticks was flaky).
+        deadline = time.monotonic() + 30
+        while "raw.b" not in caplog.text:
+            assert time.monotonic() < deadline, "the raw topic check never logged"
             sink.tick(0.0)
-            if "raw.b" in caplog.text:
-                break
-            concurrent.futures.wait(list(sink._checks.values()), timeout=5)
+            if not concurrent.futures.wait(list(sink._checks.values()), timeout=0.5).done:
+                time.sleep(0.01)  # no check scheduled yet: poll again
     assert checked == ["raw.b"]
     assert "'raw.b' admits messages up to 1 bytes (max.message.bytes)" in caplog.text
     assert "refused by the broker and reported as lost" in caplog.text

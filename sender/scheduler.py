@@ -58,7 +58,7 @@ datagrams go to every target (each receiver socket sees the session alive).
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from common.errors import ConfigError
@@ -377,18 +377,6 @@ class SendScheduler:
         if not self.backlog_bytes:
             self._held = False  # idle: the next wait starts a new burst, with no catch-up credit
 
-    def abandon(self) -> int:
-        """Forget everything pending (shutdown); returns how many datagrams were dropped."""
-        dropped = self.pending
-        for lane in self._fresh:
-            lane.clear()
-        for rounds in self._rounds:
-            for r in rounds:
-                r.clear()
-        self._pending_copies = self._control_copies = 0
-        self.backlog_bytes = 0
-        return dropped
-
 
 def _sequence(item: Transmit) -> int:
     return item.sequence
@@ -396,12 +384,3 @@ def _sequence(item: Transmit) -> int:
 
 def _due(item: Transmit) -> float:
     return item.due
-
-
-def iter_lanes(scheduler: SendScheduler) -> Iterable[Transmit]:
-    """Every pending datagram (tests and diagnostics)."""
-    yield from scheduler._fresh[_DATA]
-    yield from scheduler._fresh[_CONTROL]
-    for rounds in scheduler._rounds:
-        for r in rounds:
-            yield from r

@@ -123,6 +123,26 @@ def finish(proc: subprocess.Popen[bytes], timeout: float = 400) -> None:
     assert proc.returncode == 0, _log_tail(proc)
 
 
+def kill_once_committed(
+    proc: subprocess.Popen[bytes], broker: object, clean_topic: str, at_least: int
+) -> None:
+    """SIGKILL ``proc`` once ``clean_topic`` holds ``at_least`` records (a mid-run crash)."""
+    try:
+
+        def some_committed() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(_log_tail(proc))
+            try:
+                return len(consume_all(broker, clean_topic, timeout=5)) >= at_least
+            except RuntimeError:  # the clean topic does not exist yet
+                return False
+
+        wait_until(some_committed, timeout=300, interval=1.0)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+
+
 def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path) -> None:
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
@@ -205,21 +225,7 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
            "MAX_OFFSETS_PER_TRIGGER": "3000", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
     clean_topic = f"clean.{tag}.{SOURCE}"
 
-    first = run_dedup(env)
-    try:
-
-        def some_committed() -> bool:
-            if first.poll() is not None:
-                raise AssertionError(_log_tail(first))
-            try:
-                return len(consume_all(downstream_kafka, clean_topic, timeout=5)) >= 9_000
-            except RuntimeError:  # the clean topic does not exist yet
-                return False
-
-        wait_until(some_committed, timeout=300, interval=1.0)
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
+    kill_once_committed(run_dedup(env), downstream_kafka, clean_topic, 9_000)
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert before < 3 * per_partition, "the kill came too late to test anything"
 

@@ -28,10 +28,10 @@ import pytest
 from kafka_diode.local_kafka.broker import free_port
 from tests.integration.test_dedup import (
     SOURCE,
-    _log_tail,
     finish,
     heartbeat,
     job_env,
+    kill_once_committed,
     raw_record,
     run_dedup,
 )
@@ -159,21 +159,7 @@ def test_sigkill_and_restart_on_a_standalone_cluster_keep_the_promise(
         "SPARK_CONF_SPARK_CORES_MAX": "2",
     }
     clean_topic = f"clean.{raw}.{SOURCE}"
-    first = run_dedup(env)
-    try:
-
-        def some_committed() -> bool:
-            if first.poll() is not None:
-                raise AssertionError(_log_tail(first))
-            try:
-                return len(consume_all(downstream_kafka, clean_topic, timeout=5)) >= 2_000
-            except RuntimeError:  # the clean topic does not exist yet
-                return False
-
-        wait_until(some_committed, timeout=300, interval=1.0)
-    finally:
-        first.send_signal(signal.SIGKILL)
-        first.wait(30)
+    kill_once_committed(run_dedup(env), downstream_kafka, clean_topic, 2_000)
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert before < 3 * PER_PARTITION - 4, "the kill came too late to test anything"
 

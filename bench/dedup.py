@@ -46,7 +46,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from dedup import job  # noqa: E402
 from dedup.cli import writer_settings  # noqa: E402
 from dedup.config import from_sources  # noqa: E402
-from dedup.raw_record import pack_positions  # noqa: E402
+from dedup.positions import pack_positions  # noqa: E402
 from dedup.writer import (  # noqa: E402
     PartitionWriter,
     TransactionalBatchWriter,

@@ -11,7 +11,7 @@
     ├── RemoteProtocolError    bytes from the wire are invalid; carries a DropReason
     ├── KeyRingError           key material missing, malformed or unknown
     ├── BundleError            a resend bundle is tampered, truncated, of a wrong version or key
-    ├── GapRecordError         (dedup.gap_record) a gap-topic value that is not a gap record
+    ├── GapRecordError         (common.gap_record) a gap-topic value that is not a gap record
     ├── GapStateError          (dedup.gaps) a saved gap-detector state that cannot be restored
     │   └── WindowSizeMismatchError  the state was saved with another WINDOW_SIZE
     └── ServiceError           an external service (Kafka, Java, Maven, Spark) is unusable

@@ -250,8 +250,7 @@ def latest_open_gaps(
     records: Iterable[tuple[bytes | None, bytes | None]], topics: Sequence[str] = ()
 ) -> GapScan:
     """Latest state per gap key from ``(key, value)`` in topic order; keep the OPEN ones (pure)."""
-    from dedup.gap_record import GapRecordError, parse_gap  # noqa: PLC0415  pyroaring import
-    from dedup.gaps import GapState  # noqa: PLC0415
+    from common.gap_record import GapRecordError, GapState, parse_gap  # noqa: PLC0415
 
     scan = GapScan()
     latest: dict[bytes, Any] = {}

@@ -21,7 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from common import logging as diode_logging
-from common import settings
+from common import raw_topic, settings
 from common.errors import ConfigError, DiodeError
 from dedup.config import LOG_LEVELS, PASS_THROUGH, DedupConfig, environment_help, from_sources
 
@@ -33,7 +33,6 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 STOP_WAIT_S = 300.0
-RESET_HEADER = ("diode.control", b"reset")
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -311,8 +310,8 @@ def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
     )
     producer = Producer(conf)
     user = env.get("USER") or env.get("LOGNAME") or "unknown"
-    value = json.dumps({"type": "reset", "requested_by": user, "at_ms": int(time.time() * 1000)})
-    producer.produce(control, value.encode(), f"{target}:0".encode(), headers=[RESET_HEADER])
+    key, value = raw_topic.reset_record(args.topic, args.partition, user, int(time.time() * 1000))
+    producer.produce(control, value, key, headers=raw_topic.RESET_HEADERS)
     if producer.flush(30) != 0:
         log.error("reset of %s could not be written to %s", target, control)
         return EXIT_FAILED

@@ -55,12 +55,12 @@ import struct
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 import numpy as np
 from pyroaring import BitMap64
 
 from common.errors import ConfigError, DiodeError, LocalProtocolError
+from common.gap_record import MAX_OFFSET, GapReport, GapState
 
 __all__ = [
     "MAX_OFFSET",
@@ -70,15 +70,10 @@ __all__ = [
     "GapStateError",
     "PartitionDetector",
     "WindowSizeMismatchError",
-    "gap_key",
-    "gap_value",
-    "parse_gap",
 ]
 
 logger = logging.getLogger(__name__)
 
-MAX_OFFSET = 2**63 - 2
-"""Largest offset accepted: Kafka offsets are signed 64-bit and ``next`` (offset + 1) must fit."""
 
 _MAX_WINDOW_SIZE = 2**32
 _MAX_WINDOWS = 2**20
@@ -145,39 +140,6 @@ def _check_int(key: str, value: object, low: int, high: int) -> None:
         raise ConfigError(key, f"must be an integer, got {value!r}")
     if not low <= value <= high:
         raise ConfigError(key, f"must be between {low} and {high}, got {value}")
-
-
-class GapState(StrEnum):
-    """State of a gap in the gap topic."""
-
-    OPEN = "open"
-    FILLED = "filled"
-    EXPIRED = "expired"
-
-
-@dataclass(frozen=True, slots=True)
-class GapReport:
-    """One gap-topic record: the latest state of the gap starting at ``first``."""
-
-    topic: str
-    """Source topic."""
-    partition: int
-    """Source partition."""
-    first: int
-    """First missing offset; with (topic, partition) the compaction key."""
-    last: int
-    """Last offset of the range (inclusive). For FILLED: the closed prefix of the range."""
-    state: GapState
-    """OPEN, FILLED (a resend or late record closed it) or EXPIRED (forgotten: records are lost)."""
-    detected_at: int
-    """Milliseconds: ``now_ms`` of the scan or eviction that first saw the gap (or its parent)."""
-    reported_at: int
-    """Milliseconds: ``now_ms`` of the call that produced this report."""
-
-    @property
-    def count(self) -> int:
-        """Number of offsets in ``first..last``."""
-        return self.last - self.first + 1
 
 
 # -- serialisation layout (version 1) --------------------------------------------------------
@@ -812,25 +774,3 @@ def _fitting_prefix_end(arr: array.array[int], start: int, low: int, high: int) 
     outside = (view < np.uint64(low)) | (view > np.uint64(high))
     first_out = int(outside.argmax())
     return len(arr) if not outside[first_out] else start + first_out
-
-
-# The gap-topic codec lives in dedup/gap_record.py; these aliases let callers use one module.
-def gap_key(report: GapReport) -> bytes:
-    """Compaction key ``<topic>:<partition>:<first>`` (see :func:`dedup.gap_record.gap_key`)."""
-    from dedup.gap_record import gap_key as encode_key  # noqa: PLC0415  gap_record imports us
-
-    return encode_key(report)
-
-
-def gap_value(report: GapReport) -> bytes:
-    """JSON value of a report (see :func:`dedup.gap_record.gap_value`)."""
-    from dedup.gap_record import gap_value as encode_value  # noqa: PLC0415  as above
-
-    return encode_value(report)
-
-
-def parse_gap(key: bytes, value: bytes | None) -> GapReport | None:
-    """Parse a gap-topic record (see :func:`dedup.gap_record.parse_gap`)."""
-    from dedup.gap_record import parse_gap as decode  # noqa: PLC0415  as above
-
-    return decode(key, value)

@@ -46,7 +46,7 @@ def read_open_gaps(
     """``(open gaps sorted by topic, partition, first; count of unreadable records)``."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition  # noqa: PLC0415
 
-    from dedup.gaps import GapState, parse_gap  # noqa: PLC0415
+    from common.gap_record import GapState, parse_gap  # noqa: PLC0415
 
     consumer = Consumer(
         {

@@ -8,8 +8,8 @@ Theory of operation (docs/dedup.md has the long form):
 2. **Classify in SQL** (JVM, vectorised): split the key ``<topic>:<partition>:<offset>`` on its
    last two ``:``; a record with a ``diode.control`` header is a control record (``heartbeat`` or
    ``reset``); a data record must end with the four provenance headers of docs/topics.md in order,
-   with a ``diode.timestamp`` the writer's ``raw_record.restore`` accepts (the same rule, so every
-   data record can be restored later). Anything else is *malformed*: counted, never forwarded.
+   with a ``diode.timestamp`` the writer's ``common.raw_topic.restore`` accepts (the same rule, so
+   every data record can be restored later). Anything else is *malformed*: counted, never forwarded.
 3. **Project away the payload.** Only small integer columns go on: the source (topic, partition,
    offset), the kind, the heartbeat fields and the raw record's own position (index of its topic
    in ``(*RAW_TOPICS, CONTROL_TOPIC)``, partition, offset). Key, value and headers never reach the
@@ -23,10 +23,11 @@ Theory of operation (docs/dedup.md has the long form):
    for partitions that received nothing (Spark fires timeouts only for keys without data).
    ``now`` is Spark's batch timestamp, which is recorded in the offset log, so a replayed batch
    computes the same output from the same state. The first-seen records leave packed, one
-   binary ``positions`` value per group (``raw_record.pack_positions``), not a row each.
+   binary ``positions`` value per group (``dedup.positions.pack_positions``), not a row each.
 5. **Write** each micro-batch with ``dedup.writer.TransactionalBatchWriter`` in one Kafka
    transaction fenced by the batch id (effectively-once, see that module). The writer re-reads
-   the first-seen raw records by their raw position and restores them (``dedup/raw_record.py``).
+   the first-seen raw records by their raw position and restores them
+   (``common.raw_topic.restore``).
 
 Output rows carry ``kind`` = ``records`` (the group's first-seen records of the batch: source
 offset and raw position of each, packed in one binary column; no payload), ``gap`` (key and JSON
@@ -58,18 +59,18 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from common import gap_record
+from common.raw_topic import (
+    CONTROL_HEADER,
+    HEARTBEAT,
+    KEY_PATTERN,
+    PROVENANCE_HEADERS,
+    RESET,
+    TIMESTAMP_PATTERN,
+)
 from dedup import gaps, spark_compat
 from dedup.config import DedupConfig
-from dedup.raw_record import (
-    CONTROL_HEADER,
-    KEY_PATTERN,
-    KIND_RECORDS,
-    MAX_POSITIONS_PER_ROW,
-    POSITION_FIELDS,
-    PROVENANCE,
-    TIMESTAMP_PATTERN,
-    pack_positions,
-)
+from dedup.positions import KIND_RECORDS, MAX_POSITIONS_PER_ROW, POSITION_FIELDS, pack_positions
 
 if TYPE_CHECKING:
     from dedup.writer import TransactionalBatchWriter
@@ -144,12 +145,15 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
     """Parse keys, tell data from control from malformed (docs/topics.md); drop the payload.
 
     ``topics`` is ``(*RAW_TOPICS, CONTROL_TOPIC)``: a row's ``raw_topic`` is its index there. The
-    data rule is ``dedup.raw_record.restore``'s, so the writer can restore every data record.
+    data rule is ``common.raw_topic.restore``'s, so the writer can restore every data record.
     """
     n = "coalesce(size(headers), 0)"
     prov_ok = " AND ".join(
         [f"{n} >= 4"]
-        + [f"try_element_at(headers, {i - 4}).key = '{name}'" for i, name in enumerate(PROVENANCE)]
+        + [
+            f"try_element_at(headers, {i - 4}).key = '{name}'"
+            for i, name in enumerate(PROVENANCE_HEADERS)
+        ]
     )
     stamp = "cast(try_element_at(headers, -3).value as string)"
     control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
@@ -187,8 +191,8 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
                 WHEN src_topic = '' OR src_partition IS NULL OR src_offset IS NULL
                     THEN {KIND_MALFORMED}
                 WHEN src_offset < 0 OR src_offset > {gaps.MAX_OFFSET} THEN {KIND_MALFORMED}
-                WHEN control = 'heartbeat' THEN {KIND_HEARTBEAT}
-                WHEN control = 'reset' THEN {KIND_RESET}
+                WHEN control = '{HEARTBEAT.decode()}' THEN {KIND_HEARTBEAT}
+                WHEN control = '{RESET.decode()}' THEN {KIND_RESET}
                 WHEN control IS NOT NULL THEN {KIND_MALFORMED}
                 WHEN raw_topic < 0 THEN {KIND_MALFORMED}
                 WHEN coalesce(prov_ok, false) AND prov_ts IS NOT NULL THEN {KIND_DATA}
@@ -301,8 +305,8 @@ def detect_group(
         log.warning("%s:%d: %s", topic, partition, warning)
     if reports:
         frame = _rows("gap", topic, partition, len(reports))
-        frame["gap_key"] = [gaps.gap_key(r) for r in reports]
-        frame["gap_value"] = [gaps.gap_value(r) for r in reports]
+        frame["gap_key"] = [gap_record.gap_key(r) for r in reports]
+        frame["gap_value"] = [gap_record.gap_value(r) for r in reports]
         out.append(_frame(frame, len(reports)))
 
     blob = detector.to_bytes()

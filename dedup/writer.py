@@ -8,7 +8,7 @@ and however often the query restarts from the same checkpoint.
 Where the work runs: nowhere near the driver. ``foreachBatch`` (driver) only maps the batch's
 DataFrame with ``write_partition_task`` (``mapInArrow``): one task per partition of the stateful
 step, in the executors, in parallel. Each task re-reads its first-seen raw records by their raw
-position (``dedup.reread``), restores them (``dedup.raw_record.restore``), produces them with its
+position (``dedup.reread``), restores them (``common.raw_topic.restore``), produces them with its
 gap records and a marker in one transaction, and hands back a few counters. The driver collects
 those (one row per task and one per source partition) for the metrics.
 
@@ -72,6 +72,7 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 
 from common.errors import ServiceError
 from common.metrics import CollectorRegistry, Counter, Gauge
+from common.raw_topic import PROVENANCE_HEADERS, Header, restore
 from common.topic_limits import (
     LONG_MAX,
     TimestampWindow,
@@ -80,14 +81,7 @@ from common.topic_limits import (
     size_problem,
     timestamp_window,
 )
-from dedup.raw_record import (
-    KIND_RECORDS,
-    POSITION_FIELDS,
-    PROVENANCE,
-    Header,
-    restore,
-    unpack_positions,
-)
+from dedup.positions import KIND_RECORDS, POSITION_FIELDS, unpack_positions
 from dedup.reread import DEFAULT_CHUNK, RawRereader, consumer_conf
 
 log = logging.getLogger(__name__)
@@ -592,11 +586,11 @@ class PartitionWriter:
             # Fast path (every record the receiver writes for a source record without headers):
             # exactly the four provenance headers, a timestamp of at most 18 ASCII digits.
             # Anything else takes restore()'s full rule, which the SQL classification shares.
-            if headers is not None and len(headers) == 4:  # len(PROVENANCE)
+            if headers is not None and len(headers) == 4:  # len(PROVENANCE_HEADERS)
                 key_h, stamp_h, type_h, session_h = headers
                 stamp = stamp_h[1]
                 if (
-                    (key_h[0], stamp_h[0], type_h[0], session_h[0]) == PROVENANCE
+                    (key_h[0], stamp_h[0], type_h[0], session_h[0]) == PROVENANCE_HEADERS
                     and stamp is not None
                     and len(stamp) < 19  # 18 digits always fit a signed 64-bit integer
                     and stamp.isdigit()

@@ -59,16 +59,18 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException, Producer
 
 from common.logging import RateLimitedLog
+from common.raw_topic import (
+    HEARTBEAT_HEADERS,
+    Headers,
+    heartbeat_records,
+    key_prefix,
+    parse_raw_key,
+    timestamp_type_header,
+)
 from common.wire.events import Heartbeat, RecordBatch
 from receiver.config import ReceiverConfig
 from receiver.loss_report import LossReport, format_ranges
 from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
-from receiver.raw_format import (
-    HEARTBEAT_HEADERS,
-    TIMESTAMP_TYPES,
-    Headers,
-    heartbeat_records,
-)
 
 log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("receiver.librdkafka")
@@ -188,12 +190,9 @@ class RawTopicSink:
             return  # not called for successes (delivery.report.only.error); see _count
         self._dr_errors += 1
         self._stats.delivery_errors += 1
-        key = msg.key()
-        try:
-            topic, partition, offset = key.decode("ascii").rsplit(":", 2)
-            self._failed.add(topic, int(partition), int(offset))
-        except (AttributeError, UnicodeDecodeError, ValueError):
-            pass
+        parsed = parse_raw_key(msg.key())
+        if parsed is not None:  # every key the sink writes parses; None would be a bug, not data
+            self._failed.add(*parsed)
         hint = ""
         if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
             hint = " (raise the topic's max.message.bytes: docs/operations.md, Large records)"
@@ -228,14 +227,14 @@ class RawTopicSink:
         raw_topics = self._raw_topics
         session_header = ("diode.session", session_hex)
         produced = 0
-        # Hot loop over the batch's columns (no Record objects); raw_format.raw_headers inlined
-        # (same layout; tests compare the two).
+        # Hot loop over the batch's columns (no Record objects); common.raw_topic.raw_headers
+        # inlined, pinned by test_raw_topic.py::test_the_sinks_inlined_layout_is_raw_headers.
         for group in batch.groups:
             topic = group.topic
             partition = group.partition
             raw = raw_topics.get(topic) or self._raw_topic(topic)
-            tt_header = _timestamp_type_header(group.timestamp_type)
-            prefix = f"{topic}:{partition}:"
+            tt_header = timestamp_type_header(group.timestamp_type)
+            prefix = key_prefix(topic, partition)
             # Per group, not per record: one raw topic, one target partition. ``direct`` is false
             # while the raw topic's records wait in the backlog (partition count unknown, or
             # the producer refused one with BufferError): later ones queue behind, in order.
@@ -512,12 +511,6 @@ class RawTopicSink:
         self.report_losses(time.monotonic(), force=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
         return lost
-
-
-def _timestamp_type_header(timestamp_type: int) -> tuple[str, bytes]:
-    """The ``diode.timestamp-type`` header (docs/topics.md)."""
-    value = TIMESTAMP_TYPES[timestamp_type] if 0 <= timestamp_type <= 2 else b"%d" % timestamp_type
-    return ("diode.timestamp-type", value)
 
 
 def _partition_count(producer: ProducerApi, raw: str, timeout: float) -> int | None:

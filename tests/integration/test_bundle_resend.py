@@ -23,10 +23,9 @@ from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from common import bundle as b
+from common.gap_record import GapReport, GapState, gap_key, gap_value
 from common.wire import Decoder, Key, KeyRing, RecordBatch, ResendMarker, WireConfig
 from dedup import bundle_cli
-from dedup.gap_record import gap_key, gap_value
-from dedup.gaps import GapReport, GapState
 from sender import resend_cli
 from tests.kafka_helpers import Record, create_topic, produce_records
 

@@ -20,7 +20,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from common.errors import ServiceError
-from dedup.raw_record import KIND_RECORDS, pack_positions
+from dedup.positions import KIND_RECORDS, pack_positions
 from dedup.reread import RawRecordGoneError
 from dedup.writer import PartitionWriter, WriterSettings
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from common.raw_topic import CONTROL_HEADER, parse_raw_key
 from common.wire.pubkey import (
     RECEIVER,
     SIGNING,
@@ -32,7 +33,6 @@ from common.wire.pubkey import (
     signing_key_document,
     write_key_file,
 )
-from receiver.raw_format import CONTROL_HEADER, parse_raw_key
 from tests.integration.receiver_process import ROOT, ReceiverProcess, free_udp_port
 from tests.kafka_helpers import consume_all, produce_records, wait_until
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from common.gap_record import GapReport, GapState, gap_key, gap_value
 from common.wire import RecordBatch, ResendMarker, WireConfig
 from common.wire.announce import AnnouncementVerifier
 from common.wire.pubkey import (
@@ -27,8 +28,6 @@ from common.wire.pubkey import (
 )
 from common.wire.pubkey_decoder import KeyLearned, PublicKeyDecoder
 from dedup import bundle_cli
-from dedup.gap_record import gap_key, gap_value
-from dedup.gaps import GapReport, GapState
 from sender import resend_cli
 from tests.kafka_helpers import Record, create_topic, produce_records
 

@@ -13,7 +13,8 @@ import array
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dedup.gaps import DetectorConfig, GapState, PartitionDetector
+from common.gap_record import GapState
+from dedup.gaps import DetectorConfig, PartitionDetector
 
 
 def runs(offsets: list[int]) -> list[tuple[int, int]]:

@@ -1,10 +1,9 @@
-"""Dedup configuration and raw-key parsing, without Spark or Kafka."""
+"""Dedup configuration (operator names, pass-through, errors), without Spark or Kafka."""
 
 import pytest
 
 from common.errors import ConfigError
 from dedup.config import DedupConfig, environment_help, from_sources
-from dedup.raw_record import PROVENANCE, parse_raw_key, restore
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
 
@@ -93,40 +92,3 @@ def test_help_lists_every_variable() -> None:
             assert name.upper() in text
     assert "SPARK_CONF_<NAME>" in text
     assert "KAFKA_CONF_<NAME>" in text
-
-
-@pytest.mark.parametrize(
-    ("key", "parsed"),
-    [
-        (b"orders:3:1048576", ("orders", 3, 1048576)),
-        (b"a.b-c_d:0:0", ("a.b-c_d", 0, 0)),
-        (b"weird:name:1:2", ("weird:name", 1, 2)),  # split on the LAST two ':'
-        (b"t:0:-1", ("t", 0, -1)),
-        (b"t:0", None),
-        (b":0:1", None),
-        (b"t:x:1", None),
-        (b"t:1:", None),
-        (b"t:99999999999:1", None),
-        (b"t:0:1 ", None),
-        (None, None),
-        (b"\xff:0:1", None),
-    ],
-)
-def test_parse_raw_key(key: bytes | None, parsed: tuple[str, int, int] | None) -> None:
-    assert parse_raw_key(key) == parsed
-
-
-def test_restore_strips_exactly_the_trailing_provenance() -> None:
-    source = [("h", None), ("diode.key", b"user header")]
-    prov = [("diode.key", None), ("diode.timestamp", b"1700"), ("diode.timestamp-type", b"1"),
-            ("diode.session", b"ab" * 16)]  # fmt: skip
-    assert restore(source + prov) == (None, 1700, source)
-    assert restore(prov) == (None, 1700, [])
-    assert restore(prov[:3]) is None
-    assert restore([*source, prov[1], prov[0], *prov[2:]]) is None
-    assert restore([*prov[:1], ("diode.timestamp", b"soon"), *prov[2:]]) is None
-    # the SQL classifier's rule exactly: whole value decimal, signed 64-bit
-    for stamp in (b"12\n", b" 12", b"+12", b"1_2", b"9223372036854775808", b""):
-        assert restore([*prov[:1], ("diode.timestamp", stamp), *prov[2:]]) is None, stamp
-    assert restore([*prov[:1], ("diode.timestamp", b"-5"), *prov[2:]]) == (None, -5, [])
-    assert tuple(n for n, _ in prov) == PROVENANCE

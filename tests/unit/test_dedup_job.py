@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from dedup import gaps, job
-from dedup.raw_record import unpack_positions
+from dedup.positions import unpack_positions
 from dedup.writer import DedupMetrics
 
 PARAMS = job.DetectParams(

@@ -9,7 +9,7 @@ import struct
 import pytest
 
 from common.errors import ConfigError, DiodeError, LocalProtocolError
-from dedup.gap_record import GapRecordError, gap_key, gap_value, parse_gap
+from common.gap_record import GapRecordError, gap_key, gap_value, parse_gap
 from dedup.gaps import (
     DetectorConfig,
     GapReport,

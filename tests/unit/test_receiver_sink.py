@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from common.raw_topic import raw_headers, session_hex
 from common.wire.events import RecordBatch, RecordGroup
 from receiver.config import ReceiverConfig
 from receiver.kafka_sink import RawTopicSink
 from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
-from receiver.raw_format import raw_headers, session_hex
 
 SESSION = bytes(range(16))
 

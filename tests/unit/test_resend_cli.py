@@ -13,10 +13,9 @@ import pytest
 
 from common import bundle as b
 from common.errors import BundleError
+from common.gap_record import GapReport, GapState, gap_key, gap_value
 from common.wire import Key, KeyRing
 from dedup import bundle_cli
-from dedup.gap_record import gap_key, gap_value
-from dedup.gaps import GapReport, GapState
 from sender import resend_cli
 
 NOWHERE = "127.0.0.1:1"

@@ -1,4 +1,5 @@
-"""Gap-topic records: key and JSON value of a :class:`~dedup.gaps.GapReport` (docs/gaps.md).
+"""Gap-topic records (docs/gaps.md), the contract between the dedup, ``gaps``, ``bundle`` and
+``resend``: what a gap is (:class:`GapReport`), its key and its JSON value.
 
 Key ``<topic>:<partition>:<first>`` (ASCII), so a compacted gap topic keeps the latest state per
 (topic, partition, gap start). Value: human-readable JSON, schema version 1. A null value
@@ -9,13 +10,25 @@ untrusted: anything that does not match the schema raises :class:`GapRecordError
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
+from enum import StrEnum
 
 from common.errors import DiodeError
-from dedup.gaps import MAX_OFFSET, GapReport, GapState
 
-__all__ = ["GAP_RECORD_VERSION", "GapRecordError", "gap_key", "gap_value", "parse_gap"]
+__all__ = [
+    "GAP_RECORD_VERSION",
+    "MAX_OFFSET",
+    "GapRecordError",
+    "GapReport",
+    "GapState",
+    "gap_key",
+    "gap_value",
+    "parse_gap",
+]
 
 GAP_RECORD_VERSION = 1
+MAX_OFFSET = 2**63 - 2
+"""Largest offset accepted: Kafka offsets are signed 64-bit and ``next`` (offset + 1) must fit."""
 _MAX_RECORD = 64 * 1024  # a gap record is a few hundred bytes; refuse anything absurd
 _FIELDS = frozenset(
     {
@@ -30,6 +43,39 @@ _FIELDS = frozenset(
         "version",
     }
 )
+
+
+class GapState(StrEnum):
+    """State of a gap in the gap topic."""
+
+    OPEN = "open"
+    FILLED = "filled"
+    EXPIRED = "expired"
+
+
+@dataclass(frozen=True, slots=True)
+class GapReport:
+    """One gap-topic record: the latest state of the gap starting at ``first``."""
+
+    topic: str
+    """Source topic."""
+    partition: int
+    """Source partition."""
+    first: int
+    """First missing offset; with (topic, partition) the compaction key."""
+    last: int
+    """Last offset of the range (inclusive). For FILLED: the closed prefix of the range."""
+    state: GapState
+    """OPEN, FILLED (a resend or late record closed it) or EXPIRED (forgotten: records are lost)."""
+    detected_at: int
+    """Milliseconds: ``now_ms`` of the scan or eviction that first saw the gap (or its parent)."""
+    reported_at: int
+    """Milliseconds: ``now_ms`` of the call that produced this report."""
+
+    @property
+    def count(self) -> int:
+        """Number of offsets in ``first..last``."""
+        return self.last - self.first + 1
 
 
 class GapRecordError(DiodeError):

@@ -1,0 +1,159 @@
+"""The raw topic's record layout (docs/topics.md): the one contract between receiver and dedup.
+
+The receiver writes it, the dedup (its Spark SQL and its writer), the verifier and the tests read
+it; all of them take it from here. Guarantee: every decoded source record maps to exactly one raw
+record whose key is ``<topic>:<partition>:<offset>``, whose value is the source value byte for
+byte (null stays null), and whose headers are the source headers in order followed by exactly the
+four ``PROVENANCE_HEADERS``. A heartbeat maps to one control record per ``(topic, partition,
+high_offset)``, its JSON value also carrying that partition's ``low_offset``, with the single
+header ``diode.control: heartbeat``; ``kafka-diode dedup reset`` writes ``diode.control: reset``.
+Changing anything here is a protocol version change.
+
+Hot-path copies: ``receiver.kafka_sink.RawTopicSink.write_batch`` builds the headers inline
+(pinned to :func:`raw_headers` by ``tests/unit/test_raw_topic.py::
+test_the_sinks_inlined_layout_is_raw_headers``); ``dedup.job.classify`` evaluates
+:func:`parse_raw_key` and :func:`restore` in SQL from ``KEY_PATTERN`` and ``TIMESTAMP_PATTERN``
+(pinned by ``tests/integration/test_dedup.py``'s malformed-record cases).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator, Sequence
+
+from common.wire.events import Heartbeat, Record
+
+#: As confluent-kafka takes them (it also accepts str values; we only ever put bytes or None).
+Headers = list[tuple[str, str | bytes | None]]
+Header = tuple[str, bytes | None]
+
+PROVENANCE_HEADERS = ("diode.key", "diode.timestamp", "diode.timestamp-type", "diode.session")
+CONTROL_HEADER = "diode.control"
+HEARTBEAT = b"heartbeat"
+RESET = b"reset"
+HEARTBEAT_HEADERS: Headers = [(CONTROL_HEADER, HEARTBEAT)]
+RESET_HEADERS: Headers = [(CONTROL_HEADER, RESET)]
+TIMESTAMP_TYPES = (b"0", b"1", b"2")
+
+#: ``<topic>:<partition>:<offset>``; the topic is greedy, so the split is on the last two ``:``
+#: (``:`` cannot occur in a Kafka topic name). Also the dedup's SQL pattern.
+KEY_PATTERN = r"^(.+):([0-9]{1,10}):(-?[0-9]{1,19})$"
+_KEY_RE = re.compile(KEY_PATTERN.encode(), re.DOTALL)
+#: ``diode.timestamp``: the whole value is ASCII decimal (no sign but ``-``, no blanks, no
+#: newline) and fits a signed 64-bit integer. Unanchored: Java and Python anchor differently
+#: (both ``$`` accept a trailing newline), so each side matches it against the whole value.
+TIMESTAMP_PATTERN = r"-?[0-9]{1,19}"
+_TIMESTAMP_RE = re.compile(TIMESTAMP_PATTERN.encode())
+_MAX_PARTITION = 2**31 - 1
+_MAX_OFFSET = 2**63 - 1
+
+
+# -- writing (the receiver) ---------------------------------------------------------------------
+
+
+def raw_key(topic: str, partition: int, offset: int) -> str:
+    """``<topic>:<partition>:<offset>``."""
+    return f"{key_prefix(topic, partition)}{offset}"
+
+
+def key_prefix(topic: str, partition: int) -> str:
+    """The part of every raw key of one source partition that comes before the offset."""
+    return f"{topic}:{partition}:"
+
+
+def session_hex(session_id: bytes) -> bytes:
+    """The ``diode.session`` header value: lower-case hex of the session id."""
+    return session_id.hex().encode("ascii")
+
+
+def timestamp_type_header(timestamp_type: int) -> tuple[str, bytes]:
+    """The ``diode.timestamp-type`` header."""
+    tt = timestamp_type
+    return ("diode.timestamp-type", TIMESTAMP_TYPES[tt] if 0 <= tt <= 2 else b"%d" % tt)
+
+
+def raw_headers(record: Record, session: bytes) -> Headers:
+    """Source headers in order, then the four provenance headers (``session``: session_hex)."""
+    return [
+        *record.headers,
+        ("diode.key", record.key),
+        ("diode.timestamp", b"%d" % record.timestamp),
+        timestamp_type_header(record.timestamp_type),
+        ("diode.session", session),
+    ]
+
+
+def heartbeat_records(beat: Heartbeat) -> Iterator[tuple[str, int, str, bytes]]:
+    """``(source topic, source partition, raw key, JSON value)`` per partition in ``beat``."""
+    session = beat.session_id.hex()
+    # The decoder guarantees low_offsets names exactly the partitions of high_offsets.
+    lows = {(topic, partition): low for topic, partition, low in beat.low_offsets}
+    for topic, partition, high in beat.high_offsets:
+        value = json.dumps(
+            {
+                "type": "heartbeat",
+                "sender_id": beat.sender_id,
+                "session": session,
+                "started_at_ms": beat.started_at_ms,
+                "sent_at_ms": beat.sent_at_ms,
+                "high_offset": high,
+                "low_offset": lows[topic, partition],
+            },
+            separators=(",", ":"),
+        ).encode()
+        yield topic, partition, raw_key(topic, partition, high), value
+
+
+def reset_record(topic: str, partition: int, requested_by: str, at_ms: int) -> tuple[bytes, bytes]:
+    """``(key, value)`` of a reset control record for one source partition (docs/dedup.md)."""
+    value = json.dumps({"type": "reset", "requested_by": requested_by, "at_ms": at_ms})
+    return raw_key(topic, partition, 0).encode("ascii"), value.encode()
+
+
+# -- reading (the dedup, the verifier) ----------------------------------------------------------
+
+
+def parse_raw_key(key: str | bytes | None) -> tuple[str, int, int] | None:
+    """``(topic, partition, offset)`` of a raw key, or None when it does not parse."""
+    if key is None:
+        return None
+    match = _KEY_RE.match(key.encode("utf-8") if isinstance(key, str) else key)
+    if match is None:
+        return None
+    try:
+        topic = match.group(1).decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    partition, offset = int(match.group(2)), int(match.group(3))
+    if partition > _MAX_PARTITION or not -_MAX_OFFSET <= offset <= _MAX_OFFSET:
+        return None
+    return topic, partition, offset
+
+
+def restore(headers: Sequence[Header]) -> tuple[bytes | None, int, list[Header]] | None:
+    """``(source key, source timestamp ms, source headers)`` of a data record, or None.
+
+    None means malformed: fewer than four headers, trailing names not exactly
+    ``PROVENANCE_HEADERS`` in order, or a timestamp that is not a decimal number within the signed
+    64-bit range (the same rule as ``dedup.job.classify``'s SQL).
+    """
+    # The hot path of the dedup's writer (once per clean record): no loops, no allocations
+    # beyond the result.
+    if len(headers) < 4:  # len(PROVENANCE_HEADERS)
+        return None
+    key, stamp, kind, session = headers[-4], headers[-3], headers[-2], headers[-1]
+    if (
+        key[0] != "diode.key"
+        or stamp[0] != "diode.timestamp"
+        or kind[0] != "diode.timestamp-type"
+        or session[0] != "diode.session"
+    ):
+        return None
+    value = stamp[1]
+    if value is None or not _TIMESTAMP_RE.fullmatch(value):
+        return None
+    timestamp = int(value)
+    if not -_MAX_OFFSET - 1 <= timestamp <= _MAX_OFFSET:
+        return None
+    return key[1], timestamp, list(headers[:-4])

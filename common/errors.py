@@ -15,6 +15,7 @@
     ├── GapStateError          (dedup.gaps) a saved gap-detector state that cannot be restored
     │   └── WindowSizeMismatchError  the state was saved with another WINDOW_SIZE
     └── ServiceError           an external service (Kafka, Java, Maven, Spark) is unusable
+        ├── KafkaClientError   (here; raised by runtime.kafka) a Kafka client call failed
         ├── LocalKafkaError    the embedded broker cannot be fetched, started or stopped
         ├── RawRecordGoneError (dedup.reread) a raw record was deleted before it was re-read
         └── NetemUnavailableError  (netem.tc) tc netem is missing or not permitted here
@@ -96,6 +97,15 @@ class ServiceError(DiodeError):
     """An external service or tool the process depends on is unusable."""
 
     retriable = True
+
+
+class KafkaClientError(ServiceError):
+    """A Kafka client call failed; ``name`` is librdkafka's error name (e.g. ``_TRANSPORT``)."""
+
+    def __init__(self, message: str, *, name: str, retriable: bool) -> None:
+        self.name = name
+        self.retriable = retriable
+        super().__init__(message)
 
 
 class LocalKafkaError(ServiceError):

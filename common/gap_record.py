@@ -10,23 +10,32 @@ untrusted: anything that does not match the schema raises :class:`GapRecordError
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import logging
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
-from common.errors import DiodeError
+from common.errors import DiodeError, ServiceError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "GAP_RECORD_VERSION",
     "MAX_OFFSET",
     "GapRecordError",
     "GapReport",
+    "GapScan",
     "GapState",
     "gap_key",
     "gap_value",
+    "latest_gaps",
     "parse_gap",
 ]
 
 GAP_RECORD_VERSION = 1
+#: Distinct gap keys a reader keeps (``latest_gaps``): bounds its memory on a hostile topic.
+MAX_GAP_KEYS = 5_000_000
 MAX_OFFSET = 2**63 - 2
 """Largest offset accepted: Kafka offsets are signed 64-bit and ``next`` (offset + 1) must fit."""
 _MAX_RECORD = 64 * 1024  # a gap record is a few hundred bytes; refuse anything absurd
@@ -162,3 +171,61 @@ def parse_gap(key: bytes, value: bytes | None) -> GapReport | None:
     if report.last < report.first or _int(doc, "count", 1, 2**63 - 1) != report.count:
         raise GapRecordError("gap range is empty or count does not match first..last")
     return report
+
+
+@dataclass(slots=True)
+class GapScan:
+    """What the gap topic holds now."""
+
+    open_reports: list[GapReport] = field(default_factory=list)
+    """Every OPEN gap (after the topic filter), in gap-topic order of first appearance."""
+    records_read: int = 0
+    """Gap-topic records read."""
+    malformed: int = 0
+    """Records that do not match the gap schema (skipped, logged)."""
+    states: dict[str, int] = field(default_factory=dict)
+    """Latest state counts (open, filled, expired) over every key."""
+
+    @property
+    def open_gaps(self) -> list[tuple[str, int, int, int]]:
+        """``(topic, partition, first, last)`` of every OPEN gap."""
+        return [(r.topic, r.partition, r.first, r.last) for r in self.open_reports]
+
+
+def latest_gaps(
+    records: Iterable[tuple[bytes | None, bytes | None]], topics: Sequence[str] = ()
+) -> GapScan:
+    """Latest state per gap key from ``(key, value)`` in topic order; keep the OPEN ones.
+
+    ``topics``: only gaps of these source topics (all when empty). Malformed records are counted
+    and skipped (the first ten logged), a tombstone forgets its key.
+
+    Raises:
+        ServiceError: more than ``MAX_GAP_KEYS`` distinct gap keys (memory bound).
+    """
+    scan = GapScan()
+    latest: dict[bytes, Any] = {}
+    for key, value in records:
+        scan.records_read += 1
+        if key is None:
+            scan.malformed += 1
+            continue
+        try:
+            report = parse_gap(key, value)
+        except GapRecordError as exc:
+            scan.malformed += 1
+            if scan.malformed <= 10:
+                log.warning("skipping malformed gap record %r: %s", key[:80], exc)
+            continue
+        if report is None:
+            latest.pop(key, None)
+            continue
+        latest[key] = report
+        if len(latest) > MAX_GAP_KEYS:
+            raise ServiceError(f"the gap topic holds more than {MAX_GAP_KEYS} gap keys")
+    wanted = set(topics)
+    for report in latest.values():
+        scan.states[report.state.value] = scan.states.get(report.state.value, 0) + 1
+        if report.state is GapState.OPEN and (not wanted or report.topic in wanted):
+            scan.open_reports.append(report)
+    return scan

@@ -42,7 +42,8 @@ from typing import TYPE_CHECKING, Any
 from common import bundle as bundle_format
 from common import logging as diode_logging
 from common import settings
-from common.errors import BundleError, ConfigError, DiodeError, KeyRingError, ServiceError
+from common.errors import BundleError, ConfigError, DiodeError, KeyRingError
+from common.gap_record import latest_gaps
 
 if TYPE_CHECKING:
     from common.wire import KeyRing
@@ -59,8 +60,6 @@ ENV_PREFIX = "DIODE_BUNDLE_"
 #: The dedup's own variable names, read first so the bundle unit can share the dedup's env file.
 DEDUP_ENV = {"BOOTSTRAP_SERVERS": "bootstrap_servers", "GAP_TOPIC": "gap_topic"}
 DEDUP_KAFKA_PREFIX = "KAFKA_CONF_"
-MAX_GAP_KEYS = 5_000_000
-"""Distinct gap keys held while reading the gap topic (a compacted topic stays far below)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -232,125 +231,18 @@ def load_key_config(args: argparse.Namespace, env: Mapping[str, str]) -> BundleK
 # -- reading the gap topic -----------------------------------------------------------------------
 
 
-@dataclass(slots=True)
-class GapScan:
-    """What the gap topic holds now."""
-
-    open_gaps: list[tuple[str, int, int, int]] = field(default_factory=list)
-    """``(topic, partition, first, last)`` of every OPEN gap (after the topic filter)."""
-    records_read: int = 0
-    """Gap-topic records read."""
-    malformed: int = 0
-    """Records that do not match the gap schema (skipped, logged)."""
-    states: dict[str, int] = field(default_factory=dict)
-    """Latest state counts (open, filled, expired) over every key."""
-
-
-def latest_open_gaps(
-    records: Iterable[tuple[bytes | None, bytes | None]], topics: Sequence[str] = ()
-) -> GapScan:
-    """Latest state per gap key from ``(key, value)`` in topic order; keep the OPEN ones (pure)."""
-    from common.gap_record import GapRecordError, GapState, parse_gap  # noqa: PLC0415
-
-    scan = GapScan()
-    latest: dict[bytes, Any] = {}
-    for key, value in records:
-        scan.records_read += 1
-        if key is None:
-            scan.malformed += 1
-            continue
-        try:
-            report = parse_gap(key, value)
-        except GapRecordError as exc:
-            scan.malformed += 1
-            if scan.malformed <= 10:
-                log.warning("skipping malformed gap record %r: %s", key[:80], exc)
-            continue
-        if report is None:
-            latest.pop(key, None)
-            continue
-        latest[key] = report
-        if len(latest) > MAX_GAP_KEYS:
-            raise ServiceError(f"the gap topic holds more than {MAX_GAP_KEYS} gap keys")
-    wanted = set(topics)
-    for report in latest.values():
-        scan.states[report.state.value] = scan.states.get(report.state.value, 0) + 1
-        if report.state is GapState.OPEN and (not wanted or report.topic in wanted):
-            scan.open_gaps.append((report.topic, report.partition, report.first, report.last))
-    return scan
-
-
 def read_gap_topic(config: BundleConfig) -> list[tuple[bytes | None, bytes | None]]:
-    """Every committed record of the gap topic, in order, from the beginning to the current end.
+    """Every committed record of the gap topic, from its beginning to its current end.
 
     Raises:
+        ConfigError: the Kafka client refused the ``kafka`` settings.
         ServiceError: the broker does not answer, the topic is missing, or the end is not reached
             within ``read_timeout``.
     """
-    from confluent_kafka import (  # noqa: PLC0415  loaded only when reading
-        OFFSET_BEGINNING,
-        Consumer,
-        KafkaError,
-        KafkaException,
-        TopicPartition,
-    )
+    from runtime import kafka  # noqa: PLC0415  loads confluent_kafka only when reading
 
-    props: dict[str, Any] = {
-        "bootstrap.servers": config.bootstrap_servers,
-        "group.id": f"kafka-diode-bundle-{uuid.uuid4().hex}",  # never committed
-        "enable.auto.commit": False,
-        "enable.partition.eof": True,
-        "isolation.level": "read_committed",
-        "auto.offset.reset": "earliest",
-        **config.kafka,
-    }
-    try:
-        consumer = Consumer(props)
-    except (KafkaException, ValueError, TypeError) as exc:
-        raise ConfigError("kafka", f"the Kafka client refused the configuration: {exc}") from exc
-    out: list[tuple[bytes | None, bytes | None]] = []
-    try:
-        try:
-            meta = consumer.list_topics(config.gap_topic, timeout=15.0).topics.get(config.gap_topic)
-        except KafkaException as exc:
-            raise ServiceError(f"downstream Kafka did not answer: {exc}") from exc
-        if meta is None or meta.error is not None or not meta.partitions:
-            raise ServiceError(f"gap topic {config.gap_topic!r} does not exist")
-        pending: set[int] = set()
-        parts = []
-        for p in sorted(meta.partitions):
-            tp = TopicPartition(config.gap_topic, p, OFFSET_BEGINNING)
-            low, high = consumer.get_watermark_offsets(tp, timeout=15.0)
-            if high > low:
-                pending.add(p)
-                parts.append(tp)
-        if parts:
-            consumer.assign(parts)
-        deadline = time.monotonic() + config.read_timeout
-        while pending:
-            if time.monotonic() > deadline:
-                raise ServiceError(
-                    f"reading {config.gap_topic}: partitions {sorted(pending)} did not reach their"
-                    f" end within {config.read_timeout:.0f} s"
-                )
-            for msg in consumer.consume(10_000, 0.5):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard(msg.partition() or 0)
-                        continue
-                    raise ServiceError(f"reading {config.gap_topic}: {err.str()}")
-                out.append((_as_bytes(msg.key()), _as_bytes(msg.value())))
-    finally:
-        consumer.close()
-    return out
-
-
-def _as_bytes(data: str | bytes | None) -> bytes | None:
-    return data.encode() if isinstance(data, str) else data
-
-
-# -- output --------------------------------------------------------------------------------------
+    conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka}
+    return kafka.read_to_end(conf, config.gap_topic, timeout=config.read_timeout, purpose="bundle")
 
 
 def summary_table(bundle: bundle_format.Bundle) -> str:
@@ -526,7 +418,7 @@ def create(
     """
     signing = config.signing_key()
     keyring = config.keyring()
-    scan = latest_open_gaps(read_gap_topic(config), config.topics)
+    scan = latest_gaps(read_gap_topic(config), config.topics)
     if scan.malformed:
         log.warning("%d malformed gap records were skipped", scan.malformed)
     bundle = bundle_format.build(

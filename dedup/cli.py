@@ -297,7 +297,7 @@ def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
         if answer.strip().lower() != "yes":
             print("not reset")
             return EXIT_FAILED
-    from confluent_kafka import Producer  # noqa: PLC0415
+    from runtime import kafka  # noqa: PLC0415  loads confluent_kafka only to write the reset
 
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "enable.idempotence": True}
     prefix = PASS_THROUGH["kafka_conf"]
@@ -308,7 +308,7 @@ def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
             if k.startswith(prefix)
         }
     )
-    producer = Producer(conf)
+    producer = kafka.producer(conf)
     user = env.get("USER") or env.get("LOGNAME") or "unknown"
     key, value = raw_topic.reset_record(args.topic, args.partition, user, int(time.time() * 1000))
     producer.produce(control, value, key, headers=raw_topic.RESET_HEADERS)

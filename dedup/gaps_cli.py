@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from common.errors import DiodeError
+from common.gap_record import latest_gaps
 from dedup.config import PASS_THROUGH, DedupConfig
 
 READ_TIMEOUT_S = 60.0
@@ -43,68 +44,30 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 def read_open_gaps(
     bootstrap: str, gap_topic: str, kafka_conf: Mapping[str, str], timeout: float
 ) -> tuple[list[dict[str, Any]], int]:
-    """``(open gaps sorted by topic, partition, first; count of unreadable records)``."""
-    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition  # noqa: PLC0415
+    """``(open gaps sorted by topic, partition, first; count of unreadable records)``.
 
-    from common.gap_record import GapState, parse_gap  # noqa: PLC0415
+    Raises:
+        DiodeError: the client refused ``kafka_conf``, the broker does not answer, the topic is
+            missing, or its end is not reached within ``timeout`` seconds.
+    """
+    from runtime import kafka  # noqa: PLC0415  loads confluent_kafka only when reading
 
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"kafka-diode-gaps-{os.getpid()}",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "isolation.level": "read_committed",
-            **kafka_conf,
-        }
-    )
-    latest: dict[bytes, Any] = {}
-    bad = 0
-    try:
-        meta = consumer.list_topics(gap_topic, timeout=timeout).topics.get(gap_topic)
-        if meta is None or meta.error is not None:
-            raise DiodeError(f"gap topic {gap_topic!r} not found on {bootstrap}")
-        partitions = set(meta.partitions)
-        consumer.assign([TopicPartition(gap_topic, p, OFFSET_BEGINNING) for p in partitions])
-        done: set[int] = set()
-        deadline = time.monotonic() + timeout
-        while done != partitions:
-            if time.monotonic() > deadline:
-                raise DiodeError(f"reading {gap_topic!r} did not reach its end in {timeout} s")
-            msg = consumer.poll(0.5)
-            if msg is None:
-                continue
-            err = msg.error()
-            if err is not None:
-                if err.code() == KafkaError._PARTITION_EOF:
-                    done.add(msg.partition() or 0)
-                    continue
-                raise DiodeError(f"reading {gap_topic!r}: {err}")
-            key = msg.key()
-            if key is None:
-                bad += 1
-                continue
-            try:
-                latest[key] = parse_gap(key, msg.value())
-            except DiodeError:
-                bad += 1
-    finally:
-        consumer.close()
+    conf = {"bootstrap.servers": bootstrap, **kafka_conf}
+    scan = latest_gaps(kafka.read_to_end(conf, gap_topic, timeout=timeout, purpose="gaps"))
     gaps = [
         {
             "topic": r.topic,
             "partition": r.partition,
             "first": r.first,
             "last": r.last,
-            "count": r.last - r.first + 1,
+            "count": r.count,
             "detected_at": r.detected_at,
             "reported_at": r.reported_at,
         }
-        for r in latest.values()
-        if r is not None and r.state == GapState.OPEN
+        for r in scan.open_reports
     ]
     gaps.sort(key=lambda g: (g["topic"], g["partition"], g["first"]))
-    return gaps, bad
+    return gaps, scan.malformed
 
 
 def main(argv: Sequence[str], prog: str = "kafka-diode gaps") -> int:

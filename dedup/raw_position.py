@@ -204,9 +204,11 @@ def kafka_watermarks(
     conf: Mapping[str, Any],
 ) -> tuple[Callable[[str, int], tuple[int, int]], Callable[[], None]]:
     """A ``(topic, partition) -> (low, high)`` function over one consumer, and its ``close``."""
-    from confluent_kafka import Consumer, TopicPartition  # noqa: PLC0415  keeps the module pure
+    from confluent_kafka import TopicPartition  # noqa: PLC0415  keeps the module pure
 
-    consumer = Consumer(dict(conf))
+    from runtime import kafka  # noqa: PLC0415  as above
+
+    consumer = kafka.consumer(conf)
 
     def watermarks(topic: str, partition: int) -> tuple[int, int]:
         low, high = consumer.get_watermark_offsets(

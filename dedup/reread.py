@@ -24,6 +24,7 @@ from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
 
 from common.errors import ServiceError
 from common.topic_limits import record_limit
+from runtime import kafka
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ class RawRereader:
         if not walkers:
             return
         if self._consumer is None:
-            self._consumer = Consumer(self._conf)
+            self._consumer = kafka.consumer(self._conf)
         consumer = self._consumer
         positions = [TopicPartition(w.topic, w.partition, w.want) for w in walkers.values()]
         consumer.assign(positions)

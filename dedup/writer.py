@@ -65,12 +65,10 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
-    ConfigResource,
     NewTopic,
-    ResourceType,
 )
 
-from common.errors import ServiceError
+from common.errors import KafkaClientError, ServiceError
 from common.metrics import CollectorRegistry, Counter, Gauge
 from common.raw_topic import PROVENANCE_HEADERS, Header, restore
 from common.topic_limits import (
@@ -83,6 +81,7 @@ from common.topic_limits import (
 )
 from dedup.positions import KIND_RECORDS, POSITION_FIELDS, unpack_positions
 from dedup.reread import DEFAULT_CHUNK, RawRereader, consumer_conf
+from runtime import kafka
 
 log = logging.getLogger(__name__)
 
@@ -899,7 +898,7 @@ def init_producer(settings: WriterSettings, transactional_id: str) -> Producer:
     needed = record_limit(settings.max_record_size)
     if int(conf.get("message.max.bytes", 0) or 0) < needed:
         conf["message.max.bytes"] = needed
-    producer = Producer(conf)
+    producer = kafka.producer(conf)
     try:
         producer.init_transactions(KAFKA_TIMEOUT_S)
     except KafkaException as exc:
@@ -927,7 +926,7 @@ def read_last_marker(settings: WriterSettings, key: bytes, group_id: str) -> int
             "fetch.wait.max.ms": 10,
         }
     )
-    consumer = Consumer(conf)
+    consumer = kafka.consumer(conf)
     try:
         tp = TopicPartition(settings.progress_topic, MARKER_PARTITION)
         low, high = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S)
@@ -974,7 +973,7 @@ def ensure_topics(
     partitions: int | None = None,
 ) -> None:
     """Create those of ``topics`` that do not exist (clean: NEW_TOPIC_PARTITIONS; else 1)."""
-    admin = AdminClient(_base_conf(settings))
+    admin = kafka.admin(_base_conf(settings))
     existing = admin.list_topics(timeout=KAFKA_TIMEOUT_S).topics
     missing = [t for t in dict.fromkeys(topics) if t not in existing]
     if not missing:
@@ -1042,16 +1041,11 @@ def checked_clean_topic(settings: WriterSettings, topic: str) -> TimestampWindow
 
 
 def _check_clean_topic(settings: WriterSettings, topic: str) -> TimestampWindow:
-    admin = AdminClient(_base_conf(settings))
-    resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
-        entries = admin.describe_configs([resource], request_timeout=KAFKA_TIMEOUT_S)[
-            resource
-        ].result(KAFKA_TIMEOUT_S)
-    except KafkaException as exc:
+        configs = kafka.topic_config(_base_conf(settings), topic, KAFKA_TIMEOUT_S)
+    except KafkaClientError as exc:
         log.warning("cannot read the configuration of clean topic %s (%s)", topic, exc)
         return TimestampWindow()
-    configs = {name: e.value for name, e in entries.items() if e.value is not None}
     problem = size_problem(topic, configs, settings.max_record_size, "MAX_RECORD_SIZE")
     if problem is not None:
         raise ServiceError(f"clean {problem}")

@@ -18,6 +18,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
 from common.errors import ConfigError, ServiceError
+from runtime import kafka
 
 #: librdkafka's own lines (``%3|…|FAIL|…`` per connection attempt, ``%6|…|BGQUEUE|…``) go to a
 #: logger of ours instead of the terminal; what matters reaches the user as one ServiceError line.
@@ -47,7 +48,7 @@ def ensure_topics(
         ConfigError: an existing topic has fewer partitions than ``partitions``.
         ServiceError: the broker cannot be reached, or refuses to create a topic.
     """
-    admin = AdminClient({"bootstrap.servers": bootstrap, **QUIET})
+    admin = kafka.admin({"bootstrap.servers": bootstrap, **QUIET})
     reach = min(timeout, REACH_TIMEOUT_S)
     try:
         existing = _partitions(admin, topics, reach)

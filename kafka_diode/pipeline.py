@@ -24,7 +24,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
 
 from common.topic_limits import created_topic_config
 from common.wire.config import WireConfig
@@ -32,6 +32,7 @@ from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from kafka_diode.processes import ManagedProcess, ProcessGroup, diode_command, wait_until
 from kafka_diode.verify import Verdict, verify
 from kafka_diode.workload import Workload, produce
+from runtime import kafka
 
 log = logging.getLogger(__name__)
 #: Every component's default max_record_size (the pipeline does not change it).
@@ -461,7 +462,7 @@ def _run_to_end(proc: ManagedProcess, *, timeout: float) -> None:
 
 def _create(bootstrap: str, topics: list[NewTopic]) -> None:
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 4, "logger": log}
-    admin = AdminClient(conf)
+    admin = kafka.admin(conf)
     for name, future in admin.create_topics(topics, operation_timeout=30).items():
         try:
             future.result(60)

@@ -25,7 +25,9 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+
+from runtime import kafka
 
 Identity = tuple[bytes | None, bytes | None, tuple[tuple[str, bytes | None], ...], int]
 
@@ -108,7 +110,7 @@ def read_topic(
     bootstrap: str, topic: str, *, committed_only: bool = False, timeout: float = 60.0
 ) -> list[Message]:
     """Read every record of ``topic`` from the beginning to its current end."""
-    consumer = Consumer(
+    consumer = kafka.consumer(
         {
             "bootstrap.servers": bootstrap,
             "group.id": f"kafka-diode-verify-{uuid.uuid4().hex}",
@@ -274,7 +276,7 @@ def _example(verdict: Verdict, text: str) -> None:
 
 
 def _partition_count(bootstrap: str, topic: str) -> int | None:
-    consumer = Consumer(
+    consumer = kafka.consumer(
         {"bootstrap.servers": bootstrap, "group.id": "kafka-diode-verify-meta", "log_level": 4}
     )
     try:

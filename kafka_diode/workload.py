@@ -14,7 +14,7 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from confluent_kafka import Producer
+from runtime import kafka
 
 SEQ_HEADER = "diode-demo.seq"
 
@@ -58,7 +58,7 @@ def produce(
     """
     rng = random.Random(workload.seed)
     largest = max(workload.value_size, workload.value_size_max, workload.huge_size * 5 // 4)
-    producer = Producer(
+    producer = kafka.producer(
         {
             "message.max.bytes": max(1_000_000, largest + 64 * 1024),
             "bootstrap.servers": bootstrap,

@@ -56,6 +56,7 @@ from receiver.metrics import (
 from receiver.pubkey import PublicKeyGlue
 from receiver.topic_check import raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
+from runtime import service
 
 log = logging.getLogger(__name__)
 
@@ -417,40 +418,22 @@ def run(
     receiver = Receiver(config, reuse_port=reuse_port, worker=worker)
 
     async def main() -> dict[str, object]:
-        loop = asyncio.get_running_loop()
         stop = asyncio.Event()
-        interrupts = 0
 
         def on_stop(signame: str) -> None:
-            nonlocal interrupts
-            interrupts += 1
-            if interrupts > 1 and signame == "SIGINT":
-                log.warning("second SIGINT: exiting without flushing")
-                os._exit(130)
             log.info("%s: stopping (flushing for at most %.0f s)", signame, config.shutdown_timeout)
             stop.set()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_stop, sig.name)
-        loop.add_signal_handler(signal.SIGHUP, receiver.reload_keys, "SIGHUP")
-        try:
+        requests = service.StopRequests(on_stop, again="exiting without flushing")
+        with service.loop_signals(requests, reload=receiver.reload_keys):
             return await receiver.run(stop)
-        finally:
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-                loop.remove_signal_handler(sig)
 
-    loop_factory = None
-    if config.event_loop == "uvloop":
-        import uvloop  # noqa: PLC0415  optional fast path, loaded only when chosen
-
-        loop_factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        try:
-            summary = runner.run(main())
-        except ConfigError as exc:  # found at start-up, before any socket was opened
-            log.error("configuration error: %s", exc)  # noqa: TRY400  the message says it all
-            print(f"kafka-diode receive: configuration error: {exc}", file=sys.stderr)
-            return 2
+    try:
+        summary = service.run(main, config.event_loop)
+    except ConfigError as exc:  # found at start-up, before any socket was opened
+        log.error("configuration error: %s", exc)  # noqa: TRY400  the message says it all
+        print(f"kafka-diode receive: configuration error: {exc}", file=sys.stderr)
+        return 2
     print(json.dumps({"receiver_summary": summary, "worker": worker}), flush=True)
     return 0
 

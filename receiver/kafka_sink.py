@@ -56,7 +56,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
 from common.logging import RateLimitedLog
 from common.raw_topic import (
@@ -71,6 +71,7 @@ from common.wire.events import Heartbeat, RecordBatch
 from receiver.config import ReceiverConfig
 from receiver.loss_report import LossReport, format_ranges
 from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
+from runtime import kafka
 
 log = logging.getLogger(__name__)
 librdkafka_log = logging.getLogger("receiver.librdkafka")
@@ -144,7 +145,7 @@ class RawTopicSink:
         config: ReceiverConfig,
         stats: ReceiverStats,
         *,
-        producer_factory: ProducerFactory = Producer,
+        producer_factory: ProducerFactory = kafka.producer,
         topic_check: Callable[[ReceiverConfig, str], str | None] | None = None,
     ) -> None:
         self._config = config

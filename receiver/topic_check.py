@@ -12,31 +12,21 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AdminClient,
-    ConfigResource,
-    ResourceType,
-)
-
+from common.errors import KafkaClientError
 from common.topic_limits import size_problem
 from receiver.config import ReceiverConfig
+from runtime import kafka
 
 log = logging.getLogger(__name__)
 
 
 def describe_topic(conf: Mapping[str, Any], topic: str, timeout: float) -> dict[str, str] | None:
     """``{setting: value}`` of ``topic`` (defaults included), or None when it cannot be read."""
-    admin = AdminClient(dict(conf))
-    resource = ConfigResource(ResourceType.TOPIC, topic)
     try:
-        entries = admin.describe_configs([resource], request_timeout=timeout)[resource].result(
-            timeout
-        )
-    except KafkaException as exc:
+        return kafka.topic_config(conf, topic, timeout)
+    except KafkaClientError as exc:
         log.warning("cannot read the configuration of topic %s (%s); not checked", topic, exc)
         return None
-    return {name: entry.value for name, entry in entries.items() if entry.value is not None}
 
 
 def raw_topic_problem(config: ReceiverConfig, topic: str) -> str | None:

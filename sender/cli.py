@@ -13,15 +13,15 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from common import logging as diode_logging
 from common import settings
 from common.errors import ConfigError, DiodeError
 from common.metrics import serve
+from runtime import service
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 from sender.pacing_advice import pacing_warning
 from sender.transport import resolve
@@ -92,20 +92,14 @@ def main(argv: Sequence[str], prog: str = "kafka-diode send") -> int:
 
 def run(config: SenderConfig) -> int:
     """Run the sender on the configured event loop until a signal stops it."""
-    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-    if config.loop == "uvloop":
-        import uvloop  # noqa: PLC0415  optional at import time (not on every platform)
-
-        factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
-        try:
-            return runner.run(_serve(config))
-        except ConfigError as exc:
-            log.error("configuration error: %s", exc)  # noqa: TRY400  message is enough
-            return EXIT_CONFIG
-        except DiodeError as exc:
-            log.error("sender failed: %s", exc)  # noqa: TRY400  message is enough
-            return EXIT_FAILED
+    try:
+        return service.run(lambda: _serve(config), config.loop)
+    except ConfigError as exc:
+        log.error("configuration error: %s", exc)  # noqa: TRY400  message is enough
+        return EXIT_CONFIG
+    except DiodeError as exc:
+        log.error("sender failed: %s", exc)  # noqa: TRY400  message is enough
+        return EXIT_FAILED
 
 
 async def _serve(config: SenderConfig) -> int:
@@ -117,30 +111,20 @@ async def _serve(config: SenderConfig) -> int:
             serve(app.metrics.registry, config.metrics_port, config.metrics_addr)
         except OSError as exc:
             raise ConfigError("metrics_port", f"cannot listen: {exc.strerror}") from exc
-    loop = asyncio.get_running_loop()
     stop_requested = asyncio.Event()
-    interrupts = 0
 
-    def on_signal(signum: int) -> None:
-        nonlocal interrupts
-        if signum == signal.SIGINT:
-            interrupts += 1
-            if interrupts > 1:
-                log.warning("second interrupt: exiting without draining")
-                os._exit(130)
-        log.info("signal %s: draining, sending, committing", signal.Signals(signum).name)
+    def on_stop(signame: str) -> None:
+        log.info("signal %s: draining, sending, committing", signame)
         stop_requested.set()
 
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, on_signal, signum)
-    loop.add_signal_handler(signal.SIGHUP, app.reload_keys, "SIGHUP")
-    await app.start()
-    stopper = asyncio.ensure_future(stop_requested.wait())
-    failed = asyncio.ensure_future(app.wait())
-    await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
-    stopper.cancel()
-    failed.cancel()
-    clean = await app.stop()
+    with service.loop_signals(service.StopRequests(on_stop), reload=app.reload_keys):
+        await app.start()
+        stopper = asyncio.ensure_future(stop_requested.wait())
+        failed = asyncio.ensure_future(app.wait())
+        await asyncio.wait({stopper, failed}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        failed.cancel()
+        clean = await app.stop()
     if app.failure is not None:
         return EXIT_FAILED
     log.info(

@@ -40,6 +40,7 @@ from confluent_kafka import (
 
 from common.errors import ConfigError, ServiceError
 from common.logging import RateLimitedLog
+from runtime import kafka
 from sender.config import SenderConfig
 
 log = logging.getLogger(__name__)
@@ -264,7 +265,7 @@ class KafkaSource:
         props: dict[str, Any] = dict(self._config.consumer_properties())
         props["error_cb"] = self._on_error
         props["on_commit"] = self._on_commit_cb
-        self._consumer = Consumer(props)
+        self._consumer = kafka.consumer(props)
         with self._lock:
             self._assigned.clear()
         self._subscribed = ()

@@ -352,7 +352,8 @@ class _Reader:
     """The upstream consumer: every call runs on one executor thread (librdkafka blocks)."""
 
     def __init__(self, config: SenderConfig) -> None:
-        from confluent_kafka import Consumer  # noqa: PLC0415  loaded only when resending
+
+        from runtime import kafka  # noqa: PLC0415  as above
 
         props: dict[str, Any] = dict(config.consumer_properties())
         props.update(
@@ -369,7 +370,7 @@ class _Reader:
             }
         )
         try:
-            self.consumer: Consumer = Consumer(props)
+            self.consumer: Consumer = kafka.consumer(props)
         except Exception as exc:  # KafkaException / ValueError from librdkafka's checks
             raise ConfigError(
                 "kafka", f"the Kafka client refused the configuration: {exc}"

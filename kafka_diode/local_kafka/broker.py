@@ -552,14 +552,13 @@ def _probe(bootstrap: str, timeout: float) -> None:
     """Produce one record to the probe topic and fetch it back; raise LocalKafkaError if not."""
     # Imported here: status/stop and `--help` must not pay for loading librdkafka.
     from confluent_kafka import (  # noqa: PLC0415
-        Consumer,
         KafkaError,
         KafkaException,
-        Producer,
         TopicPartition,
     )
-    from confluent_kafka.admin import AdminClient  # noqa: PLC0415
     from confluent_kafka.cimpl import NewTopic  # noqa: PLC0415
+
+    from runtime import kafka  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout
     # Warnings while a fresh broker settles (coordinator load in progress, …) are expected here and
@@ -572,7 +571,7 @@ def _probe(bootstrap: str, timeout: float) -> None:
         "log_level": 4,  # no informational lines (%6|…|BGQUEUE|… when a client is destroyed)
         "socket.timeout.ms": 5000,
     }
-    admin = AdminClient(common)
+    admin = kafka.admin(common)
     futures = admin.create_topics([NewTopic(PROBE_TOPIC, 1, 1)], request_timeout=timeout)
     try:
         futures[PROBE_TOPIC].result(timeout=timeout)
@@ -587,7 +586,7 @@ def _probe(bootstrap: str, timeout: float) -> None:
 
     # Idempotent like every real producer of ours: ready means producer ids are handed out too
     # (a client starting right after would otherwise log "Failed to acquire idempotence PID").
-    producer = Producer(
+    producer = kafka.producer(
         {
             **common,
             "acks": "all",
@@ -599,7 +598,9 @@ def _probe(bootstrap: str, timeout: float) -> None:
     producer.flush(timeout)
     if not delivered or delivered[0][1] is not None:
         raise LocalKafkaError(f"probe produce: {delivered[0][1] if delivered else 'timed out'}")
-    consumer = Consumer({**common, "group.id": "kafka-diode-probe", "enable.auto.commit": False})
+    consumer = kafka.consumer(
+        {**common, "group.id": "kafka-diode-probe", "enable.auto.commit": False}
+    )
     try:
         consumer.assign([TopicPartition(PROBE_TOPIC, 0, delivered[0][0])])
         while time.monotonic() < deadline:

@@ -11,7 +11,7 @@ import common.errors
 from common.errors import DiodeError
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("common", "sender", "receiver", "dedup", "netem", "kafka_diode")
+PACKAGES = ("common", "runtime", "sender", "receiver", "dedup", "netem", "kafka_diode")
 
 
 def _our_exceptions() -> set[type[BaseException]]:

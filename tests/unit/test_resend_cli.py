@@ -13,7 +13,7 @@ import pytest
 
 from common import bundle as b
 from common.errors import BundleError
-from common.gap_record import GapReport, GapState, gap_key, gap_value
+from common.gap_record import GapReport, GapState, gap_key, gap_value, latest_gaps
 from common.wire import Key, KeyRing
 from dedup import bundle_cli
 from sender import resend_cli
@@ -254,11 +254,11 @@ def test_latest_state_per_gap_key_keeps_open_gaps_only() -> None:
     records.append((gap_key(reports[-1]), None))  # tombstone removes c:0:1
     records.append((b"a:0:99", b"{not json"))
     records.append((None, b"x"))
-    scan = bundle_cli.latest_open_gaps(records)
+    scan = latest_gaps(records)
     assert sorted(scan.open_gaps) == [("a", 0, 15, 19), ("a", 0, 30, 30), ("b", 1, 5, 6)]
     assert scan.malformed == 2
     assert scan.states == {"open": 3, "filled": 1, "expired": 1}
-    only_b = bundle_cli.latest_open_gaps(records, topics=["b"])
+    only_b = latest_gaps(records, topics=["b"])
     assert only_b.open_gaps == [("b", 1, 5, 6)]
 
 

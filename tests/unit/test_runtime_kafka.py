@@ -1,0 +1,48 @@
+"""runtime.kafka: the one Kafka client factory and error mapping (no broker needed for these)."""
+
+from __future__ import annotations
+
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from common.errors import ConfigError, KafkaClientError, ServiceError
+from runtime import kafka
+
+
+@pytest.mark.parametrize("build", [kafka.producer, kafka.consumer, kafka.admin])
+def test_a_refused_property_is_a_config_error_naming_the_setting(build) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ConfigError) as info:
+        build(
+            {"bootstrap.servers": "localhost:1", "group.id": "g", "no.such.property": "1"},
+            key="sender.kafka",
+        )
+    assert info.value.key == "sender.kafka"
+    assert "no.such.property" in str(info.value)
+
+
+def test_a_valid_configuration_builds_a_client_without_a_broker() -> None:
+    client = kafka.producer({"bootstrap.servers": "localhost:1"})
+    assert client.flush(0) == 0
+
+
+def test_errors_keep_librdkafkas_name_and_retriable_flag() -> None:
+    transport = kafka.error(KafkaException(KafkaError(KafkaError._TRANSPORT)), "reading x")
+    assert isinstance(transport, KafkaClientError)
+    assert isinstance(transport, ServiceError)
+    assert transport.name == "_TRANSPORT"
+    assert str(transport).startswith("reading x: ")
+    fatal = kafka.error(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), "writing y")
+    assert fatal.name == "TOPIC_AUTHORIZATION_FAILED"
+    assert fatal.retriable is False
+    retriable = kafka.error(KafkaError(KafkaError.REQUEST_TIMED_OUT, retriable=True), "z")
+    assert retriable.retriable is True
+
+
+def test_reading_a_topic_when_no_broker_answers_is_a_service_error() -> None:
+    with pytest.raises(ServiceError):
+        kafka.read_to_end(
+            {"bootstrap.servers": "127.0.0.1:1", "socket.timeout.ms": 100},
+            "gaps",
+            timeout=1.0,
+            purpose="test",
+        )

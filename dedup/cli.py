@@ -12,18 +12,17 @@ import argparse
 import json
 import logging
 import os
-import signal
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from common import logging as diode_logging
 from common import raw_topic, settings
 from common.errors import ConfigError, DiodeError
 from dedup.config import LOG_LEVELS, PASS_THROUGH, DedupConfig, environment_help, from_sources
+from runtime import service
 
 if TYPE_CHECKING:
     from common.metrics import CollectorRegistry
@@ -137,25 +136,28 @@ def run(
     spark = job.build_session(config, jars)
     query = job.start_query(spark, config, writer)
     stop = threading.Event()
-    signals = {"count": 0}
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        signals["count"] += 1
-        if signals["count"] > 1:
-            log.warning("second signal: stopping at once (the batch is replayed on restart)")
-            query.stop()
-        else:
-            log.info("signal %d: stopping after the running micro-batch", signum)
+    def on_stop(signame: str) -> None:
+        log.info("%s: stopping after the running micro-batch", signame)
         stop.set()
 
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    requests = service.StopRequests(
+        on_stop,
+        on_again=lambda _signame: query.stop(),
+        again="stopping at once (the batch is replayed on restart)",
+    )
     try:
-        return drive(
-            query, writer, metrics, stop, until_idle=until_idle, max_batches=max_batches, raw=raw
-        )
+        with service.thread_signals(requests):
+            return drive(
+                query,
+                writer,
+                metrics,
+                stop,
+                until_idle=until_idle,
+                max_batches=max_batches,
+                raw=raw,
+            )
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
         writer.close()
         raw.close()
         stop_spark(spark, requested=stop.is_set())

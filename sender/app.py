@@ -41,20 +41,19 @@ from confluent_kafka import KafkaError, Message
 
 from common.errors import KeyRingError, LocalProtocolError
 from common.logging import RateLimitedLog
-from common.wire import Encoder, KeyRing, RecordTooLarge
+from common.wire import KeyRing, RecordTooLarge
 from common.wire.announce import KeyAnnouncer
 from sender.config import SenderConfig, load_keyring
 from sender.kafka_source import KafkaSource
 from sender.metrics import SenderMetrics
-from sender.pacing import Pacer
 from sender.pipeline import SendPipeline
-from sender.pubkey import announce_loop, load_announcer, wall_ms
+from sender.pubkey import announce_loop
+from sender.send_path import backlog_bound, open_send_path
 from sender.transport import UdpSender
 
 log = logging.getLogger(__name__)
 
 _METRICS_INTERVAL = 1.0
-_RESUME_SLACK_SECONDS = 3.0
 
 
 class SenderApp:
@@ -117,9 +116,7 @@ class SenderApp:
         low-water mark (half the bound) must hold more than that at the paced rate, or the link
         idles while Kafka wakes up (measured: docs/sender.md, "Backpressure").
         """
-        cfg = self.config
-        by_rate = max(cfg.rate_bytes, cfg.rate_datagrams * cfg.max_datagram_size)
-        return max(cfg.max_backlog_bytes, int(_RESUME_SLACK_SECONDS * by_rate))
+        return backlog_bound(self.config)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -145,32 +142,21 @@ class SenderApp:
         cfg = self.config
         if cfg.key_file is not None:
             self._key_mtime = _mtime(cfg.key_file)  # before reading: a change meanwhile reloads
-        announcer = load_announcer(cfg, self.session_id)  # public-key mode (sender/pubkey.py)
-        first = announcer.start(self._clock(), wall_ms()) if announcer is not None else []
-        if announcer is not None:
-            keyring: KeyRing | None = announcer.keyring
-        else:
-            keyring = self._keyring if self._keyring is not None else load_keyring(cfg)
-        self.keyring = keyring
-        self.announcer = announcer
-        self._udp = UdpSender(cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer)
-        encoder = Encoder(cfg.wire_config(), keyring, session_id=self.session_id)
+        shared = None
+        if cfg.signing_key_file is None:  # shared-key (or cleartext) mode
+            shared = self._keyring if self._keyring is not None else load_keyring(cfg)
         self._pressure = asyncio.Event()
-        self.pipeline = SendPipeline(
-            encoder=encoder,
-            pacer=Pacer(cfg.pacing_config(), self._clock()),
-            udp=self._udp,
+        path = open_send_path(
+            cfg,
+            self.session_id,
+            shared,
             loop=loop,
-            copies=cfg.copies,
-            copy_spacing=cfg.copy_spacing,
-            replay_window=cfg.replay_window,
-            max_backlog_bytes=self.max_backlog_bytes,
-            on_pressure=self._on_pressure,
             clock=self._clock,
-            fec=cfg.fec_encoder(keyring, self.session_id),
+            on_pressure=self._on_pressure,
         )
-        pipeline = self.pipeline
-        pipeline.enqueue(first)
+        keyring, announcer = path.keyring, path.announcer
+        self.keyring, self.announcer, self._udp = keyring, announcer, path.udp
+        self.pipeline = pipeline = path.pipeline
         self.source = KafkaSource(cfg, loop=loop, committable=lambda: dict(pipeline.sent_high))
         try:
             await self.source.start()

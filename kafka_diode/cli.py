@@ -27,6 +27,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("kafka_diode.bench_cli", "benchmarks: codec, sender, receiver, dedup, e2e"),
 }
 
+#: ``(command, first argument)`` -> module: a subcommand that belongs to the other side of the
+#: link (``bundle join`` runs on the high side, the rest of ``bundle`` on the low side).
+ROUTES: dict[tuple[str, str], str] = {("bundle", "join"): "sender.bundle_join"}
+
 NOT_AVAILABLE = 2
 
 
@@ -58,6 +62,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"kafka-diode: unknown command {name!r}; run 'kafka-diode --help'", file=sys.stderr)
         return NOT_AVAILABLE
     module_name, _ = SUBCOMMANDS[name]
+    if rest and (name, rest[0]) in ROUTES:
+        module_name, name, rest = ROUTES[name, rest[0]], f"{name} {rest[0]}", rest[1:]
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:

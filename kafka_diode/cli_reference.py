@@ -20,7 +20,7 @@ import importlib
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from kafka_diode.cli import SUBCOMMANDS
+from kafka_diode.cli import ROUTES, SUBCOMMANDS
 
 #: (command, first argument) pairs a ``main`` dispatches itself before its parser runs.
 MANUAL_SUBCOMMANDS: tuple[tuple[str, str], ...] = (("dedup", "reset"),)
@@ -57,10 +57,13 @@ def capture_parser(command: str, argv: list[str]) -> argparse.ArgumentParser:
     Raises:
         LookupError: the command parsed nothing (it has no argparse parser on that path).
     """
-    module = importlib.import_module(SUBCOMMANDS[command][0])
+    module_name, prog = SUBCOMMANDS[command][0], f"kafka-diode {command}"
+    if argv and (command, argv[0]) in ROUTES:  # the dispatcher's routing, as it does it
+        module_name, prog, argv = ROUTES[command, argv[0]], f"{prog} {argv[0]}", argv[1:]
+    module = importlib.import_module(module_name)
     with _capturing():
         try:
-            module.main([*argv, "--help"], prog=f"kafka-diode {command}")
+            module.main([*argv, "--help"], prog=prog)
         except _Captured as captured:
             return captured.parser
     raise LookupError(f"kafka-diode {command} {' '.join(argv)}: no argparse parser ran")
@@ -84,7 +87,7 @@ def command_parsers() -> list[tuple[str, argparse.ArgumentParser]]:
 
     for command in SUBCOMMANDS:
         walk(f"kafka-diode {command}", capture_parser(command, []))
-        for manual_command, first in MANUAL_SUBCOMMANDS:
+        for manual_command, first in (*MANUAL_SUBCOMMANDS, *ROUTES):
             if manual_command == command:
                 walk(f"kafka-diode {command} {first}", capture_parser(command, [first]))
     return out

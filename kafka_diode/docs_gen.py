@@ -40,7 +40,7 @@ SECTIONS: tuple[tuple[str, str, str, str, str], ...] = (
     ),
     (
         "kafka-diode bundle create",
-        "dedup.bundle_cli",
+        "dedup.bundle_create",
         "BundleConfig",
         "DIODE_BUNDLE_",
         "The low-side bundle writer. TOML file via `--config` (top level or `[bundle]`), then the"

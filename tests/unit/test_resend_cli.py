@@ -12,10 +12,13 @@ from pathlib import Path
 import pytest
 
 from common import bundle as b
+from common import bundle_files, bundle_qr
 from common.errors import BundleError
 from common.gap_record import GapReport, GapState, gap_key, gap_value, latest_gaps
 from common.wire import Key, KeyRing
 from dedup import bundle_cli
+from dedup.bundle_create import BundleConfig
+from kafka_diode import cli as dispatcher
 from sender import resend_cli
 
 NOWHERE = "127.0.0.1:1"
@@ -226,7 +229,7 @@ def test_bundle_env_takes_the_dedup_names_then_its_own() -> None:
     mapped = bundle_cli.bundle_env(env)
     from common import settings  # noqa: PLC0415
 
-    cfg = settings.build(bundle_cli.BundleConfig, env=mapped, env_prefix=bundle_cli.ENV_PREFIX)
+    cfg = settings.build(BundleConfig, env=mapped, env_prefix=bundle_files.ENV_PREFIX)
     assert cfg.bootstrap_servers == "down:9092"
     assert cfg.gap_topic == "other.gaps"
     assert cfg.kafka == {"security.protocol": "SASL_SSL"}
@@ -265,14 +268,14 @@ def test_latest_state_per_gap_key_keeps_open_gaps_only() -> None:
 def test_write_atomically_replaces_whole_file(tmp_path: Path) -> None:
     target = tmp_path / "latest.bundle"
     target.write_bytes(b"old")
-    bundle_cli.write_atomically(target, b"new contents")
+    bundle_files.write_atomically(target, b"new contents")
     assert target.read_bytes() == b"new contents"
     assert [p.name for p in tmp_path.iterdir()] == ["latest.bundle"]
 
 
 def test_summary_of_empty_bundle_says_nothing_to_resend() -> None:
     empty = b.build([], bundle_id="e", created_at_ms=0)
-    assert "nothing to resend" in bundle_cli.summary_table(empty)
+    assert "nothing to resend" in bundle_files.summary_table(empty)
 
 
 def test_qr_codes_round_trip_through_join(
@@ -284,7 +287,7 @@ def test_qr_codes_round_trip_through_join(
     path = tmp_path / "big.bundle"
     key = keyring.active
     path.write_bytes(b.sign(bundle, key_id=key.key_id, link_key=key.material))
-    parts = bundle_cli.qr_parts(path.read_bytes())
+    parts = bundle_qr.qr_parts(path.read_bytes())
     assert len(parts) > 1
     texts = []
     for i, part in enumerate(reversed(parts)):  # scanned in any order
@@ -292,15 +295,15 @@ def test_qr_codes_round_trip_through_join(
         text.write_text(part)
         texts.append(str(text))
     out = tmp_path / "joined.bundle"
-    argv = ["join", *texts, texts[0], "--out", str(out), "--key-file", str(key_file)]
-    assert bundle_cli.main(argv) == 0
+    argv = ["bundle", "join", *texts, texts[0], "--out", str(out), "--key-file", str(key_file)]
+    assert dispatcher.main(argv) == 0  # the high side's command, routed out of the low side's
     assert b.verify(out.read_bytes(), {key.key_id: key.material}) == bundle
     # a missing code, or codes of two bundles, are refused
     with pytest.raises(BundleError, match="missing"):
-        bundle_cli.join_parts(parts[1:])
-    other = bundle_cli.qr_parts(_bundle_file(tmp_path, keyring, "small.bundle").read_bytes())
+        bundle_qr.join_parts(parts[1:])
+    other = bundle_qr.qr_parts(_bundle_file(tmp_path, keyring, "small.bundle").read_bytes())
     with pytest.raises(BundleError, match="mixed"):
-        bundle_cli.join_parts([*parts, *other])
+        bundle_qr.join_parts([*parts, *other])
     # images: one per code
     images = tmp_path / "qr"
     argv = [

@@ -25,9 +25,9 @@ from pathlib import Path
 
 from common import logging as diode_logging
 from common import settings
-from common.bundle_files import ENV_PREFIX, BundleKeyConfig, load_key_config, show
 from common.errors import BundleError, ConfigError, DiodeError
 from dedup.bundle_create import BundleConfig, create, write_qr
+from runtime.bundle_files import ENV_PREFIX, BundleKeyConfig, load_key_config, show
 
 EXIT_OK = 0
 EXIT_FAILED = 1

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from common import bundle as bundle_format
-from common.bundle_files import BundleKeyConfig, summary_table, write_atomically
 from common.bundle_qr import qr_parts
 from common.errors import BundleError, ConfigError
 from common.gap_record import latest_gaps
+from runtime.bundle_files import BundleKeyConfig, summary_table, write_atomically
 
 if TYPE_CHECKING:
     from common.wire import KeyRing

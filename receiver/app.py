@@ -35,7 +35,6 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from common import metrics as common_metrics
 from common.errors import ConfigError, KeyRingError
@@ -56,7 +55,7 @@ from receiver.metrics import (
 from receiver.pubkey import PublicKeyGlue
 from receiver.topic_check import raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
-from runtime import service
+from runtime import link_key, service
 
 log = logging.getLogger(__name__)
 
@@ -78,10 +77,11 @@ class Receiver:
         self._worker = worker
         self._rlog = RateLimitedLog(log)
         self._keyring: KeyRing | None = None
-        self._key_mtime: int | None = None
+        self._key_watch: link_key.KeyFileWatch | None = None
         if config.key_file is not None:
+            seen = link_key.mtime(config.key_file)  # before reading: a change meanwhile reloads
             self._keyring = KeyRing.from_file(config.key_file)
-            self._key_mtime = _mtime(config.key_file)
+            self._key_watch = link_key.KeyFileWatch(config.key_file, self._keyring, seen=seen)
         wire = config.wire_config()
         self._pk: PublicKeyGlue | None = None
         if config.receiver_key_file is not None:  # public-key mode (receiver/pubkey.py)
@@ -375,40 +375,29 @@ class Receiver:
             if check:
                 self._next_key_check = now + interval
             self._pk.tick(time.time() * 1000.0, now, check_files=check)
-        if self.config.key_file is not None and interval > 0 and now >= self._next_key_check:
+        if self._key_watch is not None and interval > 0 and now >= self._next_key_check:
             self._next_key_check = now + interval
-            mtime = _mtime(self.config.key_file)
-            if mtime is not None and mtime != self._key_mtime:
+            if self._key_watch.changed():
                 self.reload_keys("key file changed")
 
     def reload_keys(self, why: str) -> None:
         """Re-read the key file and swap the ring in place; keep the old ring on failure."""
-        path = self.config.key_file
         if self._pk is not None:
             self._pk.reload(why)
             return
-        if path is None or self._keyring is None:
+        if self._key_watch is None:
             log.info("%s: no key file configured, nothing to reload", why)
             return
-        self._key_mtime = _mtime(path)
         try:
-            ring = KeyRing.from_file(path)
+            ring = self._key_watch.reload()
         except KeyRingError as exc:
             self.stats.keyring_reload_errors += 1
             log.error(  # noqa: TRY400  the reason is in the message; a traceback adds nothing
                 "%s: key ring NOT reloaded, the previous one stays in use: %s", why, exc
             )
             return
-        self._keyring.replace(ring)
         self.stats.keyring_reloads += 1
         log.info("%s: key ring reloaded, %d keys", why, len(ring))
-
-
-def _mtime(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
 
 
 def run(

@@ -74,11 +74,9 @@ def main(argv: Sequence[str], prog: str = "kafka-diode receive") -> int:
     try:
         config = load_config(args)
         if config.key_file is not None:
-            from common.wire import KeyRing  # noqa: PLC0415  keep --help light
+            from runtime import link_key  # noqa: PLC0415  keep --help light
 
-            ring = KeyRing.from_file(config.key_file)
-            if not len(ring):
-                raise ConfigError("key_file", f"{config.key_file} holds no keys")
+            link_key.load(key_file=config.key_file, password=None, salt="")
         if config.receiver_key_file is not None:
             from receiver.pubkey import load_verifier  # noqa: PLC0415  keep --help light
 

@@ -33,7 +33,6 @@ import logging
 import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import Any
 
@@ -43,6 +42,7 @@ from common.errors import KeyRingError, LocalProtocolError
 from common.logging import RateLimitedLog
 from common.wire import KeyRing, RecordTooLarge
 from common.wire.announce import KeyAnnouncer
+from runtime import link_key
 from sender.config import SenderConfig, load_keyring
 from sender.kafka_source import KafkaSource
 from sender.metrics import SenderMetrics
@@ -100,7 +100,7 @@ class SenderApp:
         self.keyring: KeyRing | None = None
         """The ring the encoder uses (``None`` in cleartext); ``reload_keys`` swaps it in place."""
         self.keyring_reloads = 0
-        self._key_mtime: int | None = None
+        self._key_watch: link_key.KeyFileWatch | None = None
         self.stalled = False
         """True while the stall check finds the consumer lagging with nothing read or sent."""
         self.stalls = 0
@@ -140,8 +140,8 @@ class SenderApp:
         """
         loop = asyncio.get_running_loop()
         cfg = self.config
-        if cfg.key_file is not None:
-            self._key_mtime = _mtime(cfg.key_file)  # before reading: a change meanwhile reloads
+        # Taken before reading the file: a change meanwhile reloads.
+        key_seen = link_key.mtime(cfg.key_file) if cfg.key_file is not None else None
         shared = None
         if cfg.signing_key_file is None:  # shared-key (or cleartext) mode
             shared = self._keyring if self._keyring is not None else load_keyring(cfg)
@@ -156,6 +156,8 @@ class SenderApp:
         )
         keyring, announcer = path.keyring, path.announcer
         self.keyring, self.announcer, self._udp = keyring, announcer, path.udp
+        if cfg.key_file is not None and keyring is not None:
+            self._key_watch = link_key.KeyFileWatch(cfg.key_file, keyring, seen=key_seen)
         self.pipeline = pipeline = path.pipeline
         self.source = KafkaSource(cfg, loop=loop, committable=lambda: dict(pipeline.sent_high))
         try:
@@ -180,7 +182,7 @@ class SenderApp:
         if announcer is not None:
             self._spawn(announce_loop(announcer, pipeline, self._clock), "announce")
         if cfg.key_file is not None and cfg.key_check_interval > 0 and keyring is not None:
-            self._spawn(self._key_check_loop(cfg.key_file, cfg.key_check_interval), "key-check")
+            self._spawn(self._key_check_loop(cfg.key_check_interval), "key-check")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
@@ -455,21 +457,19 @@ class SenderApp:
         Returns:
             True when a new ring is in use.
         """
-        path = self.config.key_file
-        if path is None or self.keyring is None:
+        watch = self._key_watch
+        if watch is None:
             log.info("%s: no key file configured, nothing to reload", why)
             return False
-        self._key_mtime = _mtime(path)
+        old = watch.ring.active.key_id
         try:
-            ring = KeyRing.from_file(path)
+            ring = watch.reload()
         except KeyRingError as exc:
             self.errors["keyring_reload"] = self.errors.get("keyring_reload", 0) + 1
             log.error(  # noqa: TRY400  the reason is in the message; a traceback adds nothing
                 "%s: key ring NOT reloaded, the previous one stays in use: %s", why, exc
             )
             return False
-        old = self.keyring.active.key_id
-        self.keyring.replace(ring)
         self.keyring_reloads += 1
         log.info(
             "%s: key ring reloaded, %d keys, active key %08x (was %08x)",
@@ -480,11 +480,10 @@ class SenderApp:
         )
         return True
 
-    async def _key_check_loop(self, path: Path, interval: float) -> None:
+    async def _key_check_loop(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            mtime = _mtime(path)
-            if mtime is not None and mtime != self._key_mtime:
+            if self._key_watch is not None and self._key_watch.changed():
                 self.reload_keys("key file changed")
 
     async def _commit(self) -> bool:
@@ -586,10 +585,3 @@ class SenderApp:
                 backlog_bytes=p.backlog_bytes,
             )
         self.metrics.sync(totals, self.all_errors())
-
-
-def _mtime(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None

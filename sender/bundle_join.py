@@ -18,9 +18,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from common import settings
-from common.bundle_files import BundleKeyConfig, load_key_config, show_bytes, write_atomically
 from common.bundle_qr import join_parts
 from common.errors import BundleError, ConfigError
+from runtime.bundle_files import BundleKeyConfig, load_key_config, show_bytes, write_atomically
 
 EXIT_OK = 0
 EXIT_FAILED = 1

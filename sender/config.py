@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from common.errors import ConfigError, KeyRingError
+from common.errors import ConfigError
 from common.wire.announce import AnnounceConfig
 from common.wire.config import DEFAULT_DATAGRAM_SIZE, WireConfig
 from common.wire.fec import FecConfig, FecEncoder
@@ -423,29 +423,6 @@ def load_keyring(config: SenderConfig) -> KeyRing | None:
         ConfigError: the key file is missing, unreadable or malformed (names ``key_file``), or the
             password derivation fails (names ``password``).
     """
-    from common.wire import Key, KeyRing, derive_key  # noqa: PLC0415  imported late: keeps config import light
+    from runtime import link_key  # noqa: PLC0415  imported late: keeps config import light
 
-    if config.key_file is not None:
-        path = config.key_file
-        if not path.exists():
-            raise ConfigError("key_file", f"{path} does not exist", "run 'kafka-diode keygen'")
-        try:
-            path.read_bytes()
-        except OSError as exc:
-            raise ConfigError("key_file", f"{path} is unreadable: {exc.strerror}") from exc
-        try:
-            return KeyRing.from_file(path)
-        except (KeyRingError, OSError, ValueError) as exc:
-            raise ConfigError("key_file", f"{path}: {exc}") from exc
-    if config.password is not None:
-        try:
-            salt = bytes.fromhex(config.salt)
-        except ValueError:
-            raise ConfigError("salt", "is not hexadecimal", "use 32+ hex digits") from None
-        try:
-            material = derive_key(config.password, salt)
-            key = Key.from_material(material, kdf={"name": "scrypt", "salt": config.salt})
-        except KeyRingError as exc:
-            raise ConfigError("password", str(exc)) from exc
-        return KeyRing([key], active=key.key_id)
-    return None
+    return link_key.load(key_file=config.key_file, password=config.password, salt=config.salt)

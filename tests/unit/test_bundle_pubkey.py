@@ -8,9 +8,9 @@ import json
 import pytest
 
 from common import bundle as bundle_format
-from common.bundle_files import BundleKeyConfig
 from common.errors import BundleError, ConfigError
 from common.wire.pubkey import SigningKey, TrustedKeys
+from runtime.bundle_files import BundleKeyConfig
 from sender.resend_cli import read_bundle
 from tests.pubkey_support import SENDER, STRANGER
 

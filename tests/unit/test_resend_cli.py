@@ -12,13 +12,14 @@ from pathlib import Path
 import pytest
 
 from common import bundle as b
-from common import bundle_files, bundle_qr
+from common import bundle_qr
 from common.errors import BundleError
 from common.gap_record import GapReport, GapState, gap_key, gap_value, latest_gaps
 from common.wire import Key, KeyRing
 from dedup import bundle_cli
 from dedup.bundle_create import BundleConfig
 from kafka_diode import cli as dispatcher
+from runtime import bundle_files
 from sender import resend_cli
 
 NOWHERE = "127.0.0.1:1"

@@ -1,6 +1,6 @@
 """Bundle files as both sides handle them: the key that signs or verifies them, writing one
-atomically, and showing what one lists. Used by ``bundle create|show|qr`` (low side) and
-``bundle join`` and ``resend`` (high side).
+atomically, and showing what one lists (file I/O, hence here and not in ``common``). Used by
+``bundle create|show|qr`` (low side) and ``bundle join`` and ``resend`` (high side).
 """
 
 from __future__ import annotations
@@ -83,24 +83,14 @@ class BundleKeyConfig:
         Raises:
             ConfigError: unreadable or malformed key file, or a failed derivation.
         """
-        from common.wire import Key, KeyRing, derive_key  # noqa: PLC0415  keeps --help light
+        from common.wire import KeyRing  # noqa: PLC0415  keeps --help light
+        from runtime import link_key  # noqa: PLC0415  as above
 
         if self.signing_key_file is not None:
             return KeyRing()
-        if self.key_file is not None:
-            try:
-                return KeyRing.from_file(self.key_file)
-            except (KeyRingError, OSError, ValueError) as exc:
-                raise ConfigError("key_file", str(exc), "run 'kafka-diode keygen'") from exc
-        assert self.password is not None
-        try:
-            material = derive_key(self.password, bytes.fromhex(self.salt))
-        except ValueError:
-            raise ConfigError("salt", "is not hexadecimal") from None
-        except KeyRingError as exc:
-            raise ConfigError("password", str(exc)) from exc
-        key = Key.from_material(material, kdf={"name": "scrypt", "salt": self.salt})
-        return KeyRing([key], active=key.key_id)
+        ring = link_key.load(key_file=self.key_file, password=self.password, salt=self.salt)
+        assert ring is not None  # __post_init__: a key file or a password is set
+        return ring
 
 
 def summary_table(bundle: bundle_format.Bundle) -> str:

@@ -1,0 +1,88 @@
+"""The link key, loaded and watched the same way by every command that holds it.
+
+A link key ring comes from a key file (``kafka-diode keygen``) or from a password and salt
+(scrypt). :func:`load` turns either into a :class:`~common.wire.KeyRing`, refusing a bad one with
+a :class:`~common.errors.ConfigError` naming ``key_file``, ``password`` or ``salt``.
+:class:`KeyFileWatch` re-reads a key file into the live ring when asked (SIGHUP) or when the
+file's modification time changes, and never replaces a working ring with a broken one.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from common.errors import ConfigError, KeyRingError
+from common.wire import Key, KeyRing, derive_key
+
+
+def load(
+    *, key_file: Path | None, password: str | None, salt: str, missing_fix: str = ""
+) -> KeyRing | None:
+    """The key ring from ``key_file``, else derived from ``password`` + ``salt``, else None.
+
+    Raises:
+        ConfigError: the key file is missing, unreadable, malformed or empty (names
+            ``key_file``), the salt is not hex (``salt``), or the derivation fails (``password``).
+    """
+    if key_file is not None:
+        if not key_file.exists():
+            raise ConfigError(
+                "key_file", f"{key_file} does not exist", missing_fix or "run 'kafka-diode keygen'"
+            )
+        try:
+            ring = KeyRing.from_file(key_file)
+        except OSError as exc:
+            raise ConfigError("key_file", f"{key_file} is unreadable: {exc.strerror}") from exc
+        except (KeyRingError, ValueError) as exc:
+            raise ConfigError("key_file", f"{key_file}: {exc}") from exc
+        if not len(ring):
+            raise ConfigError("key_file", f"{key_file} holds no keys")
+        return ring
+    if password is not None:
+        try:
+            salt_bytes = bytes.fromhex(salt)
+        except ValueError:
+            raise ConfigError("salt", "is not hexadecimal", "use 32+ hex digits") from None
+        try:
+            material = derive_key(password, salt_bytes)
+            key = Key.from_material(material, kdf={"name": "scrypt", "salt": salt})
+        except KeyRingError as exc:
+            raise ConfigError("password", str(exc)) from exc
+        return KeyRing([key], active=key.key_id)
+    return None
+
+
+def mtime(path: Path) -> int | None:
+    """Modification time of ``path`` in ns, None when it cannot be read."""
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
+
+
+class KeyFileWatch:
+    """One key file and the live ring loaded from it."""
+
+    def __init__(self, path: Path, ring: KeyRing, *, seen: int | None = None) -> None:
+        """``seen``: the file's mtime taken before ``ring`` was read from it (so a change in
+        between reloads); by default taken now."""
+        self.path = path
+        self.ring = ring
+        self._seen = seen if seen is not None else mtime(path)
+
+    def changed(self) -> bool:
+        """The file's modification time differs from the one last loaded (or seen)."""
+        now = mtime(self.path)
+        return now is not None and now != self._seen
+
+    def reload(self) -> KeyRing:
+        """Re-read the file and swap its keys into the live ring in place; returns the new ring.
+
+        Raises:
+            KeyRingError: the file is unreadable or malformed; the live ring is left unchanged.
+        """
+        self._seen = mtime(self.path)
+        ring = KeyRing.from_file(self.path)
+        self.ring.replace(ring)
+        return ring

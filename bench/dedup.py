@@ -53,8 +53,8 @@ from dedup.writer import (  # noqa: E402
     WriterSettings,
     ensure_topics,
 )
-from kafka_diode.local_kafka.artifacts import spark_connector_jars  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
+from runtime.maven import spark_connector_jars  # noqa: E402
 
 PARTITIONS = 8
 VALUE = b"v" * 200

@@ -817,7 +817,7 @@ def spark_passthrough(bootstrap: str, topic: str) -> dict[str, Any]:
     """
     from pyspark.sql import SparkSession  # noqa: PLC0415  only in this child process
 
-    from kafka_diode.local_kafka.artifacts import spark_connector_jars  # noqa: PLC0415
+    from runtime.maven import spark_connector_jars  # noqa: PLC0415
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     spark = (

@@ -125,7 +125,7 @@ def run(
     from common.metrics import serve  # noqa: PLC0415  keep --help free of heavy imports
     from dedup import job  # noqa: PLC0415  imports pyspark
     from dedup.writer import DedupMetrics, TransactionalBatchWriter, WriterSettings  # noqa: PLC0415
-    from kafka_diode.local_kafka.artifacts import spark_connector_jars  # noqa: PLC0415
+    from runtime.maven import spark_connector_jars  # noqa: PLC0415
 
     log.info("dedup settings: %s", json.dumps(settings.describe(config)))
     metrics = DedupMetrics()

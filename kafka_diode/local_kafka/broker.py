@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError, LocalKafkaError
-from kafka_diode.local_kafka import artifacts
+from runtime import maven as artifacts
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 
 from common.errors import ConfigError, LocalKafkaError
-from kafka_diode.local_kafka import artifacts, broker
+from kafka_diode.local_kafka import broker
+from runtime import maven as artifacts
 
 EXIT_FAILURE = 1
 

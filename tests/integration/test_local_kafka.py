@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Producer
 
-from kafka_diode.local_kafka import artifacts, cli
 from kafka_diode.local_kafka import broker as broker_module
+from kafka_diode.local_kafka import cli
 from kafka_diode.local_kafka.broker import (
     CMDLINE_NAME_PROP,
     LocalBroker,
@@ -30,6 +30,7 @@ from kafka_diode.local_kafka.broker import (
     pid_cmdline,
     read_state,
 )
+from runtime import maven as artifacts
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records, wait_until
 
 CLI = [sys.executable, "-m", "kafka_diode", "local-kafka"]

@@ -262,8 +262,16 @@ def build(
     env: Mapping[str, str] | None = None,
     env_prefix: str = "",
     flags: argparse.Namespace | Mapping[str, Any] | None = None,
+    env_names: Mapping[str, str] | None = None,
+    env_tables: Mapping[str, str] | None = None,
 ) -> T:
     """Merge defaults < file < environment < flags into an instance of ``cls``.
+
+    The environment is read by ``env_prefix`` (``<PREFIX><KEY>``, ``<PREFIX><KEY>__<PROP>`` for a
+    property table) and, for commands whose operators know other names (the dedup's
+    ``WINDOW_SIZE``, ``KAFKA_CONF_*``), by ``env_names`` (variable -> key) and ``env_tables``
+    (variable prefix -> property-table key; ``SECURITY_PROTOCOL`` reads as
+    ``security.protocol``). With those, an error names the variable or flag that set the value.
 
     Raises:
         ConfigError: an unknown key, a value of the wrong type, or whatever ``cls`` refuses in
@@ -300,10 +308,26 @@ def build(
             else:
                 values[name] = _convert(var, raw, hints[name])
 
+    origin: dict[str, str] = {}
+    for var, name in (env_names or {}).items():
+        if env is not None and var in env:
+            values[name] = _convert(var, env[var], hints[name])
+            origin[name] = var
+    for prefix, name in (env_tables or {}).items():
+        table = {
+            _property_name(var[len(prefix) :]): raw
+            for var, raw in (env or {}).items()
+            if var.startswith(prefix) and len(var) > len(prefix)
+        }
+        if table:
+            values[name] = {**(values.get(name) or {}), **table}
+            origin[name] = prefix + "<NAME>"
+
     flag_map = vars(flags) if isinstance(flags, argparse.Namespace) else dict(flags or {})
     for name, raw in flag_map.items():
         if name not in hints or raw is None:
             continue
+        origin[name] = flag_name(name)
         inner, _ = _unwrap_optional(hints[name])
         if typing.get_origin(inner) is dict and isinstance(raw, list):
             table = dict(values.get(name) or {})
@@ -318,6 +342,10 @@ def build(
 
     try:
         return cls(**values)
+    except ConfigError as exc:
+        if (env_names or env_tables) and exc.key in origin and exc.key != origin[exc.key]:
+            raise ConfigError(origin[exc.key], exc.problem, exc.fix) from exc
+        raise
     except TypeError as exc:  # a required field without a value
         missing = [
             f.name
@@ -328,12 +356,23 @@ def build(
         ]
         if missing:
             name = missing[0]
+            named = [var for var, field_name in (env_names or {}).items() if field_name == name]
+            if named:
+                raise ConfigError(
+                    named[0], "is required", f"set {named[0]} or {flag_name(name)}"
+                ) from exc
             raise ConfigError(
                 name,
                 "is required",
                 f"set it in the file, as {env_name(env_prefix, name)} or with {flag_name(name)}",
             ) from exc
         raise
+
+
+def _property_name(raw: str) -> str:
+    """``SECURITY_PROTOCOL`` -> ``security.protocol``; a mixed-case name keeps its case."""
+    name = raw.replace("_", ".")
+    return name.lower() if raw.isupper() else name
 
 
 def describe(config: Any) -> dict[str, Any]:

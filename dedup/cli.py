@@ -16,12 +16,13 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from common import logging as diode_logging
 from common import raw_topic, settings
 from common.errors import ConfigError, DiodeError
-from dedup.config import LOG_LEVELS, PASS_THROUGH, DedupConfig, environment_help, from_sources
+from dedup.config import LOG_LEVELS, DedupConfig, environment_help, from_sources, tool_config
 from runtime import service
 
 if TYPE_CHECKING:
@@ -39,11 +40,15 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description=(
             "Spark Structured Streaming job: raw topic(s) -> clean topic(s) exactly once (for "
-            "read_committed readers) + gap topic. Settings come from the environment (names "
-            "below), then flags. 'dedup reset --topic T --partition P' clears one partition."
+            "read_committed readers) + gap topic. Settings come from --config (TOML, top level or "
+            "a [dedup] table, keys as below in lower case), then the environment (names below), "
+            "then flags. 'dedup reset --topic T --partition P' clears one partition."
         ),
         epilog=environment_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--config", type=Path, help="TOML file (top level or [dedup] table) with the settings"
     )
     settings.add_flags(parser, DedupConfig, skip=("log_json",))
     parser.add_argument(
@@ -103,7 +108,9 @@ def main(argv: Sequence[str], prog: str = "kafka-diode dedup") -> int:
         return _reset(args_list[1:], prog, os.environ)
     args = _parser(prog).parse_args(args_list)
     try:
-        config = from_sources(os.environ, args)
+        config = from_sources(
+            os.environ, args, file_values=settings.read_toml_section(args.config, "dedup")
+        )
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -275,18 +282,14 @@ def writer_settings(config: DedupConfig, cls: Any) -> Any:
 
 def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
     args = _reset_parser(prog).parse_args(list(argv))
-    level = env.get("LOG_LEVEL", "INFO").upper()
-    diode_logging.configure(
-        level if level in LOG_LEVELS else "INFO",
-        json_format=env.get("LOG_JSON", "").strip().lower() in ("1", "true", "yes", "on"),
-    )
-    bootstrap = args.bootstrap_servers or env.get("BOOTSTRAP_SERVERS", "")
-    control = args.control_topic or env.get("CONTROL_TOPIC") or DedupConfig.control_topic
-    if not bootstrap:
-        print(
-            f"{prog} reset: BOOTSTRAP_SERVERS is required (or --bootstrap-servers)", file=sys.stderr
-        )
+    try:
+        config = tool_config(env, args)
+    except ConfigError as exc:
+        print(f"{prog} reset: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    level = config.log_level.upper()
+    diode_logging.configure(level if level in LOG_LEVELS else "INFO", json_format=config.log_json)
+    control = config.control_topic
     if args.partition < 0 or ":" in args.topic or not args.topic:
         print(f"{prog} reset: --topic must be a topic name, --partition >= 0", file=sys.stderr)
         return EXIT_CONFIG
@@ -301,15 +304,8 @@ def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
             return EXIT_FAILED
     from runtime import kafka  # noqa: PLC0415  loads confluent_kafka only to write the reset
 
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "enable.idempotence": True}
-    prefix = PASS_THROUGH["kafka_conf"]
-    conf.update(
-        {
-            k[len(prefix) :].lower().replace("_", "."): v
-            for k, v in env.items()
-            if k.startswith(prefix)
-        }
-    )
+    conf: dict[str, Any] = {"bootstrap.servers": config.bootstrap_servers}
+    conf.update({"enable.idempotence": True, **config.kafka_conf})
     producer = kafka.producer(conf)
     user = env.get("USER") or env.get("LOGNAME") or "unknown"
     key, value = raw_topic.reset_record(args.topic, args.partition, user, int(time.time() * 1000))

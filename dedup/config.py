@@ -239,58 +239,77 @@ def env_var(field_name: str) -> str:
     return field_name.upper()
 
 
-def _property_name(raw: str) -> str:
-    name = raw.replace("_", ".")
-    return name.lower() if raw.isupper() else name
+#: The operators' environment variable of every key: the key in upper case, no prefix.
+ENV_NAMES = {
+    env_var(f.name): f.name for f in dataclasses.fields(DedupConfig) if f.name not in PASS_THROUGH
+}
+ENV_TABLES = {prefix: name for name, prefix in PASS_THROUGH.items()}
 
 
 def from_sources(
-    env: Mapping[str, str], flags: argparse.Namespace | Mapping[str, Any] | None = None
+    env: Mapping[str, str],
+    flags: argparse.Namespace | Mapping[str, Any] | None = None,
+    file_values: Mapping[str, Any] | None = None,
 ) -> DedupConfig:
-    """Build the configuration: defaults < environment < flags.
+    """Build the configuration: defaults < ``--config`` file < environment < flags.
+
+    The same mechanism as every command (``common.settings.build``), with the operators'
+    variable names (``ENV_NAMES``, ``ENV_TABLES``) instead of a prefix.
 
     Raises:
         ConfigError: naming the environment variable or flag at fault, and the fix.
     """
-    names = {f.name for f in dataclasses.fields(DedupConfig)}
-    values: dict[str, Any] = {}
-    origin: dict[str, str] = {}
-    for name in names:
-        if name in PASS_THROUGH:
-            prefix = PASS_THROUGH[name]
-            table = {
-                _property_name(var[len(prefix) :]): raw
-                for var, raw in env.items()
-                if var.startswith(prefix) and len(var) > len(prefix)
-            }
-            if table:
-                values[name] = [f"{k}={v}" for k, v in table.items()]
-                origin[name] = prefix + "<NAME>"
-        elif env_var(name) in env:
-            values[name] = env[env_var(name)]
-            origin[name] = env_var(name)
-    flag_map = vars(flags) if isinstance(flags, argparse.Namespace) else dict(flags or {})
-    for name, raw in flag_map.items():
-        if name not in names or raw is None:
-            continue
-        if name in PASS_THROUGH and name in values:
-            values[name] = [*values[name], *raw]  # flags extend (and override) the environment
-        else:
-            values[name] = raw
-        origin[name] = settings.flag_name(name)
-    try:
-        return settings.build(DedupConfig, flags=values)
-    except ConfigError as exc:
-        field_name = exc.key.removeprefix("--").replace("-", "_")
-        if field_name in origin and exc.key != origin[field_name]:
-            raise ConfigError(origin[field_name], exc.problem, exc.fix) from exc
-        if exc.problem == "is required":
+    return settings.build(
+        DedupConfig,
+        file_values=file_values,
+        env=env,
+        flags=flags,
+        env_names=ENV_NAMES,
+        env_tables=ENV_TABLES,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DedupToolConfig:
+    """What ``dedup reset`` and ``gaps`` read of the dedup's settings, under the same names, so
+    they run from the dedup's environment file."""
+
+    bootstrap_servers: str
+    """BOOTSTRAP_SERVERS: downstream Kafka, host:port[,...]."""
+    gap_topic: str = DedupConfig.gap_topic
+    """GAP_TOPIC: the dedup's gap topic."""
+    control_topic: str = DedupConfig.control_topic
+    """CONTROL_TOPIC: where ``dedup reset`` writes its reset record."""
+    kafka_conf: dict[str, str] = field(default_factory=dict)
+    """KAFKA_CONF_<NAME>: librdkafka properties of the client."""
+    log_level: str = "INFO"
+    """LOG_LEVEL."""
+    log_json: bool = False
+    """LOG_JSON."""
+
+    def __post_init__(self) -> None:
+        if not self.bootstrap_servers.strip():
             raise ConfigError(
-                env_var(field_name),
-                "is required",
-                f"set {env_var(field_name)} or {settings.flag_name(field_name)}",
-            ) from exc
-        raise
+                "BOOTSTRAP_SERVERS", "is empty", "set BOOTSTRAP_SERVERS or --bootstrap-servers"
+            )
+
+
+def tool_config(
+    env: Mapping[str, str], flags: argparse.Namespace | Mapping[str, Any] | None = None
+) -> DedupToolConfig:
+    """``DedupToolConfig`` from the environment (the dedup's names) and flags.
+
+    Raises:
+        ConfigError: naming the variable or flag at fault (``BOOTSTRAP_SERVERS`` when missing).
+    """
+    names = {f.name for f in dataclasses.fields(DedupToolConfig)}
+    return settings.build(
+        DedupToolConfig,
+        env=env,
+        flags=flags,
+        env_names={var: name for var, name in ENV_NAMES.items() if name in names},
+        env_tables={PASS_THROUGH["kafka_conf"]: "kafka_conf"},
+    )
 
 
 def environment_help() -> str:

@@ -15,9 +15,9 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from common.errors import DiodeError
+from common.errors import ConfigError, DiodeError
 from common.gap_record import latest_gaps
-from dedup.config import PASS_THROUGH, DedupConfig
+from dedup.config import tool_config
 
 READ_TIMEOUT_S = 60.0
 
@@ -73,20 +73,16 @@ def read_open_gaps(
 def main(argv: Sequence[str], prog: str = "kafka-diode gaps") -> int:
     """Print the open gaps; exit 0 (also when there are none), 1 on a Kafka error."""
     args = _parser(prog).parse_args(list(argv))
-    env = os.environ
-    bootstrap = args.bootstrap_servers or env.get("BOOTSTRAP_SERVERS", "")
-    if not bootstrap:
-        print(f"{prog}: BOOTSTRAP_SERVERS is required (or --bootstrap-servers)", file=sys.stderr)
-        return 2
-    gap_topic = args.gap_topic or env.get("GAP_TOPIC") or DedupConfig.gap_topic
-    prefix = PASS_THROUGH["kafka_conf"]
-    conf = {
-        k[len(prefix) :].lower().replace("_", "."): v
-        for k, v in env.items()
-        if k.startswith(prefix)
-    }
     try:
-        gaps, bad = read_open_gaps(bootstrap, gap_topic, conf, args.timeout)
+        config = tool_config(os.environ, args)
+    except ConfigError as exc:
+        print(f"{prog}: configuration error: {exc}", file=sys.stderr)
+        return 2
+    gap_topic = config.gap_topic
+    try:
+        gaps, bad = read_open_gaps(
+            config.bootstrap_servers, gap_topic, config.kafka_conf, args.timeout
+        )
     except DiodeError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

@@ -40,7 +40,7 @@ from confluent_kafka import KafkaError, Message
 
 from common.errors import KeyRingError, LocalProtocolError
 from common.logging import RateLimitedLog
-from common.wire import KeyRing, RecordTooLarge
+from common.wire import Encoder, KeyRing, RecordTooLarge
 from common.wire.announce import KeyAnnouncer
 from runtime import link_key
 from sender.config import SenderConfig, load_keyring
@@ -76,6 +76,8 @@ class SenderApp:
         self.started_at_ms = int(time.time() * 1000)
         self.source: KafkaSource | None = None
         self.pipeline: SendPipeline | None = None
+        self._encoder: Encoder | None = None
+        """The session's encoder (the send path's; the pipeline only schedules what it makes)."""
         self._udp: UdpSender | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._consume_task: asyncio.Task[None] | None = None
@@ -155,6 +157,7 @@ class SenderApp:
             on_pressure=self._on_pressure,
         )
         keyring, announcer = path.keyring, path.announcer
+        self._encoder = path.encoder
         self.keyring, self.announcer, self._udp = keyring, announcer, path.udp
         if cfg.key_file is not None and keyring is not None:
             self._key_watch = link_key.KeyFileWatch(cfg.key_file, keyring, seen=key_seen)
@@ -313,7 +316,8 @@ class SenderApp:
         # per-record pipeline call), the clock is read once per emitted datagram instead of per
         # record (``now`` only sets the linger deadline, and an older ``now`` only makes it
         # earlier), and the pipeline sends in bursts (``submit``/``settle``).
-        add = pipeline.encoder.add
+        assert self._encoder is not None  # set by start(), with the pipeline
+        add = self._encoder.add
         submit = pipeline.submit
         clock = self._clock
         now = clock()
@@ -425,7 +429,8 @@ class SenderApp:
         low = tuple(
             (topic, partition, self.low_offsets[topic, partition]) for topic, partition, _ in high
         )
-        datagrams = pipeline.encoder.heartbeat(
+        assert self._encoder is not None
+        datagrams = self._encoder.heartbeat(
             sender_id=self.config.sender_id,
             started_at_ms=self.started_at_ms,
             sent_at_ms=int(time.time() * 1000),

@@ -47,7 +47,6 @@ from common.wire.envelope import (
     CIPHER_AES_256_GCM,
     CIPHER_NONE,
     COMPRESSION_NONE,
-    HEADER,
     KIND_HEARTBEAT,
     KIND_RECORD_BATCH,
     KIND_RESEND_MARKER,
@@ -57,7 +56,9 @@ from common.wire.envelope import (
     SMALL_LONGS,
     TAG_SIZE,
     VERSION,
+    build_header,
     encode_long,
+    frame,
     varint_size,
 )
 from common.wire.events import RESEND_PHASES
@@ -435,7 +436,9 @@ class Encoder:
     ) -> list[OutgoingDatagram]:
         """A sealed record batch without compression: ``_message`` with the header prefix and
         the cipher cached while the key ring is unchanged (``KeyRing.generation``), so one
-        datagram costs one ``struct`` pack, one AES-GCM call and one join. Same bytes."""
+        datagram costs one ``struct`` pack, one AES-GCM call and one join. The same bytes as
+        ``_message`` (``envelope.build_header`` + ``frame``), pinned by
+        tests/unit/test_wire_fast_paths.py::test_the_record_datagram_fast_path_is_the_general_framing."""
         total = len(payload)
         keyring = self._keyring
         aead = self._framing_aead
@@ -509,16 +512,14 @@ class Encoder:
             if first > MAX_SEQUENCE:
                 raise SequenceExhaustedError("sequence numbers exhausted; start a new session")
             self._next_sequence = first + 1
-            header = HEADER.pack(
-                MAGIC, VERSION, kind, compression, cipher_code, self._session_id, first, key_id,
-                0, 1, total,
+            header = build_header(
+                kind=kind, compression=compression, cipher=cipher_code,
+                session_id=self._session_id, sequence=first, key_id=key_id,
+                fragment_index=0, fragment_count=1, message_length=total,
             )  # fmt: skip
             body = payload if cipher is None else cipher.seal(first, payload, header)
-            n = len(body)
             datagram = _new(OutgoingDatagram)
-            _set_data(
-                datagram, b"".join((header, SMALL_LONGS[n] if n < _SMALL else encode_long(n), body))
-            )
+            _set_data(datagram, frame(header, body))
             _set_sequence(datagram, first)
             _set_completes(datagram, completes)
             return [datagram]
@@ -526,30 +527,19 @@ class Encoder:
             raise SequenceExhaustedError("sequence numbers exhausted; start a new session")
         self._next_sequence = first + count
         out: list[OutgoingDatagram] = []
-        pack = HEADER.pack
         session_id = self._session_id
         for index in range(count):
             sequence = first + index
-            header = pack(
-                MAGIC,
-                VERSION,
-                kind,
-                compression,
-                cipher_code,
-                session_id,
-                sequence,
-                key_id,
-                index,
-                count,
-                total,
-            )
+            header = build_header(
+                kind=kind, compression=compression, cipher=cipher_code, session_id=session_id,
+                sequence=sequence, key_id=key_id, fragment_index=index, fragment_count=count,
+                message_length=total,
+            )  # fmt: skip
             chunk = payload[index * capacity : (index + 1) * capacity] if count > 1 else payload
             body = chunk if cipher is None else cipher.seal(sequence, chunk, header)
-            n = len(body)
-            prefix = SMALL_LONGS[n] if n < len(SMALL_LONGS) else encode_long(n)
             out.append(
                 OutgoingDatagram(
-                    header + prefix + body, sequence, completes if index == count - 1 else ()
+                    frame(header, body), sequence, completes if index == count - 1 else ()
                 )
             )
         return out

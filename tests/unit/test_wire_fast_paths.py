@@ -14,6 +14,8 @@ import random
 
 import pytest
 from fastavro import schemaless_reader, schemaless_writer
+from hypothesis import given
+from hypothesis import strategies as st
 
 from common.errors import RemoteProtocolError
 from common.wire import (
@@ -29,7 +31,13 @@ from common.wire import (
 from common.wire import batch as batch_module
 from common.wire.batch import RECORD_BATCH_SCHEMA, BatchBuilder, decode_record_groups
 from common.wire.crypto import SessionCipher
-from common.wire.envelope import ENVELOPE_SCHEMA, decode_long, encode_long, encode_varint
+from common.wire.envelope import (
+    ENVELOPE_SCHEMA,
+    KIND_RECORD_BATCH,
+    decode_long,
+    encode_long,
+    encode_varint,
+)
 from common.wire.events import records_of
 from common.wire.replay import ReplayWindow
 from tests.wire_support import SESSION, drain, encode_all, feed
@@ -242,3 +250,20 @@ def test_max_record_size_counts_raw_bytes_at_the_boundary(key, value, headers, f
         with pytest.raises(RecordTooLarge):
             enc.add("t", 0, 0, 0, 1, key, value, headers, 0.0)
         assert enc.pending_records == 0
+
+
+@given(st.binary(min_size=1, max_size=1400), st.integers(0, 2**40))
+def test_the_record_datagram_fast_path_is_the_general_framing(payload: bytes, start: int) -> None:
+    """``Encoder._record_datagram`` (hot) == ``_message`` (build_header + frame, readable)."""
+    key = Key.generate()
+    fast = Encoder(WireConfig(max_datagram_size=1472), KeyRing([key]), session_id=SESSION)
+    general = Encoder(WireConfig(max_datagram_size=1472), KeyRing([key]), session_id=SESSION)
+    for enc in (fast, general):
+        enc._message(KIND_RECORD_BATCH, b"prime", ())  # caches the framing (first key use)
+        enc._next_sequence = start
+    fast._message = None  # type: ignore[method-assign,assignment]  # the fast path must not fall back
+    hot = fast._record_datagram(payload, (("t", 0, 7),), 1)
+    readable = general._message(KIND_RECORD_BATCH, payload, (("t", 0, 7),))
+    assert [(d.data, d.sequence, d.completes) for d in hot] == [
+        (d.data, d.sequence, d.completes) for d in readable
+    ]

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from netem.kind_loss import KindLoss
 from netem.profile import NAMED_PROFILES, Profile, resolve
 from netem.relay import Relay, parse_address
 from netem.tc import NetemUnavailableError, TcNetem
+from runtime import service
 
 ENV_PREFIX = "DIODE_NETEM_"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
@@ -189,11 +189,7 @@ def _relay(args: argparse.Namespace) -> int:
     diode_logging.configure(cfg.log_level, json_format=cfg.log_json)
     profile = resolve(cfg.profile, seed=cfg.seed)
     listen, forward = parse_address("listen", cfg.listen), parse_address("forward", cfg.forward)
-    if cfg.event_loop == "uvloop":
-        import uvloop  # noqa: PLC0415  imported only when chosen
-
-        return uvloop.run(_serve(cfg, profile, listen, forward))
-    return asyncio.run(_serve(cfg, profile, listen, forward))
+    return service.run(lambda: _serve(cfg, profile, listen, forward), cfg.event_loop)
 
 
 async def _serve(
@@ -209,29 +205,16 @@ async def _serve(
         flush=True,
     )
     serve(registry, cfg.metrics_port, cfg.metrics_addr)
-    loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    signals = 0
-
-    def on_signal() -> None:
-        nonlocal signals
-        signals += 1
-        if signals > 1:  # a second Ctrl+C exits at once
-            os._exit(130)
-        stop.set()
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, on_signal)
     try:
-        while not stop.is_set():
-            timeout = cfg.stats_interval or None
-            try:
-                await asyncio.wait_for(stop.wait(), timeout)
-            except TimeoutError:
-                print(json.dumps({"event": "stats", **relay.summary()}), flush=True)
+        with service.loop_signals(service.StopRequests(lambda _signame: stop.set())):
+            while not stop.is_set():
+                timeout = cfg.stats_interval or None
+                try:
+                    await asyncio.wait_for(stop.wait(), timeout)
+                except TimeoutError:
+                    print(json.dumps({"event": "stats", **relay.summary()}), flush=True)
     finally:
         await relay.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
     print(json.dumps({"event": "summary", **relay.summary()}), flush=True)
     return EXIT_OK

@@ -33,6 +33,7 @@ from common.errors import ConfigError, ServiceError
 from netem.impair import DEFAULT_MAX_HELD_BYTES, Impairer
 from netem.kind_loss import KindLoss
 from netem.profile import Profile
+from runtime import service
 
 log = logging.getLogger(__name__)
 
@@ -343,13 +344,7 @@ class RelayThread:
         self.stop()
 
     def _run(self) -> None:
-        loop: asyncio.AbstractEventLoop
-        if self._use_uvloop:
-            import uvloop  # noqa: PLC0415  optional speed-up, imported only when chosen
-
-            loop = uvloop.new_event_loop()
-        else:
-            loop = asyncio.new_event_loop()
+        loop = service.new_loop("uvloop" if self._use_uvloop else "asyncio")
         self._loop = loop
         try:
             loop.run_until_complete(self._main())

@@ -97,12 +97,21 @@ def thread_signals(requests: StopRequests) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def run(main: Callable[[], Coroutine[Any, Any, T]], event_loop: EventLoop) -> T:
-    """Run ``main()`` to completion on a new loop of the chosen kind (uvloop: the fast one)."""
-    factory: Callable[[], asyncio.AbstractEventLoop] | None = None
+def _factory(event_loop: EventLoop) -> Callable[[], asyncio.AbstractEventLoop] | None:
     if event_loop == "uvloop":
         import uvloop  # noqa: PLC0415  optional at import time (not on every platform)
 
-        factory = uvloop.new_event_loop
-    with asyncio.Runner(loop_factory=factory) as runner:
+        return uvloop.new_event_loop
+    return None
+
+
+def new_loop(event_loop: EventLoop) -> asyncio.AbstractEventLoop:
+    """A new loop of the chosen kind, for a thread that runs its own (the netem relay's)."""
+    factory = _factory(event_loop)
+    return factory() if factory is not None else asyncio.new_event_loop()
+
+
+def run(main: Callable[[], Coroutine[Any, Any, T]], event_loop: EventLoop) -> T:
+    """Run ``main()`` to completion on a new loop of the chosen kind (uvloop: the fast one)."""
+    with asyncio.Runner(loop_factory=_factory(event_loop)) as runner:
         return runner.run(main())

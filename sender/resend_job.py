@@ -274,13 +274,7 @@ class ResendJob:
 
     def run(self) -> int:
         """Plan, send and report; returns the exit code."""
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = None
-        if self.config.loop == "uvloop":
-            import uvloop  # noqa: PLC0415  optional at import time
-
-            factory = uvloop.new_event_loop
-        with asyncio.Runner(loop_factory=factory) as runner:
-            runner.run(self._run())
+        service.run(self._run, self.config.loop)
         self.report()
         if self.interrupted or not self.complete:
             return EXIT_FAILED

@@ -44,9 +44,9 @@ from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from dedup import job  # noqa: E402
-from dedup.cli import writer_settings  # noqa: E402
 from dedup.config import from_sources  # noqa: E402
 from dedup.positions import pack_positions  # noqa: E402
+from dedup.runner import writer_settings  # noqa: E402
 from dedup.writer import (  # noqa: E402
     PartitionWriter,
     TransactionalBatchWriter,

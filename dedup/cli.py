@@ -1,9 +1,8 @@
 """``kafka-diode dedup``: run the dedup query; ``kafka-diode dedup reset``: clear one partition.
 
-Guarantees: the query runs until SIGTERM/Ctrl+C (graceful: the running micro-batch is allowed to
-finish, then the query stops; a second signal stops at once — still safe, the batch is replayed
-from the checkpoint and fenced), ``--until-idle`` or ``--max-batches``. Configuration is validated
-before Spark starts; a bad value exits 2 with the variable's name and the fix.
+This module parses arguments, loads the settings and maps outcomes to exit codes; running the
+query is ``dedup.runner``. Configuration is validated before Spark starts; a bad value exits 2
+with the variable's name and the fix.
 """
 
 from __future__ import annotations
@@ -13,26 +12,20 @@ import json
 import logging
 import os
 import sys
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from common import logging as diode_logging
 from common import raw_topic, settings
 from common.errors import ConfigError, DiodeError
 from dedup.config import LOG_LEVELS, DedupConfig, environment_help, from_sources, tool_config
-from runtime import service
-
-if TYPE_CHECKING:
-    from common.metrics import CollectorRegistry
-    from dedup.raw_position import RawPositionMetrics
+from dedup.runner import run
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
-STOP_WAIT_S = 300.0
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -123,161 +116,6 @@ def main(argv: Sequence[str], prog: str = "kafka-diode dedup") -> int:
     except DiodeError as exc:
         log.error("dedup failed: %s", exc)  # noqa: TRY400  the message is the diagnosis
         return EXIT_FAILED
-
-
-def run(
-    config: DedupConfig, *, until_idle: float | None = None, max_batches: int | None = None
-) -> int:
-    """Start Spark and the query, and block until it stops; returns the exit code."""
-    from common.metrics import serve  # noqa: PLC0415  keep --help free of heavy imports
-    from dedup import job  # noqa: PLC0415  imports pyspark
-    from dedup.writer import DedupMetrics, TransactionalBatchWriter, WriterSettings  # noqa: PLC0415
-    from runtime.maven import spark_connector_jars  # noqa: PLC0415
-
-    log.info("dedup settings: %s", json.dumps(settings.describe(config)))
-    metrics = DedupMetrics()
-    serve(metrics.registry, config.metrics_port, config.metrics_addr)
-    writer = TransactionalBatchWriter(writer_settings(config, WriterSettings), metrics)
-    raw = raw_position_metrics(config, metrics.registry)
-    jars = [str(path) for path in spark_connector_jars()]
-    spark = job.build_session(config, jars)
-    query = job.start_query(spark, config, writer)
-    stop = threading.Event()
-
-    def on_stop(signame: str) -> None:
-        log.info("%s: stopping after the running micro-batch", signame)
-        stop.set()
-
-    requests = service.StopRequests(
-        on_stop,
-        on_again=lambda _signame: query.stop(),
-        again="stopping at once (the batch is replayed on restart)",
-    )
-    try:
-        with service.thread_signals(requests):
-            return drive(
-                query,
-                writer,
-                metrics,
-                stop,
-                until_idle=until_idle,
-                max_batches=max_batches,
-                raw=raw,
-            )
-    finally:
-        writer.close()
-        raw.close()
-        stop_spark(spark, requested=stop.is_set())
-
-
-def _jvm_gone(exc: BaseException) -> bool:
-    """True if ``exc`` says Spark's JVM is no longer there (py4j cannot reach it)."""
-    from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]  # noqa: PLC0415
-
-    return isinstance(exc, ConnectionError | Py4JNetworkError)
-
-
-def drive(
-    query: Any,
-    writer: Any,
-    metrics: Any,
-    stop: threading.Event,
-    *,
-    until_idle: float | None = None,
-    max_batches: int | None = None,
-    raw: RawPositionMetrics | None = None,
-) -> int:
-    """Watch the query until it ends or ``stop`` is set; returns the exit code.
-
-    If the JVM is gone while a requested stop is under way (systemd's KillMode=control-group
-    signals the JVM too), the stop succeeded: exit 0. Gone without a request: exit 1.
-    """
-    last_progress: Any = None
-    try:
-        while query.isActive:
-            query.awaitTermination(0.5)
-            progress = query.lastProgress
-            if progress is not None and progress.get("id") and progress != last_progress:
-                metrics.observe_progress(progress)
-                if raw is not None:
-                    raw.observe_progress(progress)
-                last_progress = progress
-            idle = time.monotonic() - writer.last_input_at
-            if until_idle is not None and writer.batches_seen and idle >= until_idle:
-                log.info("no input for %.1f s: stopping", until_idle)
-                stop.set()
-            if max_batches is not None and writer.batches_seen >= max_batches:
-                log.info("%d micro-batches done: stopping", writer.batches_seen)
-                stop.set()
-            if stop.is_set():
-                _graceful_stop(query, writer)
-                break
-        exception = query.exception()
-    except Exception as exc:
-        if not _jvm_gone(exc):
-            raise
-        if stop.is_set():
-            log.info("Spark's JVM had already exited during the requested stop (%s): stopped", exc)
-            return EXIT_OK
-        log.error("Spark's JVM exited unexpectedly: %s", exc)  # noqa: TRY400  the diagnosis
-        return EXIT_FAILED
-    if exception is not None:
-        log.error("the query failed: %s", exception)
-        return EXIT_FAILED
-    return EXIT_OK
-
-
-def stop_spark(spark: Any, *, requested: bool) -> None:
-    """``spark.stop()``; a JVM that already exited is not an error (logged, never raised)."""
-    try:
-        spark.stop()
-    except Exception as exc:
-        if not _jvm_gone(exc):
-            raise
-        level = logging.INFO if requested else logging.WARNING
-        log.log(level, "Spark's JVM had already exited when stopping the session: %s", exc)
-
-
-def _graceful_stop(query: Any, writer: Any) -> None:
-    """Let the running batch's write finish (bounded), then stop the query.
-
-    Stopping between the writer's commit and Spark's commit log is safe: the batch is replayed
-    on restart and skipped by the fence.
-    """
-    if query.status.get("isTriggerActive"):
-        writer.request_stop()
-        writer.between_batches.wait(STOP_WAIT_S)
-    query.stop()
-
-
-def raw_position_metrics(config: DedupConfig, registry: CollectorRegistry) -> RawPositionMetrics:
-    """``kafka_diode_dedup_raw_*`` (dedup/raw_position.py) over a consumer of its own."""
-    from dedup.raw_position import RawPositionMetrics, kafka_watermarks  # noqa: PLC0415
-    from dedup.reread import consumer_conf  # noqa: PLC0415
-
-    base = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
-    conf = consumer_conf(base, config.kafka_source, group_id="kafka-diode-dedup.retention-probe")
-    watermarks, close = kafka_watermarks(conf)
-    return RawPositionMetrics(
-        registry, config.raw_topics, watermarks, clock=time.monotonic, close=close
-    )
-
-
-def writer_settings(config: DedupConfig, cls: Any) -> Any:
-    """The writer's settings from the job configuration."""
-    return cls(
-        bootstrap_servers=config.bootstrap_servers,
-        clean_topic=config.clean_topic,
-        gap_topic=config.gap_topic,
-        progress_topic=config.progress_topic,
-        transactional_id=config.writer_transactional_id,
-        new_topic_partitions=config.new_topic_partitions,
-        new_topic_replication=config.new_topic_replication,
-        max_record_size=config.max_record_size,
-        kafka_conf=dict(config.kafka_conf),
-        raw_topics=(*config.raw_topics, config.control_topic),
-        source_options=dict(config.kafka_source),
-    )
 
 
 def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:

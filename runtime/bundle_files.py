@@ -202,3 +202,26 @@ def load_key_config(
         env_prefix=ENV_PREFIX,
         flags={k: v for k, v in flags.items() if k in names},
     )
+
+
+def read_bundle(
+    path: Path, keyring: KeyRing | None, trusted: TrustedKeys | None = None
+) -> bundle_format.Bundle:
+    """Read and verify a bundle with the link keys of ``keyring`` or, in the public-key mode,
+    the low side's signing keys ``trusted``.
+
+    Raises:
+        BundleError: unreadable, or refused by ``common.bundle.verify`` (the message says why).
+    """
+    if keyring is None and trusted is None:
+        raise BundleError(
+            "a bundle can only be verified with the link key (key_file or password) or, in the "
+            "public-key mode, the low side's bundle key (bundle_trusted_keys_file)"
+        )
+    try:
+        with path.open("rb") as fh:
+            data = fh.read(bundle_format.MAX_BUNDLE_BYTES + 1)
+    except OSError as exc:
+        raise BundleError(f"cannot read bundle {path}: {exc.strerror}") from exc
+    keys = {key.key_id: key.material for key in keyring} if keyring is not None else {}
+    return bundle_format.verify(data, keys, trusted=trusted)

@@ -43,9 +43,9 @@ from sender.resend import (
 from sender.transport import resolve
 
 if TYPE_CHECKING:
-    from common.wire import KeyRing
-    from common.wire.pubkey import TrustedKeys
+    pass
 
+from runtime.bundle_files import read_bundle
 from sender.resend_job import (
     EXIT_BAD_BUNDLE,
     EXIT_CONFIG,
@@ -219,29 +219,6 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> SenderConfi
     return settings.build(
         SenderConfig, file_values=file_values, env=env, env_prefix=ENV_PREFIX, flags=flags
     )
-
-
-def read_bundle(
-    path: Path, keyring: KeyRing | None, trusted: TrustedKeys | None = None
-) -> bundle_format.Bundle:
-    """Read and verify a bundle with the link keys of ``keyring`` or, in the public-key mode,
-    the low side's signing keys ``trusted``.
-
-    Raises:
-        BundleError: unreadable, or refused by ``common.bundle.verify`` (the message says why).
-    """
-    if keyring is None and trusted is None:
-        raise BundleError(
-            "a bundle can only be verified with the link key (key_file or password) or, in the "
-            "public-key mode, the low side's bundle key (bundle_trusted_keys_file)"
-        )
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(bundle_format.MAX_BUNDLE_BYTES + 1)
-    except OSError as exc:
-        raise BundleError(f"cannot read bundle {path}: {exc.strerror}") from exc
-    keys = {key.key_id: key.material for key in keyring} if keyring is not None else {}
-    return bundle_format.verify(data, keys, trusted=trusted)
 
 
 def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:

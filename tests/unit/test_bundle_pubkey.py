@@ -10,8 +10,7 @@ import pytest
 from common import bundle as bundle_format
 from common.errors import BundleError, ConfigError
 from common.wire.pubkey import SigningKey, TrustedKeys
-from runtime.bundle_files import BundleKeyConfig
-from sender.resend_cli import read_bundle
+from runtime.bundle_files import BundleKeyConfig, read_bundle
 from tests.pubkey_support import SENDER, STRANGER
 
 BUNDLE = bundle_format.build(

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from py4j.protocol import Py4JNetworkError
 
-from dedup import cli
+from dedup import cli, runner
 from dedup.config import from_sources
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
@@ -97,15 +97,15 @@ class Writer:
 def test_stop_spark_after_a_requested_stop_with_the_jvm_gone_is_logged_at_info(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="dedup.cli"):
-        cli.stop_spark(GoneSpark(), requested=True)
+    with caplog.at_level(logging.INFO, logger="dedup.runner"):
+        runner.stop_spark(GoneSpark(), requested=True)
     (record,) = [r for r in caplog.records if "already exited" in r.getMessage()]
     assert record.levelno == logging.INFO
 
 
 def test_a_requested_stop_that_finds_the_jvm_gone_exits_0() -> None:
     stop = threading.Event()
-    assert cli.drive(GoneQuery(stop), Writer(), None, stop) == cli.EXIT_OK
+    assert runner.drive(GoneQuery(stop), Writer(), None, stop) == runner.EXIT_OK
 
 
 def test_the_jvm_gone_without_a_stop_request_is_a_failure() -> None:
@@ -114,7 +114,7 @@ def test_the_jvm_gone_without_a_stop_request_is_a_failure() -> None:
         def isActive(self) -> bool:
             raise ConnectionRefusedError(111, "Connection refused")
 
-    assert cli.drive(Crashed(threading.Event()), Writer(), None, threading.Event()) == 1
+    assert runner.drive(Crashed(threading.Event()), Writer(), None, threading.Event()) == 1
 
 
 def test_other_errors_from_spark_stop_are_not_swallowed() -> None:
@@ -123,4 +123,4 @@ def test_other_errors_from_spark_stop_are_not_swallowed() -> None:
             raise RuntimeError("bug")
 
     with pytest.raises(RuntimeError):
-        cli.stop_spark(Broken(), requested=True)
+        runner.stop_spark(Broken(), requested=True)

@@ -149,12 +149,16 @@ def show(
     Raises:
         BundleError: unreadable or refused.
     """
+    return show_bytes(_read(path), keyring, echo, trusted)
+
+
+def _read(path: Path) -> bytes:
+    """At most one byte over the bundle size limit (so an oversized file is refused, unread)."""
     try:
         with path.open("rb") as fh:
-            data = fh.read(bundle_format.MAX_BUNDLE_BYTES + 1)
+            return fh.read(bundle_format.MAX_BUNDLE_BYTES + 1)
     except OSError as exc:
-        raise BundleError(f"cannot read {path}: {exc.strerror}") from exc
-    return show_bytes(data, keyring, echo, trusted)
+        raise BundleError(f"cannot read bundle {path}: {exc.strerror}") from exc
 
 
 def show_bytes(
@@ -218,10 +222,6 @@ def read_bundle(
             "a bundle can only be verified with the link key (key_file or password) or, in the "
             "public-key mode, the low side's bundle key (bundle_trusted_keys_file)"
         )
-    try:
-        with path.open("rb") as fh:
-            data = fh.read(bundle_format.MAX_BUNDLE_BYTES + 1)
-    except OSError as exc:
-        raise BundleError(f"cannot read bundle {path}: {exc.strerror}") from exc
+    data = _read(path)
     keys = {key.key_id: key.material for key in keyring} if keyring is not None else {}
     return bundle_format.verify(data, keys, trusted=trusted)

@@ -72,7 +72,6 @@ _LIVE_ONLY = (
     "metrics_addr",
 )
 _PLACEHOLDER_TOPIC = "kafka-diode-resend"
-_PROGRESS_LOG_INTERVAL = 10.0
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:

@@ -63,20 +63,6 @@ EXIT_UNRECOVERABLE = 3
 EXIT_BAD_BUNDLE = 4
 
 
-#: Live-sender settings a resend does not use (it reads what the bundle or the range names, never
-#: commits, sends no heartbeats and serves no metrics, so it can run beside the live sender).
-_LIVE_ONLY = (
-    "topics",
-    "exclude_topics",
-    "group_id",
-    "start_position",
-    "start_timestamp",
-    "heartbeat_interval",
-    "commit_interval",
-    "metrics_port",
-    "metrics_addr",
-)
-_PLACEHOLDER_TOPIC = "kafka-diode-resend"
 _PROGRESS_LOG_INTERVAL = 10.0
 
 

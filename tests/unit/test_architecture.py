@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.test_purity import _imports
+
 ROOT = Path(__file__).resolve().parents[2]
 PARTS = ("common", "runtime", "sender", "receiver", "dedup", "netem", "kafka_diode")
 MAY_IMPORT: dict[str, frozenset[str]] = {
@@ -38,16 +40,6 @@ def _modules() -> list[Path]:
     return sorted(p for part in PARTS for p in (ROOT / part).rglob("*.py"))
 
 
-def _imported_roots(tree: ast.AST) -> set[str]:
-    roots: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            roots.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            roots.add(node.module.split(".")[0])
-    return roots
-
-
 def _part(path: Path) -> str:
     return path.relative_to(ROOT).parts[0]
 
@@ -55,7 +47,7 @@ def _part(path: Path) -> str:
 @pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_module_imports_only_what_its_part_may(path: Path) -> None:
     part = _part(path)
-    roots = _imported_roots(ast.parse(path.read_text(encoding="utf-8")))
+    roots = _imports(path)
     if path.name == "__main__.py":
         # `python -m sender` is the dispatcher under another name.
         roots.discard("kafka_diode")

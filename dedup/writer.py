@@ -902,9 +902,10 @@ def init_producer(settings: WriterSettings, transactional_id: str) -> Producer:
     try:
         producer.init_transactions(KAFKA_TIMEOUT_S)
     except KafkaException as exc:
-        raise ServiceError(
-            f"cannot initialise Kafka transactions as {transactional_id!r} ({exc}); check "
-            "BOOTSTRAP_SERVERS and that the broker allows transactions"
+        raise kafka.error(
+            exc,
+            f"cannot initialise Kafka transactions as {transactional_id!r} (check "
+            "BOOTSTRAP_SERVERS and that the broker allows transactions)",
         ) from exc
     return producer
 
@@ -994,7 +995,7 @@ def ensure_topics(
             log.info("created topic %s (%d partitions)", topic, partitions)
         except KafkaException as exc:
             if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise ServiceError(f"cannot create topic {topic!r}: {exc}") from exc
+                raise kafka.error(exc, f"cannot create topic {topic!r}") from exc
     # Created is not yet usable: metadata and leaders reach the brokers a moment later, and a
     # produce or describe in between fails. Wait for every partition to have a leader.
     deadline = time.monotonic() + KAFKA_TIMEOUT_S

@@ -38,7 +38,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from common.errors import ConfigError, ServiceError
+from common.errors import ServiceError
 from common.logging import RateLimitedLog
 from runtime import kafka
 from sender.config import SenderConfig
@@ -92,12 +92,7 @@ class KafkaSource:
         props: dict[str, Any] = dict(self._config.consumer_properties())
         props["error_cb"] = self._on_error
         props["on_commit"] = self._on_commit_cb
-        try:
-            self._consumer = await self._call(Consumer, props)
-        except (KafkaException, ValueError, TypeError) as exc:
-            raise ConfigError(
-                "kafka", f"the Kafka client refused the configuration: {exc}"
-            ) from exc
+        self._consumer = await self._call(kafka.consumer, props)
 
     @property
     def needs_metadata(self) -> bool:

@@ -126,10 +126,12 @@ class _Reader:
         """Partitions of ``topic``; ServiceError when the broker does not answer."""
         from confluent_kafka import KafkaException  # noqa: PLC0415
 
+        from runtime import kafka  # noqa: PLC0415
+
         try:
             meta = self.consumer.list_topics(topic, timeout=15.0).topics.get(topic)
         except KafkaException as exc:
-            raise ServiceError(f"upstream Kafka did not answer: {exc}") from exc
+            raise kafka.error(exc, "upstream Kafka did not answer") from exc
         if meta is None or meta.error is not None:
             raise ServiceError(f"topic {topic!r} does not exist upstream")
         return sorted(meta.partitions)
@@ -138,22 +140,26 @@ class _Reader:
         """``(log start offset, high watermark)``."""
         from confluent_kafka import KafkaException, TopicPartition  # noqa: PLC0415
 
+        from runtime import kafka  # noqa: PLC0415
+
         try:
             low, high = self.consumer.get_watermark_offsets(
                 TopicPartition(topic, partition), timeout=15.0, cached=False
             )
         except KafkaException as exc:
-            raise ServiceError(f"cannot read the watermarks of {topic}:{partition}: {exc}") from exc
+            raise kafka.error(exc, f"cannot read the watermarks of {topic}:{partition}") from exc
         return int(low), int(high)
 
     def offsets_for_time(self, topic: str, partition: int, ts_ms: int) -> int | None:
         """The first offset with timestamp >= ``ts_ms``, or None."""
         from confluent_kafka import KafkaException, TopicPartition  # noqa: PLC0415
 
+        from runtime import kafka  # noqa: PLC0415
+
         try:
             (tp,) = self.consumer.offsets_for_times([TopicPartition(topic, partition, ts_ms)], 15.0)
         except KafkaException as exc:
-            raise ServiceError(f"offsets_for_times on {topic}:{partition} failed: {exc}") from exc
+            raise kafka.error(exc, f"offsets_for_times on {topic}:{partition} failed") from exc
         return int(tp.offset) if tp.offset >= 0 else None
 
     def seek(self, topic: str, partition: int, offset: int) -> None:

@@ -68,6 +68,8 @@ def _calls(tree: ast.AST) -> set[str]:
                 names.add(func.id)
             elif isinstance(func, ast.Attribute):
                 names.add(func.attr)
+            # a class handed to something that calls it (``executor(Consumer, props)``)
+            names.update(arg.id for arg in node.args if isinstance(arg, ast.Name))
     return names
 
 

@@ -1,4 +1,9 @@
-"""SendPipeline on a real loopback socket with the real wire Encoder/Decoder (no Kafka)."""
+"""SendPipeline glue on real loopback sockets with the real wire Encoder/Decoder (no Kafka).
+
+The send order itself (backlog, copies, delays, pacing, heartbeats) is the pure scheduler's and is
+tested with a fake clock and no sockets in tests/property/test_send_scheduler.py; this file checks
+the asyncio glue around it: bursts, timers, the socket, what a real decoder makes of it.
+"""
 
 import asyncio
 import os

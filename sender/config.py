@@ -40,6 +40,10 @@ _RESERVED_KAFKA = {
 }
 
 
+#: Kafka topic names: at most 249 characters of ``[a-zA-Z0-9._-]`` (Kafka's own rule).
+_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class SenderConfig:
     """Settings of ``kafka-diode send``."""
@@ -52,6 +56,10 @@ class SenderConfig:
     """Topics to read: names, or regular expressions starting with ^ (librdkafka's rule)."""
     exclude_topics: str = ""
     """Regular expression; matching topics are never read (internal __ topics never are)."""
+    rename: tuple[str, ...] = ()
+    """Topic rename on the wire, ``SOURCE=FAR`` per entry (comma-separated): records of SOURCE
+    travel, and land in the raw, clean and gap topics, as FAR; ``resend`` maps a bundle's FAR
+    back to SOURCE with the same setting. Unlisted topics keep their names."""
     group_id: str = "kafka-diode-sender"
     """Consumer group; committed offsets live here."""
     start_position: StartPosition = "committed"
@@ -190,6 +198,7 @@ class SenderConfig:
                 raise ConfigError("topics", f"{topic!r} is not a topic name or ^regex")
         if self.exclude_topics:
             _compile("exclude_topics", self.exclude_topics)
+        self.topic_map()  # validates rename
         if not self.group_id:
             raise ConfigError("group_id", "is empty")
         if self.start_position == "timestamp":
@@ -349,6 +358,44 @@ class SenderConfig:
             interleave=self.fec_interleave,
             streams=len(self.targets()),
         )
+
+    def topic_map(self) -> dict[str, str]:
+        """``rename`` as ``{source: far}`` (identity entries dropped).
+
+        Raises:
+            ConfigError: naming ``rename``: an entry is not ``SOURCE=FAR``, a name is not a
+                valid Kafka topic name, a source is listed twice, two sources share a far name,
+                or a far name is also a source topic read under its own name.
+        """
+        mapping: dict[str, str] = {}
+        for entry in self.rename:
+            source, sep, far = (part.strip() for part in entry.partition("="))
+            if not sep:
+                raise ConfigError(
+                    "rename", f"{entry!r} is not SOURCE=FAR", "e.g. orders=site1.orders"
+                )
+            for name in (source, far):
+                if not _TOPIC_NAME.fullmatch(name) or name in (".", ".."):
+                    raise ConfigError(
+                        "rename", f"{name!r} is not a Kafka topic name", "use [A-Za-z0-9._-], 1-249"
+                    )
+            if source in mapping:
+                raise ConfigError("rename", f"renames {source!r} twice", "keep one entry per topic")
+            if source != far:
+                mapping[source] = far
+        fars = list(mapping.values())
+        for far in set(fars):
+            if fars.count(far) > 1:
+                raise ConfigError(
+                    "rename", f"renames two topics to {far!r}", "give each its own far-side name"
+                )
+            if far in self.topics and far not in mapping:
+                raise ConfigError(
+                    "rename",
+                    f"{far!r} is also read under its own name",
+                    "rename that topic too, or choose another far-side name",
+                )
+        return mapping
 
     def fec_encoder(self, keyring: KeyRing | None, session_id: bytes) -> FecEncoder | None:
         """The session's FEC encoder for ``SendPipeline(fec=...)``, or None when FEC is off."""

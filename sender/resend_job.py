@@ -216,7 +216,13 @@ class ResendJob:
         """``(topic, partition, ranges)`` requested, before clipping to the log."""
         req = self.request
         if self.bundle is not None:
-            return [(p.topic, p.partition, list(p.ranges)) for p in self.bundle.partitions]
+            # A bundle names the far side's topics: read them upstream under their source names
+            # (``rename``); the encoder renames them again on the wire.
+            source = {far: src for src, far in self.config.topic_map().items()}
+            return [
+                (source.get(p.topic, p.topic), p.partition, list(p.ranges))
+                for p in self.bundle.partitions
+            ]
         existing = reader.partitions(req.topic)
         partitions = list(req.partitions) or existing
         missing = [p for p in partitions if p not in existing]

@@ -66,7 +66,7 @@ def open_send_path(
     if announcer is not None:
         keyring = announcer.keyring
     udp = UdpSender(cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer)
-    encoder = Encoder(cfg.wire_config(), keyring, session_id=session_id)
+    encoder = Encoder(cfg.wire_config(), keyring, session_id=session_id, topic_map=cfg.topic_map())
     pipeline = SendPipeline(
         encoder=encoder,
         pacer=Pacer(cfg.pacing_config(), clock()),

@@ -125,19 +125,23 @@ class _Group:
         "values",
     )
 
-    def __init__(self, topic: str, partition: int, ts_type: int, offset: int, ts: int) -> None:
+    def __init__(  # noqa: PLR0917  once per group
+        self, topic: str, partition: int, ts_type: int, offset: int, ts: int, wire_topic: str
+    ) -> None:
+        """``topic``: the caller's name (compared, reported in ``completes``); ``wire_topic``:
+        the name written (the same unless the sender renames topics on the wire)."""
         self.topic = topic
         self.partition = partition
         self.ts_type = ts_type
         self.base_offset = offset
         self.base_ts = ts
         self.high = offset
-        head = _HEADS.get((topic, partition, ts_type))
+        head = _HEADS.get((wire_topic, partition, ts_type))
         if head is None:
             if len(_HEADS) >= _MAX_HEADS:
                 _HEADS.clear()
-            head = _HEADS[topic, partition, ts_type] = (
-                _string(topic) + _long(partition) + _long(ts_type)
+            head = _HEADS[wire_topic, partition, ts_type] = (
+                _string(wire_topic) + _long(partition) + _long(ts_type)
             )
         self.const_head = head
         self.head = head + encode_long(offset) + encode_long(ts)
@@ -167,9 +171,11 @@ class BatchBuilder:
     high offset is kept per group and merged only in ``completes``.
     """
 
-    __slots__ = ("_groups", "last", "records", "size")
+    __slots__ = ("_groups", "_topic_map", "last", "records", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, topic_map: Mapping[str, str] | None = None) -> None:
+        """``topic_map``: source topic -> the name written on the wire (topic rename)."""
+        self._topic_map = topic_map or {}
         self._groups: dict[tuple[str, int, int], _Group] = {}
         #: The group the last record went to (the encoder appends to it directly while the
         #: records stay in one partition, which is how a consumer hands them out).
@@ -354,7 +360,9 @@ class BatchBuilder:
         n: int,
         limit: int,
     ) -> bool:
-        group = _Group(topic, partition, ts_type, offset, timestamp)
+        group = _Group(
+            topic, partition, ts_type, offset, timestamp, self._topic_map.get(topic, topic)
+        )
         groups = len(self._groups)
         # the head, two 1-byte zero deltas, five 1-byte counts and five end markers
         n += len(group.head) + 12

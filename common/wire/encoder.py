@@ -22,7 +22,7 @@ the estimate lowered.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -118,8 +118,13 @@ class Encoder:
         *,
         session_id: bytes,
         first_sequence: int = 0,
+        topic_map: Mapping[str, str] | None = None,
     ) -> None:
         """Start a session.
+
+        ``topic_map`` renames topics on the wire (source name -> far-side name): records,
+        heartbeats and resend markers carry the far-side name; ``completes`` and every argument
+        stay in source names. Unmapped topics keep their name.
 
         Raises:
             ConfigError: no key ring while ``allow_cleartext`` is false.
@@ -148,7 +153,8 @@ class Encoder:
         self._ratio = 2.0 if self._gzip else 1.0
         self._target = self._capacity
         self._retarget()
-        self._builder = BatchBuilder()
+        self._topic_map: dict[str, str] = dict(topic_map or {})
+        self._builder = BatchBuilder(self._topic_map)
         self._deadline: float | None = None
         self._cipher: SessionCipher | None = None
         # _record_datagram's cache, filled by _message (generation -1: not yet)
@@ -353,7 +359,7 @@ class Encoder:
         builder = self._builder
         if not builder.records:
             return []
-        self._builder = BatchBuilder()
+        self._builder = BatchBuilder(self._topic_map)
         self._deadline = None
         self.records_sealed += builder.records
         return self._message(KIND_RECORD_BATCH, builder.encode(), builder.completed())
@@ -381,6 +387,7 @@ class Encoder:
         problem = heartbeat_offsets_problem(high_offsets, low_offsets)
         if problem is not None:
             raise LocalProtocolError(f"heartbeat: {problem}")
+        wire = self._topic_map.get
         payload = encode_control(
             HEARTBEAT_SCHEMA,
             {
@@ -388,10 +395,10 @@ class Encoder:
                 "started_at_ms": started_at_ms,
                 "sent_at_ms": sent_at_ms,
                 "high_offsets": [
-                    {"topic": t, "partition": p, "offset": o} for t, p, o in high_offsets
+                    {"topic": wire(t, t), "partition": p, "offset": o} for t, p, o in high_offsets
                 ],
                 "low_offsets": [
-                    {"topic": t, "partition": p, "offset": o} for t, p, o in low_offsets
+                    {"topic": wire(t, t), "partition": p, "offset": o} for t, p, o in low_offsets
                 ],
                 "counters": [{"name": n, "value": v} for n, v in counters],
             },
@@ -414,13 +421,14 @@ class Encoder:
         """
         if phase not in RESEND_PHASES:
             raise LocalProtocolError(f"resend phase must be start or end, not {phase!r}")
+        wire = self._topic_map.get
         payload = encode_control(
             RESEND_MARKER_SCHEMA,
             {
                 "bundle_id": bundle_id,
                 "phase": phase,
                 "ranges": [
-                    {"topic": t, "partition": p, "first": f, "last": last}
+                    {"topic": wire(t, t), "partition": p, "first": f, "last": last}
                     for t, p, f, last in ranges
                 ],
                 "records_sent": records_sent,

@@ -51,9 +51,21 @@ from sender.resend_job import (
     EXIT_CONFIG,
     EXIT_FAILED,
     EXIT_OK,
+    EXIT_UNRECOVERABLE,
     ResendJob,
     ResendRequest,
 )
+
+#: The command's exit codes (module docstring), defined with the engine that decides them.
+__all__ = [
+    "EXIT_BAD_BUNDLE",
+    "EXIT_CONFIG",
+    "EXIT_FAILED",
+    "EXIT_OK",
+    "EXIT_UNRECOVERABLE",
+    "build_parser",
+    "main",
+]
 
 log = logging.getLogger(__name__)
 

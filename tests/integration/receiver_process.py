@@ -147,3 +147,28 @@ class ReceiverProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(10)
+
+
+def start_sender(
+    upstream: str, port: int, topic: str, group_id: str, key_file: Path, log: Path, *extra: str
+) -> subprocess.Popen[bytes]:
+    """A real ``python -m sender`` reading ``topic`` from the start and sending to ``port``.
+
+    The caller stops it (SIGTERM) and waits; its stderr goes to ``log``.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DIODE_SENDER_")}
+    env["PYTHONPATH"] = str(ROOT)
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [
+                sys.executable, "-m", "sender",
+                "--bootstrap-servers", upstream,
+                "--target", f"127.0.0.1:{port}",
+                "--topics", topic,
+                "--group-id", group_id,
+                "--start-position", "earliest",
+                "--key-file", str(key_file),
+                *extra,
+            ],
+            stdout=subprocess.DEVNULL, stderr=sink, env=env, cwd=ROOT,
+        )  # fmt: skip

@@ -8,11 +8,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +18,7 @@ import pytest
 from common.raw_topic import CONTROL_HEADER, parse_raw_key
 from common.wire import KeyRing, RecordBatch, ResendMarker
 from sender import resend_cli
-from tests.integration.receiver_process import ROOT, ReceiverProcess, write_key_file
+from tests.integration.receiver_process import ReceiverProcess, start_sender, write_key_file
 from tests.integration.test_bundle_resend import _drain, _resend, _signed, ring, udp_sink
 from tests.kafka_helpers import (
     Record,
@@ -49,32 +46,18 @@ def test_a_renamed_topic_reaches_the_raw_topic_under_its_far_name(
     key_file = tmp_path / "keys.json"
     write_key_file(key_file)
     with ReceiverProcess(downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file) as rx:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DIODE_SENDER_")}
-        env["PYTHONPATH"] = str(ROOT)
-        with (tmp_path / "sender.log").open("wb") as sender_log:
-            sender = subprocess.Popen(
-                [
-                    sys.executable, "-m", "sender",
-                    "--bootstrap-servers", upstream_kafka.bootstrap,
-                    "--target", f"127.0.0.1:{rx.port}",
-                    "--topics", source,
-                    "--rename", f"{source}={far}",
-                    "--group-id", group_id,
-                    "--start-position", "earliest",
-                    "--key-file", str(key_file),
-                    "--heartbeat-interval", "0.5",
-                    "--rate-bytes", "20000000",
-                ],
-                stdout=subprocess.DEVNULL, stderr=sender_log, env=env, cwd=ROOT,
-            )  # fmt: skip
-            try:
-                wait_until(
-                    lambda: rx.metric("delivered_records_total") >= 300, 120, message="written"
-                )
-                wait_until(lambda: rx.metric("heartbeats_total") >= 2, 60, message="heartbeats")
-            finally:
-                sender.send_signal(signal.SIGTERM)
-                sender.wait(60)
+        sender = start_sender(
+            upstream_kafka.bootstrap, rx.port, source, group_id, key_file,
+            tmp_path / "sender.log",
+            "--rename", f"{source}={far}", "--heartbeat-interval", "0.5",
+            "--rate-bytes", "20000000",
+        )  # fmt: skip
+        try:
+            wait_until(lambda: rx.metric("delivered_records_total") >= 300, 120, message="written")
+            wait_until(lambda: rx.metric("heartbeats_total") >= 2, 60, message="heartbeats")
+        finally:
+            sender.send_signal(signal.SIGTERM)
+            sender.wait(60)
         assert rx.terminate() == 0
     consumed = consume_all(downstream_kafka, raw_topic, timeout=60)
     data = {}

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 from typing import Any
 
 import pytest
 
-from tests.integration.receiver_process import ROOT, ReceiverProcess, write_key_file
+from tests.integration.receiver_process import ReceiverProcess, start_sender, write_key_file
 from tests.kafka_helpers import Record, consume_all, produce_records, wait_until
 
 pytestmark = pytest.mark.kafka
@@ -39,32 +36,17 @@ def test_zstd_sender_to_raw_topic(
     key_file = tmp_path / "keys.json"
     write_key_file(key_file)
     with ReceiverProcess(downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file) as rx:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DIODE_SENDER_")}
-        env["PYTHONPATH"] = str(ROOT)
-        with (tmp_path / "sender.log").open("wb") as sender_log:
-            sender = subprocess.Popen(
-                [
-                    sys.executable, "-m", "sender",
-                    "--bootstrap-servers", upstream_kafka.bootstrap,
-                    "--target", f"127.0.0.1:{rx.port}",
-                    "--topics", source,
-                    "--group-id", group_id,
-                    "--start-position", "earliest",
-                    "--key-file", str(key_file),
-                    "--compression", "zstd",
-                    "--compression-level", "3",
-                    "--rate-bytes", "20000000",
-                ],
-                stdout=subprocess.DEVNULL, stderr=sender_log, env=env, cwd=ROOT,
-            )  # fmt: skip
-            try:
-                wait_until(lambda: rx.metric("records_total") >= 600, 120, message="records read")
-                wait_until(
-                    lambda: rx.metric("delivered_records_total") >= 600, 60, message="written"
-                )
-            finally:
-                sender.send_signal(signal.SIGTERM)
-                sender.wait(60)
+        sender = start_sender(
+            upstream_kafka.bootstrap, rx.port, source, group_id, key_file,
+            tmp_path / "sender.log",
+            "--compression", "zstd", "--compression-level", "3", "--rate-bytes", "20000000",
+        )  # fmt: skip
+        try:
+            wait_until(lambda: rx.metric("records_total") >= 600, 120, message="records read")
+            wait_until(lambda: rx.metric("delivered_records_total") >= 600, 60, message="written")
+        finally:
+            sender.send_signal(signal.SIGTERM)
+            sender.wait(60)
         assert rx.drops() == {}
         # the link carried compressed payloads: far fewer bytes than the values alone
         assert rx.metric("bytes_total") < value_bytes / 3

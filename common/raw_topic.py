@@ -35,6 +35,9 @@ RESET = b"reset"
 HEARTBEAT_HEADERS: Headers = [(CONTROL_HEADER, HEARTBEAT)]
 RESET_HEADERS: Headers = [(CONTROL_HEADER, RESET)]
 TIMESTAMP_TYPES = (b"0", b"1", b"2")
+#: Fields of a heartbeat control record's JSON value that the dedup reads (by these names).
+HEARTBEAT_LOW_OFFSET = "low_offset"
+HEARTBEAT_STARTED_AT = "started_at_ms"
 
 #: ``<topic>:<partition>:<offset>``; the topic is greedy, so the split is on the last two ``:``
 #: (``:`` cannot occur in a Kafka topic name). Also the dedup's SQL pattern.
@@ -95,10 +98,10 @@ def heartbeat_records(beat: Heartbeat) -> Iterator[tuple[str, int, str, bytes]]:
                 "type": "heartbeat",
                 "sender_id": beat.sender_id,
                 "session": session,
-                "started_at_ms": beat.started_at_ms,
+                HEARTBEAT_STARTED_AT: beat.started_at_ms,
                 "sent_at_ms": beat.sent_at_ms,
                 "high_offset": high,
-                "low_offset": lows[topic, partition],
+                HEARTBEAT_LOW_OFFSET: lows[topic, partition],
             },
             separators=(",", ":"),
         ).encode()

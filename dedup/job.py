@@ -63,6 +63,8 @@ from common import gap_record
 from common.raw_topic import (
     CONTROL_HEADER,
     HEARTBEAT,
+    HEARTBEAT_LOW_OFFSET,
+    HEARTBEAT_STARTED_AT,
     KEY_PATTERN,
     PROVENANCE_HEADERS,
     RESET,
@@ -170,8 +172,10 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
         F.expr(f"cast({control} as string)").alias("control"),
         # Heartbeat fields (docs/topics.md): absent (older receivers) or invalid -> -1. Never
         # null: a nullable long column reaches pandas as float64, which rounds above 2^53.
-        F.expr(f"if({control} IS NULL, -1, {_json_long('low_offset')})").alias("hb_low"),
-        F.expr(f"if({control} IS NULL, -1, {_json_long('started_at_ms')})").alias("hb_started"),
+        F.expr(f"if({control} IS NULL, -1, {_json_long(HEARTBEAT_LOW_OFFSET)})").alias("hb_low"),
+        F.expr(f"if({control} IS NULL, -1, {_json_long(HEARTBEAT_STARTED_AT)})").alias(
+            "hb_started"
+        ),
         F.expr(prov_ok).alias("prov_ok"),
         # restore()'s rule: ASCII decimal that fits a signed 64-bit integer
         F.expr(

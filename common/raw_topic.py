@@ -6,7 +6,9 @@ record whose key is ``<topic>:<partition>:<offset>``, whose value is the source 
 byte (null stays null), and whose headers are the source headers in order followed by exactly the
 four ``PROVENANCE_HEADERS``. A heartbeat maps to one control record per ``(topic, partition,
 high_offset)``, its JSON value also carrying that partition's ``low_offset``, with the single
-header ``diode.control: heartbeat``; ``kafka-diode dedup reset`` writes ``diode.control: reset``.
+header ``diode.control: heartbeat``. A withheld message maps to one control record per range,
+keyed by the range's first offset, its JSON value carrying the ``last``, with the single header
+``diode.control: withheld``; ``kafka-diode dedup reset`` writes ``diode.control: reset``.
 Changing anything here is a protocol version change.
 
 Hot-path copies: ``receiver.kafka_sink.RawTopicSink.write_batch`` builds the headers inline
@@ -22,7 +24,7 @@ import json
 import re
 from collections.abc import Iterator, Sequence
 
-from common.wire.events import Heartbeat, Record
+from common.wire.events import Heartbeat, Record, Withheld
 
 #: As confluent-kafka takes them (it also accepts str values; we only ever put bytes or None).
 Headers = list[tuple[str, str | bytes | None]]
@@ -32,12 +34,16 @@ PROVENANCE_HEADERS = ("diode.key", "diode.timestamp", "diode.timestamp-type", "d
 CONTROL_HEADER = "diode.control"
 HEARTBEAT = b"heartbeat"
 RESET = b"reset"
+WITHHELD = b"withheld"
 HEARTBEAT_HEADERS: Headers = [(CONTROL_HEADER, HEARTBEAT)]
 RESET_HEADERS: Headers = [(CONTROL_HEADER, RESET)]
+WITHHELD_HEADERS: Headers = [(CONTROL_HEADER, WITHHELD)]
 TIMESTAMP_TYPES = (b"0", b"1", b"2")
 #: Fields of a heartbeat control record's JSON value that the dedup reads (by these names).
 HEARTBEAT_LOW_OFFSET = "low_offset"
 HEARTBEAT_STARTED_AT = "started_at_ms"
+#: Field of a withheld control record's JSON value: the range's last offset (the key has the first).
+WITHHELD_LAST = "last"
 
 #: ``<topic>:<partition>:<offset>``; the topic is greedy, so the split is on the last two ``:``
 #: (``:`` cannot occur in a Kafka topic name). Also the dedup's SQL pattern.
@@ -106,6 +112,17 @@ def heartbeat_records(beat: Heartbeat) -> Iterator[tuple[str, int, str, bytes]]:
             separators=(",", ":"),
         ).encode()
         yield topic, partition, raw_key(topic, partition, high), value
+
+
+def withheld_records(event: Withheld) -> Iterator[tuple[str, int, str, bytes]]:
+    """``(source topic, source partition, raw key, JSON value)`` per range of ``event``."""
+    session = event.session_id.hex()
+    for topic, partition, first, last in event.ranges:
+        value = json.dumps(
+            {"type": "withheld", "session": session, "first": first, WITHHELD_LAST: last},
+            separators=(",", ":"),
+        ).encode()
+        yield topic, partition, raw_key(topic, partition, first), value
 
 
 def reset_record(topic: str, partition: int, requested_by: str, at_ms: int) -> tuple[bytes, bytes]:

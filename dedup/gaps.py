@@ -283,6 +283,39 @@ class PartitionDetector:
             self.duplicates += 1
         return False
 
+    def withhold(self, first: int, last: int, now_ms: int) -> int:
+        """Record ``first..last`` as withheld by the sender's content filter: every offset in it
+        is *seen*, as if observed (so it is never a gap, and a later copy of it is dropped), but
+        none is delivered. Returns how many of them were not seen before.
+
+        Window by window: the first offset of each window's part goes through :meth:`observe`
+        (which opens, evicts, grows down or splits expired gaps exactly as for a record), the
+        rest of that part is one bitmap range.
+
+        Raises:
+            LocalProtocolError: not ``0 <= first <= last <= MAX_OFFSET``.
+        """
+        if not 0 <= first <= last <= MAX_OFFSET:
+            raise LocalProtocolError(f"withheld range {first}..{last} outside 0..{MAX_OFFSET}")
+        counters = self.delivered, self.duplicates, self.below_window
+        ws = self.config.window_size
+        newly = 0
+        a = first
+        while a <= last:
+            b = min(last, (a // ws + 1) * ws - 1)  # a's window ends here
+            newly += self.observe(a, now_ms)
+            if b > a:
+                if a >= self._lo_w * ws:  # a's window is open: the rest is one range
+                    newly += (b - a) - self._seen.range_cardinality(a + 1, b + 1)
+                    self._seen.add_range(a + 1, b + 1)
+                    assert self._next is not None
+                    self._next = max(self._next, b + 1)
+                else:  # below the floor (an old range again): only expired gaps can shrink
+                    newly += sum(self._below_floor(x, now_ms) for x in range(a + 1, b + 1))
+            a = b + 1
+        self.delivered, self.duplicates, self.below_window = counters
+        return newly
+
     def observe_many(self, offsets: Sequence[int] | array.array[int], now_ms: int) -> list[bool]:
         """Answer a batch: the same answers, in order, as calling :meth:`observe` for each.
 

@@ -69,6 +69,8 @@ from common.raw_topic import (
     PROVENANCE_HEADERS,
     RESET,
     TIMESTAMP_PATTERN,
+    WITHHELD,
+    WITHHELD_LAST,
 )
 from dedup import gaps, spark_compat
 from dedup.config import DedupConfig
@@ -81,7 +83,7 @@ log = logging.getLogger(__name__)
 spark_compat.apply()
 
 #: Input kinds computed in SQL (a tinyint column, cheap across Arrow).
-KIND_DATA, KIND_HEARTBEAT, KIND_RESET, KIND_MALFORMED = 0, 1, 2, 3
+KIND_DATA, KIND_HEARTBEAT, KIND_RESET, KIND_MALFORMED, KIND_WITHHELD = 0, 1, 2, 3, 4
 #: Group key of raw records whose key does not parse (counted as malformed).
 UNPARSED_TOPIC, UNPARSED_PARTITION = "", -1
 
@@ -105,6 +107,7 @@ OUTPUT_SCHEMA = StructType(
         StructField("below_window", LongType()),
         StructField("budget_evictions", LongType()),
         StructField("expired_gaps", LongType()),
+        StructField("withheld", LongType()),
     ]
 )
 STATE_SCHEMA = StructType(
@@ -121,6 +124,7 @@ _STAT_COLUMNS = (
     "below_window",
     "budget_evictions",
     "expired_gaps",
+    "withheld",
 )
 
 
@@ -172,7 +176,12 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
         F.expr(f"cast({control} as string)").alias("control"),
         # Heartbeat fields (docs/topics.md): absent (older receivers) or invalid -> -1. Never
         # null: a nullable long column reaches pandas as float64, which rounds above 2^53.
-        F.expr(f"if({control} IS NULL, -1, {_json_long(HEARTBEAT_LOW_OFFSET)})").alias("hb_low"),
+        # A withheld range's last offset rides in hb_low too (one column less across Arrow).
+        F.expr(
+            f"CASE WHEN {control} IS NULL THEN -1 "
+            f"WHEN cast({control} as string) = '{WITHHELD.decode()}' "
+            f"THEN {_json_long(WITHHELD_LAST)} ELSE {_json_long(HEARTBEAT_LOW_OFFSET)} END"
+        ).alias("hb_low"),
         F.expr(f"if({control} IS NULL, -1, {_json_long(HEARTBEAT_STARTED_AT)})").alias(
             "hb_started"
         ),
@@ -197,6 +206,8 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
                 WHEN src_offset < 0 OR src_offset > {gaps.MAX_OFFSET} THEN {KIND_MALFORMED}
                 WHEN control = '{HEARTBEAT.decode()}' THEN {KIND_HEARTBEAT}
                 WHEN control = '{RESET.decode()}' THEN {KIND_RESET}
+                WHEN control = '{WITHHELD.decode()}' AND hb_low >= src_offset
+                    AND hb_low <= {gaps.MAX_OFFSET} THEN {KIND_WITHHELD}
                 WHEN control IS NOT NULL THEN {KIND_MALFORMED}
                 WHEN raw_topic < 0 THEN {KIND_MALFORMED}
                 WHEN coalesce(prov_ok, false) AND prov_ts IS NOT NULL THEN {KIND_DATA}
@@ -295,6 +306,14 @@ def detect_group(
                 records = _rows(KIND_RECORDS, topic, partition, len(blobs))
                 records["positions"] = blobs
                 out.append(_frame(records, len(blobs)))
+        held = np.flatnonzero(kinds == KIND_WITHHELD)
+        if len(held):
+            # After the records: an offset that came both as a record and withheld (the rules
+            # changed between a send and a resend) is delivered.
+            lasts = batch["hb_low"].to_numpy()
+            stats["withheld"] = sum(
+                detector.withhold(int(offsets[i]), int(lasts[i]), now) for i in held.tolist()
+            )
         beats = batch[kinds == KIND_HEARTBEAT]
         stats["heartbeats"] = len(beats)
         if len(beats):

@@ -108,6 +108,7 @@ STAT_COLUMNS = (
     "below_window",
     "budget_evictions",
     "expired_gaps",
+    "withheld",
 )
 
 
@@ -217,6 +218,10 @@ class DedupMetrics:
             "resets_applied", "Partition state resets applied (kafka-diode dedup reset)",
             namespace=ns, subsystem=sub, registry=reg,
         )  # fmt: skip
+        self.withheld = Counter(
+            "withheld", "Source offsets a sender's content filter withheld (recorded, never gaps)",
+            namespace=ns, subsystem=sub, registry=reg,
+        )  # fmt: skip
         self._open: dict[tuple[str, int], int] = {}
         self._state: dict[tuple[str, int], int] = {}
 
@@ -233,6 +238,7 @@ class DedupMetrics:
                 (self.budget_evictions, "budget_evictions"),
                 (self.gaps_expired, "expired_gaps"),
                 (self.resets, "resets"),
+                (self.withheld, "withheld"),
             ):
                 if name in cols:
                     counter.inc(cols[name][i] or 0)

@@ -6,6 +6,7 @@ Theory of operation (one process, one event loop, one decoder)::
         --bytes--> Decoder.receive_datagram(data, now) --events-->
             RecordBatch -> RawTopicSink.write_batch   (produce, or backlog, or overflow)
             Heartbeat   -> RawTopicSink.write_heartbeat
+            Withheld    -> RawTopicSink.write_withheld (offsets a content filter held back)
             Dropped     -> drops[reason] += 1, rate-limited log
         after each burst: RawTopicSink.service (producer.poll(0) at most every 5 ms, finished
             metadata lookups applied, backlog drain), re-arm the reassembly timer
@@ -39,7 +40,15 @@ from collections.abc import Callable
 from common import metrics as common_metrics
 from common.errors import ConfigError, KeyRingError
 from common.logging import RateLimitedLog
-from common.wire import Dropped, DropReason, Heartbeat, KeyRing, RecordBatch, ResendMarker
+from common.wire import (
+    Dropped,
+    DropReason,
+    Heartbeat,
+    KeyRing,
+    RecordBatch,
+    ResendMarker,
+    Withheld,
+)
 from common.wire.decoder import Decoder
 from common.wire.fec import FecDecoder, FecLimits, is_repair
 from common.wire.pubkey_decoder import KeyLearned, KeyRetired
@@ -285,6 +294,10 @@ class Receiver:
                     len(event.ranges),
                     event.records_sent,
                 )
+            elif kind is Withheld:
+                assert isinstance(event, Withheld)
+                stats.withheld_ranges += len(event.ranges)
+                sink.write_withheld(event)
             elif isinstance(event, KeyLearned | KeyRetired):  # public-key mode only
                 assert self._pk is not None
                 self._pk.on_event(event)

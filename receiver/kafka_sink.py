@@ -61,13 +61,15 @@ from confluent_kafka import KafkaError, KafkaException
 from common.logging import RateLimitedLog
 from common.raw_topic import (
     HEARTBEAT_HEADERS,
+    WITHHELD_HEADERS,
     Headers,
     heartbeat_records,
     key_prefix,
     parse_raw_key,
     timestamp_type_header,
+    withheld_records,
 )
-from common.wire.events import Heartbeat, RecordBatch
+from common.wire.events import Heartbeat, RecordBatch, Withheld
 from receiver.config import ReceiverConfig
 from receiver.loss_report import LossReport, format_ranges
 from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
@@ -280,6 +282,14 @@ class RawTopicSink:
         for topic, partition, key, value in heartbeat_records(beat):
             raw = self._raw_topic(topic)
             item: _Item = (raw, topic, partition, -1, value, key, 0, HEARTBEAT_HEADERS, 256)
+            if not self._produce_item(item):
+                self._hold(item)
+
+    def write_withheld(self, event: Withheld) -> None:
+        """One control record per range of ``event`` (docs/topics.md, withheld ranges)."""
+        for topic, partition, key, value in withheld_records(event):
+            raw = self._raw_topic(topic)
+            item: _Item = (raw, topic, partition, -1, value, key, 0, WITHHELD_HEADERS, 256)
             if not self._produce_item(item):
                 self._hold(item)
 

@@ -48,6 +48,7 @@ class ReceiverStats:
     heartbeats: int = 0
     """Sender heartbeats decoded."""
     resend_markers: int = 0
+    withheld_ranges: int = 0
     """Resend start/end markers decoded."""
     produced: int = 0
     """Raw records handed to the producer (records plus heartbeat records)."""
@@ -127,6 +128,11 @@ class ReceiverCollector(Collector):
             ("records", "Source records decoded.", s.records),
             ("heartbeats", "Sender heartbeats decoded.", s.heartbeats),
             ("resend_markers", "Resend markers decoded.", s.resend_markers),
+            (
+                "withheld_ranges",
+                "Offset ranges a sender's content filter withheld (written as control records).",
+                s.withheld_ranges,
+            ),
             ("produced_records", "Raw records handed to the producer.", s.produced),
             ("delivered_records", "Raw records acknowledged by Kafka.", s.delivered),
             ("delivery_errors", "Raw records whose delivery failed for good.", s.delivery_errors),

@@ -48,6 +48,7 @@ from sender.kafka_source import KafkaSource
 from sender.metrics import SenderMetrics
 from sender.pipeline import SendPipeline
 from sender.pubkey import announce_loop
+from sender.record_filter import RecordFilter
 from sender.send_path import backlog_bound, open_send_path
 from sender.transport import UdpSender
 
@@ -109,6 +110,8 @@ class SenderApp:
         self._reopen_wanted = False
         self.announcer: KeyAnnouncer | None = None
         """Public-key mode: the session-key schedule (owns ``keyring``); None otherwise."""
+        self.record_filter: RecordFilter | None = None
+        """The content filter in force (docs/sender.md, "Content filter"); None without one."""
 
     @property
     def max_backlog_bytes(self) -> int:
@@ -142,6 +145,9 @@ class SenderApp:
         """
         loop = asyncio.get_running_loop()
         cfg = self.config
+        if cfg.filtering:
+            self.record_filter = RecordFilter(cfg)
+            self.metrics.enable_filter()
         # Taken before reading the file: a change meanwhile reloads.
         key_seen = link_key.mtime(cfg.key_file) if cfg.key_file is not None else None
         shared = None
@@ -186,6 +192,8 @@ class SenderApp:
             self._spawn(announce_loop(announcer, pipeline, self._clock), "announce")
         if cfg.key_file is not None and cfg.key_check_interval > 0 and keyring is not None:
             self._spawn(self._key_check_loop(cfg.key_check_interval), "key-check")
+        if cfg.filter_file is not None and cfg.filter_check_interval > 0:
+            self._spawn(self._filter_check_loop(cfg.filter_check_interval), "filter-check")
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
@@ -318,6 +326,8 @@ class SenderApp:
         # earlier), and the pipeline sends in bursts (``submit``/``settle``).
         assert self._encoder is not None  # set by start(), with the pipeline
         add = self._encoder.add
+        withhold = self._encoder.withhold
+        allows = self.record_filter.allows if self.record_filter is not None else None
         submit = pipeline.submit
         clock = self._clock
         now = clock()
@@ -345,10 +355,14 @@ class SenderApp:
                     known = low.get((topic, partition))
                     if offset >= 0 and (known is None or offset < known):
                         low[topic, partition] = offset
+                headers = msg.headers()
                 try:
-                    out = add(
-                        topic, partition, offset, ts, ts_type, key, value, msg.headers() or (), now
-                    )
+                    if allows is None or allows(topic, partition, offset, key, value, headers):
+                        out = add(
+                            topic, partition, offset, ts, ts_type, key, value, headers or (), now
+                        )
+                    else:
+                        out = withhold(topic, partition, offset, now)
                 except RecordTooLarge as exc:
                     self._record_too_large(msg, exc)
                     continue
@@ -412,6 +426,7 @@ class SenderApp:
             "datagrams_sent": p.datagrams_sent if p else 0,
             "bytes_sent": p.bytes_sent if p else 0,
             "records_skipped": self.errors.get("record_too_large", 0),
+            "records_withheld": self.record_filter.withheld_total if self.record_filter else 0,
             "send_errors": p.datagrams_dropped if p else 0,
         }
 
@@ -484,6 +499,19 @@ class SenderApp:
             old,
         )
         return True
+
+    def reload(self, why: str = "SIGHUP") -> None:
+        """SIGHUP: re-read the key file and the content filter's rules file (each when set)."""
+        if self._key_watch is not None or self.record_filter is None:
+            self.reload_keys(why)
+        if self.record_filter is not None:
+            self.record_filter.reload(why)
+
+    async def _filter_check_loop(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            if self.record_filter is not None and self.record_filter.changed():
+                self.record_filter.reload("filter file changed")
 
     async def _key_check_loop(self, interval: float) -> None:
         while True:
@@ -590,3 +618,6 @@ class SenderApp:
                 backlog_bytes=p.backlog_bytes,
             )
         self.metrics.sync(totals, self.all_errors())
+        rf = self.record_filter
+        if rf is not None:
+            self.metrics.sync_filter(rf.withheld, rf.reloads, rf.reload_errors)

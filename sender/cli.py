@@ -24,6 +24,7 @@ from common.metrics import serve
 from runtime import service
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 from sender.pacing_advice import pacing_warning
+from sender.record_filter import build_filter
 from sender.transport import resolve
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode send") -> int:
     try:
         config = load_config(args, os.environ)
         load_keyring(config)  # missing/unreadable key file fails now, naming key_file
+        build_filter(config)  # so does an unreadable or wrong filter_file, naming it
         for host, port in config.targets():
             resolve("target", host, port)
     except ConfigError as exc:
@@ -117,7 +119,7 @@ async def _serve(config: SenderConfig) -> int:
         log.info("signal %s: draining, sending, committing", signame)
         stop_requested.set()
 
-    with service.loop_signals(service.StopRequests(on_stop), reload=app.reload_keys):
+    with service.loop_signals(service.StopRequests(on_stop), reload=app.reload):
         await app.start()
         stopper = asyncio.ensure_future(stop_requested.wait())
         failed = asyncio.ensure_future(app.wait())

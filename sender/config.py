@@ -21,6 +21,7 @@ from common.errors import ConfigError
 from common.wire.announce import AnnounceConfig
 from common.wire.config import DEFAULT_DATAGRAM_SIZE, WireConfig
 from common.wire.fec import FecConfig, FecEncoder
+from sender.content_filter import Rule, parse_rule
 from sender.pacing import PacingConfig
 from sender.transport import parse_address
 
@@ -60,6 +61,23 @@ class SenderConfig:
     """Topic rename on the wire, ``SOURCE=FAR`` per entry (comma-separated): records of SOURCE
     travel, and land in the raw, clean and gap topics, as FAR; ``resend`` maps a bundle's FAR
     back to SOURCE with the same setting. Unlisted topics keep their names."""
+    filter_rules: tuple[str, ...] = ()
+    """Content filter rules, each 'ACTION FIELD REGEX' (ACTION: allow or deny; FIELD: value, key
+    or header, a header name), tried before filter_file's; the first match decides
+    (docs/sender.md, "Content filter"). In a TOML array any pattern works; on the command line
+    and in the environment the list is comma-separated, so patterns with a comma belong in
+    filter_file."""
+    filter_file: Path | None = None
+    """Content filter rules file, one rule per line, '#' comments; re-read on SIGHUP or when its
+    mtime changes (a bad file keeps the rules in force and is logged and counted)."""
+    filter_default: Literal["allow", "deny"] = "allow"
+    """What happens to a record no filter rule matches: allow (send) or deny (withhold). Used
+    only when filter_rules or filter_file is set."""
+    filter_timeout_ms: float = 10.0
+    """Longest one rule's search may take on one record, in milliseconds; a rule that runs over
+    (or fails) withholds the record and counts it as an error (fail closed)."""
+    filter_check_interval: float = 2.0
+    """Seconds between checks of filter_file's modification time (0: only reload on SIGHUP)."""
     group_id: str = "kafka-diode-sender"
     """Consumer group; committed offsets live here."""
     start_position: StartPosition = "committed"
@@ -199,6 +217,11 @@ class SenderConfig:
         if self.exclude_topics:
             _compile("exclude_topics", self.exclude_topics)
         self.topic_map()  # validates rename
+        self.inline_filter_rules()  # validates filter_rules (filter_file is read at start)
+        if not self.filter_timeout_ms > 0:
+            raise ConfigError("filter_timeout_ms", f"is {self.filter_timeout_ms}", "use > 0")
+        if self.filter_check_interval < 0:
+            raise ConfigError("filter_check_interval", "is negative", "use 0 (SIGHUP only) or more")
         if not self.group_id:
             raise ConfigError("group_id", "is empty")
         if self.start_position == "timestamp":
@@ -396,6 +419,18 @@ class SenderConfig:
                     "rename that topic too, or choose another far-side name",
                 )
         return mapping
+
+    def inline_filter_rules(self) -> list[Rule]:
+        """``filter_rules`` compiled (raises ConfigError naming ``filter_rules`` and the entry)."""
+        return [
+            parse_rule(text, f"filter_rules[{i}]", "filter_rules")
+            for i, text in enumerate(self.filter_rules)
+        ]
+
+    @property
+    def filtering(self) -> bool:
+        """A content filter is configured."""
+        return bool(self.filter_rules) or self.filter_file is not None
 
     def fec_encoder(self, keyring: KeyRing | None, session_id: bytes) -> FecEncoder | None:
         """The session's FEC encoder for ``SendPipeline(fec=...)``, or None when FEC is off."""

@@ -14,6 +14,8 @@ from common.metrics import CollectorRegistry, Counter, Gauge
 _PREFIX = "kafka_diode_sender"
 #: Error kinds every sender can count (docs/operations.md, sender metrics).
 ERROR_KINDS = ("broker", "consume", "commit", "bad_record", "record_too_large", "keyring_reload")
+#: Verdicts of the content filter that withhold a record (sender/record_filter.py LABELS).
+WITHHELD_VERDICTS = ("deny_rule", "deny_default", "error")
 
 
 class SenderMetrics:
@@ -96,7 +98,33 @@ class SenderMetrics:
         self.session_keys = Counter(
             f"{_PREFIX}_session_keys", "Session keys made (public-key mode)", registry=r
         )
+        self.records_withheld = Counter(
+            f"{_PREFIX}_records_withheld",
+            "Records the content filter held back, by verdict (deny_rule, deny_default, error)",
+            ["verdict"],
+            registry=r,
+        )
+        self.filter_reloads = Counter(
+            f"{_PREFIX}_filter_reloads",
+            "Content filter rules file reloads, by outcome (ok, error: old rules kept)",
+            ["outcome"],
+            registry=r,
+        )
         self._last: dict[str, float] = {}
+
+    def enable_filter(self) -> None:
+        """Create the content filter's series at 0, so rate() sees the first withheld record."""
+        for verdict in WITHHELD_VERDICTS:
+            self.records_withheld.labels(verdict=verdict)
+        for outcome in ("ok", "error"):
+            self.filter_reloads.labels(outcome=outcome)
+
+    def sync_filter(self, withheld: Mapping[str, int], reloads: int, reload_errors: int) -> None:
+        """Bring the content filter's series up to its running totals."""
+        for verdict, count in withheld.items():
+            self._add(f"withheld:{verdict}", self.records_withheld.labels(verdict=verdict), count)
+        self._add("reload:ok", self.filter_reloads.labels(outcome="ok"), reloads)
+        self._add("reload:error", self.filter_reloads.labels(outcome="error"), reload_errors)
 
     def _add(self, name: str, counter: Counter, total: float) -> None:
         delta = total - self._last.get(name, 0.0)

@@ -173,6 +173,15 @@ class SendPipeline:
         elif self._linger is None:
             self._arm_linger()
 
+    def withhold(self, topic: str, partition: int, offset: int) -> None:
+        """A record the content filter held back: its offset goes out in a withheld message
+        (``Encoder.withhold``), which advances ``sent_high`` like records do."""
+        out = self.encoder.withhold(topic, partition, offset, self._clock())
+        if out:
+            self._enqueue(out)
+        elif self._linger is None:
+            self._arm_linger()
+
     def submit(self, datagrams: list[OutgoingDatagram]) -> None:
         """Queue what a direct ``encoder.add`` call returned (the batch fast path).
 

@@ -145,6 +145,8 @@ class PartitionOutcome:
     """Offsets whose records were handed to the send pipeline, as merged ranges."""
     too_large: list[Range] = field(default_factory=list)
     """Offsets whose records exceed ``max_record_size`` (not sent, like the live sender)."""
+    withheld: list[Range] = field(default_factory=list)
+    """Offsets the content filter held back (sent as withheld, like the live sender)."""
 
     def _note(self, ranges: list[Range], offset: int) -> None:
         if ranges and ranges[-1][1] + 1 == offset:
@@ -160,14 +162,23 @@ class PartitionOutcome:
         """Note one record that cannot be sent."""
         self._note(self.too_large, offset)
 
+    def record_withheld(self, offset: int) -> None:
+        """Note one record the content filter held back."""
+        self._note(self.withheld, offset)
+
     @property
     def records_sent(self) -> int:
         """Records handed to the pipeline."""
         return _count(self.sent)
 
+    @property
+    def records_withheld(self) -> int:
+        """Records the content filter held back."""
+        return _count(self.withheld)
+
     def absent(self) -> list[Range]:
         """Offsets inside the log that were asked for but never came back from Kafka."""
-        got = merge_ranges([*self.sent, *self.too_large])
+        got = merge_ranges([*self.sent, *self.too_large, *self.withheld])
         out: list[Range] = []
         j = 0
         for first, last in self.plan.to_read:

@@ -36,6 +36,7 @@ from common.errors import (
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 from sender.pacing_advice import pacing_warning
 from sender.pubkey import load_bundle_trust
+from sender.record_filter import build_filter
 from sender.resend import (
     DEFAULT_MAX_SKIP,
     check_offset_range,
@@ -240,6 +241,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:
         config = load_config(args, os.environ)
         keyring = load_keyring(config)
         trusted = load_bundle_trust(config)
+        build_filter(config)  # an unreadable or wrong filter_file fails now, naming it
         for host, port in config.targets():
             resolve("target", host, port)
         if args.max_skip < 0:
@@ -265,16 +267,16 @@ def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:
         except BundleError as exc:
             print(f"{prog}: bundle refused: {exc}", file=sys.stderr)
             return EXIT_BAD_BUNDLE
-    job = ResendJob(
-        config,
-        keyring,
-        request=request,
-        bundle=bundle,
-        max_skip=args.max_skip,
-        read_timeout=args.read_timeout,
-        progress=not args.no_progress,
-    )
     try:
+        job = ResendJob(
+            config,
+            keyring,
+            request=request,
+            bundle=bundle,
+            max_skip=args.max_skip,
+            read_timeout=args.read_timeout,
+            progress=not args.no_progress,
+        )
         return job.run()
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)

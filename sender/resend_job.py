@@ -38,6 +38,7 @@ from common.errors import (
 from runtime import service
 from sender.config import SenderConfig
 from sender.pubkey import announce_loop
+from sender.record_filter import RecordFilter
 from sender.resend import (
     DEFAULT_MAX_SKIP,
     PartitionOutcome,
@@ -209,6 +210,8 @@ class ResendJob:
         self.interrupted = False
         self.complete = False
         self.pipeline: SendPipeline | None = None
+        #: The live sender's content filter, so a resend withholds exactly what it would.
+        self.record_filter = RecordFilter(config) if config.filtering else None
 
     # -- planning -----------------------------------------------------------------------------
 
@@ -434,10 +437,18 @@ class ResendJob:
             if not plan.wanted(offset):
                 continue
             ts_type, ts = msg.timestamp()
+            headers = _headers(msg.headers())
+            rf = self.record_filter
+            if rf is not None and not rf.allows(
+                plan.topic, plan.partition, offset, msg.key(), msg.value(), headers
+            ):
+                pipeline.withhold(plan.topic, plan.partition, offset)
+                outcome.record_withheld(offset)
+                continue
             try:
                 pipeline.add(
                     plan.topic, plan.partition, offset, ts, ts_type,
-                    msg.key(), msg.value(), _headers(msg.headers()),
+                    msg.key(), msg.value(), headers,
                 )  # fmt: skip
             except (RecordTooLarge, LocalProtocolError) as exc:
                 outcome.record_too_large(offset)
@@ -517,9 +528,10 @@ class ResendJob:
             plan = o.plan
             absent = o.absent()
             requested = sum(b - a + 1 for a, b in plan.requested)
+            withheld = f"  withheld {o.records_withheld}" if o.withheld else ""
             rows.append(
                 f"  {plan.topic}:{plan.partition}  requested {requested}"
-                f"  sent {o.records_sent}  unrecoverable {o.unrecoverable}"
+                f"  sent {o.records_sent}{withheld}  unrecoverable {o.unrecoverable}"
             )
             if o.unrecoverable:
                 if plan.expired:

@@ -16,12 +16,12 @@ On a link that does not reorder, the receiver's highest sequence is then never a
 above what arrives: no datagram the sender emits can be refused as replayed. Half the window is
 left for reordering on the link itself.
 
-Lanes. Fresh datagrams wait in two FIFO lanes, each in sequence order: **data** (record batches
-and their fragments) and **control** (heartbeats, resend markers). Control goes first, so a link
-saturated by a long paced backlog still shows signs of life; the extra copies of redundant
-datagrams wait in one FIFO per copy round and lane (each in sequence order too, because each
-round leaves in the order of the round before). The candidate is the earliest due copy, else the
-control head (control and data take turns while both wait, so heartbeats on a slow link never
+Lanes. Fresh datagrams wait in two FIFO lanes, each in sequence order: **data** (record batches,
+withheld messages and their fragments) and **control** (heartbeats, resend markers). Control goes
+first, so a link saturated by a long paced backlog still shows signs of life; the extra copies of
+redundant datagrams wait in one FIFO per copy round and lane (each in sequence order too, because
+each round leaves in the order of the round before). The candidate is the earliest due copy, else
+the control head (control and data take turns while both wait, so heartbeats on a slow link never
 take more than half of it), else the data head; if it is ``margin`` or more above the lowest
 sequence still pending (the smallest lane head), that lowest one leaves first instead: a heartbeat
 waits until the backlog ahead of it is within the margin, and a spaced copy leaves early rather
@@ -62,7 +62,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from common.errors import ConfigError
-from common.wire.envelope import KIND_RECORD_BATCH
+from common.wire.envelope import KIND_RECORD_BATCH, KIND_WITHHELD
 
 if TYPE_CHECKING:
     from common.wire import OutgoingDatagram
@@ -76,6 +76,11 @@ _KIND = 5
 _FRAGMENT_INDEX_HIGH, _FRAGMENT_INDEX_LOW = 36, 37
 
 _DATA, _CONTROL = 0, 1
+#: Envelope kind byte -> lane. Withheld messages (what a content filter held back) are data:
+#: they complete offsets, so they keep the record batches' order and target rotation.
+_LANE_OF_KIND: tuple[int, ...] = tuple(
+    _DATA if kind in (KIND_RECORD_BATCH, KIND_WITHHELD) else _CONTROL for kind in range(256)
+)
 
 
 class Transmit:
@@ -195,7 +200,7 @@ class SendScheduler:
             data_lane, control_lane = lanes
             for d in datagrams:
                 data = d.data
-                if data[_KIND] == KIND_RECORD_BATCH:
+                if _LANE_OF_KIND[data[_KIND]] == _DATA:
                     last = Transmit(data, d.sequence, d.completes, copies, 0, _DATA)
                     data_lane.append(last)
                 else:
@@ -208,7 +213,7 @@ class SendScheduler:
             for d in datagrams:
                 data = d.data
                 sequence = d.sequence
-                if data[_KIND] != KIND_RECORD_BATCH:
+                if _LANE_OF_KIND[data[_KIND]] == _CONTROL:
                     chosen: range | tuple[int] = range(targets)
                     lane = _CONTROL
                 else:

@@ -18,6 +18,7 @@ from common.wire.events import (
     RecordBatch,
     RecordGroup,
     ResendMarker,
+    Withheld,
 )
 from common.wire.keyring import Key, KeyRing, derive_key, format_key_id, key_id_for
 
@@ -38,6 +39,7 @@ __all__ = [
     "ResendMarker",
     "SequenceExhaustedError",
     "WireConfig",
+    "Withheld",
     "derive_key",
     "format_key_id",
     "fragment_capacity",

@@ -36,6 +36,7 @@ from common.wire.events import RESEND_PHASES, DropReason, Headers, Record, Recor
 RECORD_BATCH_SCHEMA: Final = load_schema("record_batch")
 HEARTBEAT_SCHEMA: Final = load_schema("heartbeat")
 RESEND_MARKER_SCHEMA: Final = load_schema("resend_marker")
+WITHHELD_SCHEMA: Final = load_schema("withheld")
 
 _SMALL: Final = 1 << 14
 _NULL: Final = b"\x00"
@@ -938,6 +939,24 @@ def resend_marker_problem(
         return f"records_sent {records_sent} for ranges holding {held}"
     if sent_at_ms < 0:
         return f"sent_at_ms {sent_at_ms}"
+    return None
+
+
+def withheld_problem(ranges: Sequence[Mapping[str, Any]]) -> str | None:
+    """Why a decoded withheld message cannot be genuine, or None (docs/protocol.md §5a).
+
+    Rules: at least one range; each names a non-empty topic, a partition in ``0 .. 2^31-1`` and
+    offsets ``0 <= first <= last``.
+    """
+    if not ranges:
+        return "no ranges"
+    for r in ranges:
+        if (
+            not r["topic"]
+            or not 0 <= r["partition"] <= 0x7FFFFFFF
+            or not 0 <= r["first"] <= r["last"]
+        ):
+            return f"range {r['topic']}:{r['partition']}:{r['first']}-{r['last']} out of range"
     return None
 
 

@@ -35,10 +35,12 @@ from common.wire import compression as gzip_codec
 from common.wire.batch import (
     HEARTBEAT_SCHEMA,
     RESEND_MARKER_SCHEMA,
+    WITHHELD_SCHEMA,
     decode_control,
     decode_record_groups,
     heartbeat_offsets_problem,
     resend_marker_problem,
+    withheld_problem,
 )
 from common.wire.config import WireConfig
 from common.wire.crypto import SessionCipher
@@ -50,7 +52,8 @@ from common.wire.envelope import (
     HEADER_SIZE,
     KIND_HEARTBEAT,
     KIND_RECORD_BATCH,
-    KIND_RESEND_MARKER,
+    KIND_WITHHELD,
+    KINDS,
     MAGIC,
     TAG_SIZE,
     VERSION,
@@ -63,12 +66,13 @@ from common.wire.events import (
     Heartbeat,
     RecordBatch,
     ResendMarker,
+    Withheld,
 )
 from common.wire.fragment import Reassembler
 from common.wire.keyring import KeyRing
 from common.wire.replay import ReplayGuard
 
-_KNOWN_KINDS = frozenset((KIND_RECORD_BATCH, KIND_HEARTBEAT, KIND_RESEND_MARKER))
+_KNOWN_KINDS = frozenset(KINDS)
 #: The header as the fast path reads it: the first 8 bytes (magic, version, kind, compression,
 #: cipher) whole, session id, sequence, key id, fragment index and count whole, message length.
 _FAST_HEADER: Final = struct.Struct(">8s16sQI4sI")
@@ -379,6 +383,18 @@ class Decoder:
                     high,
                     low,
                     tuple((c["name"], c["value"]) for c in d["counters"]),
+                )
+            )
+        elif kind == KIND_WITHHELD:
+            d = decode_control(WITHHELD_SCHEMA, payload)
+            problem = withheld_problem(d["ranges"])
+            if problem is not None:
+                raise RemoteProtocolError(DropReason.OUT_OF_RANGE, f"withheld: {problem}")
+            self._events.append(
+                Withheld(
+                    session_id,
+                    sequence,
+                    tuple((r["topic"], r["partition"], r["first"], r["last"]) for r in d["ranges"]),
                 )
             )
         else:

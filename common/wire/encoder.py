@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
@@ -35,6 +35,7 @@ from common.wire.batch import (
     HEARTBEAT_SCHEMA,
     NULL_ITEM,
     RESEND_MARKER_SCHEMA,
+    WITHHELD_SCHEMA,
     BatchBuilder,
     bytes_item,
     encode_control,
@@ -50,6 +51,7 @@ from common.wire.envelope import (
     KIND_HEARTBEAT,
     KIND_RECORD_BATCH,
     KIND_RESEND_MARKER,
+    KIND_WITHHELD,
     MAGIC,
     MAX_SEQUENCE,
     SESSION_ID_SIZE,
@@ -92,6 +94,10 @@ _SMALL = len(SMALL_LONGS)
 _SEQUENCE_KEY_ONE_TOTAL: Final = struct.Struct(">QIII")
 _NO_HEADERS = b"\x00"  # an empty Avro array
 _TABLE = len(BYTES_ITEMS)
+
+#: Withheld ranges per message: ~20-40 bytes each on the wire, so a message stays a few datagrams;
+#: reaching it seals the pending batch and sends them.
+MAX_WITHHELD_RANGES: Final = 256
 
 _MIN_RATIO = 1.0
 _MAX_RATIO = 8.0
@@ -169,6 +175,10 @@ class Encoder:
         self._nonce_prefix = session_id[:4]
         self.records_sealed = 0
         """Records put into datagrams so far in this session (the batches already sealed)."""
+        # Withheld offsets not yet on the wire: [topic, partition, first, last] runs, and each
+        # partition's last run (offsets of a partition come increasing, so runs grow at the end).
+        self._runs: list[list[Any]] = []
+        self._run_of: dict[tuple[str, int], list[Any]] = {}
 
     @property
     def session_id(self) -> bytes:
@@ -293,7 +303,7 @@ class Encoder:
                 if n < target:
                     return []
                 return self._seal()
-            if builder.groups == 1 and not self._gzip:
+            if builder.groups == 1 and not self._gzip and not self._runs:
                 # Full, and the record opens the next batch in the same group: seal the batch
                 # and restart the builder in place on this record (no new builder or group).
                 out = self._record_datagram(
@@ -358,11 +368,77 @@ class Encoder:
     def _seal(self) -> list[OutgoingDatagram]:
         builder = self._builder
         if not builder.records:
+            if self._runs:
+                self._deadline = None
+                return self._seal_withheld([])
             return []
         self._builder = BatchBuilder(self._topic_map)
         self._deadline = None
         self.records_sealed += builder.records
-        return self._message(KIND_RECORD_BATCH, builder.encode(), builder.completed())
+        out = self._message(KIND_RECORD_BATCH, builder.encode(), builder.completed())
+        return self._seal_withheld(out) if self._runs else out
+
+    # -- withheld offsets (a content filter's) ------------------------------------------------
+
+    def withhold(
+        self, topic: str, partition: int, offset: int, now: float
+    ) -> list[OutgoingDatagram]:
+        """Record that ``offset`` is held back on purpose; returns datagrams that became due.
+
+        Withheld offsets fold into ranges and go out in a withheld message (docs/protocol.md
+        §5a) right after the next record batch is sealed, or on their own at the linger deadline
+        or a flush. That message carries the ``completes`` of the batch before it as well: an
+        offset is vouched for only once the records *and* the withheld ranges around it left,
+        whatever the order in which they were added.
+
+        Raises:
+            LocalProtocolError: partition or offset out of range.
+        """
+        if not (0 <= partition <= 0x7FFFFFFF and 0 <= offset < (1 << 63)):
+            raise LocalProtocolError(f"withheld {topic}:{partition}:{offset} is out of range")
+        run = self._run_of.get((topic, partition))
+        if run is not None and run[3] == offset - 1:
+            run[3] = offset
+        else:
+            run = [topic, partition, offset, offset]
+            self._runs.append(run)
+            self._run_of[topic, partition] = run
+            if len(self._runs) >= MAX_WITHHELD_RANGES:
+                return self._seal()
+        if self._deadline is None:
+            self._deadline = now + self._linger
+        return []
+
+    @property
+    def pending_withheld(self) -> int:
+        """Withheld ranges not yet in a datagram."""
+        return len(self._runs)
+
+    def _seal_withheld(self, out: list[OutgoingDatagram]) -> list[OutgoingDatagram]:
+        """``out`` (a sealed record batch, or nothing) followed by the withheld message, which
+        takes over the batch's ``completes`` (see ``withhold``)."""
+        runs, self._runs, self._run_of = self._runs, [], {}
+        highs: dict[tuple[str, int], int] = {}
+        if out:
+            last = out[-1]
+            for t, p, o in last.completes:
+                highs[t, p] = o
+            out[-1] = OutgoingDatagram(last.data, last.sequence, ())
+        for t, p, _first, high in runs:
+            if high > highs.get((t, p), -1):
+                highs[t, p] = high
+        wire = self._topic_map.get
+        payload = encode_control(
+            WITHHELD_SCHEMA,
+            {
+                "ranges": [
+                    {"topic": wire(t, t), "partition": p, "first": f, "last": high}
+                    for t, p, f, high in runs
+                ]
+            },
+        )
+        completes = tuple((t, p, o) for (t, p), o in highs.items())
+        return out + self._message(KIND_WITHHELD, payload, completes)
 
     # -- control messages -------------------------------------------------------------------
 

@@ -23,7 +23,10 @@ KIND_RECORD_BATCH: Final = 0
 KIND_HEARTBEAT: Final = 1
 KIND_RESEND_MARKER: Final = 2
 KIND_KEY_ANNOUNCEMENT: Final = 3  # reserved for the public-key mode; not implemented in v1
-KINDS: Final = (KIND_RECORD_BATCH, KIND_HEARTBEAT, KIND_RESEND_MARKER)
+#: 4 is the FEC repair datagram (common/wire/fec.py); 5 says which offsets a content filter held
+#: back on purpose (docs/protocol.md §5a).
+KIND_WITHHELD: Final = 5
+KINDS: Final = (KIND_RECORD_BATCH, KIND_HEARTBEAT, KIND_RESEND_MARKER, KIND_WITHHELD)
 
 COMPRESSION_NONE: Final = 0
 COMPRESSION_GZIP: Final = 1

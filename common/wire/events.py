@@ -229,6 +229,19 @@ class ResendMarker:
 
 
 @dataclass(frozen=True, slots=True)
+class Withheld:
+    """Offsets the sender's content filter held back on purpose: never sent, never a gap."""
+
+    session_id: bytes
+    """16-byte id of the sending session."""
+    sequence: int
+    """Sequence number of the message's first datagram."""
+    ranges: tuple[tuple[str, int, int, int], ...]
+    """``(topic, partition, first offset, last offset)``, inclusive, as the far side names the
+    topic."""
+
+
+@dataclass(frozen=True, slots=True)
 class Dropped:
     """A datagram or partial message the decoder refused; counted in ``Decoder.drops``."""
 
@@ -240,7 +253,7 @@ class Dropped:
     """Session of the datagram when it could be read (unauthenticated unless after AUTH)."""
 
 
-Event = RecordBatch | Heartbeat | ResendMarker | Dropped
+Event = RecordBatch | Heartbeat | ResendMarker | Withheld | Dropped
 """Everything ``Decoder.next_event`` can return."""
 
 RESEND_PHASES = ("start", "end")

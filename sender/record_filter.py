@@ -1,0 +1,132 @@
+"""The content filter in a running sender (glue): rules from config and file, reload, counts.
+
+The decisions are ``sender.content_filter``'s (pure); this module reads ``filter_file``, swaps in
+a new filter when the file changes (a file that no longer parses keeps the filter in force:
+withholding everything because of a typo, or sending everything, would both surprise the
+operator at 3 a.m.; the failure is logged and counted instead), and counts what was withheld by
+verdict. Used by live sending (``sender/app.py``) and resend (``sender/resend_job.py``) alike,
+so a resend withholds exactly what live sending would.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from common.errors import ConfigError
+from common.logging import RateLimitedLog
+from runtime.link_key import mtime
+from sender.config import SenderConfig
+from sender.content_filter import ContentFilter, Rule, Verdict, parse_rules_text
+
+log = logging.getLogger(__name__)
+
+#: Metric label of each withholding verdict.
+LABELS = {
+    Verdict.DENY_RULE: "deny_rule",
+    Verdict.DENY_DEFAULT: "deny_default",
+    Verdict.ERROR: "error",
+}
+
+
+def _file_rules(path: Path) -> list[Rule]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(
+            "filter_file", f"cannot read {path}: {exc}", "give a readable UTF-8 rules file"
+        ) from exc
+    return parse_rules_text(text, str(path), "filter_file")
+
+
+def build_filter(config: SenderConfig) -> ContentFilter | None:
+    """The configured filter (inline rules first, then the file's), or None when there is none.
+
+    Raises:
+        ConfigError: naming ``filter_rules`` or ``filter_file`` and the rule that is wrong.
+    """
+    if not config.filtering:
+        return None
+    rules = config.inline_filter_rules()
+    if config.filter_file is not None:
+        rules += _file_rules(config.filter_file)
+    return ContentFilter(rules, config.filter_default, config.filter_timeout_ms / 1000)
+
+
+class RecordFilter:
+    """The live filter, its rules file and its counters."""
+
+    def __init__(self, config: SenderConfig) -> None:
+        """Raises ConfigError as ``build_filter`` (call only when ``config.filtering``)."""
+        self._config = config
+        self._seen = mtime(config.filter_file) if config.filter_file is not None else None
+        built = build_filter(config)
+        if built is None:
+            raise ConfigError(
+                "filter_rules", "no filter configured", "set filter_rules or filter_file"
+            )
+        self.filter = built
+        self.withheld: dict[str, int] = dict.fromkeys(LABELS.values(), 0)
+        """Records withheld, by verdict label (``deny_rule``, ``deny_default``, ``error``)."""
+        self.reloads = 0
+        self.reload_errors = 0
+        self._ratelog = RateLimitedLog(log)
+        log.info("content filter: %s", self.filter.describe())
+
+    @property
+    def withheld_total(self) -> int:
+        """Records withheld so far, every verdict."""
+        return sum(self.withheld.values())
+
+    def allows(  # noqa: PLR0917  per-record hot path, positional like Encoder.add
+        self,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: list[tuple[str, bytes | None]] | None,
+    ) -> bool:
+        """True when the record may be sent; otherwise it is counted (and logged on error)."""
+        verdict = self.filter.verdict(key, value, headers)
+        if verdict is Verdict.SEND:
+            return True
+        label = LABELS[verdict]
+        self.withheld[label] += 1
+        if verdict is Verdict.ERROR:
+            self._ratelog.warning(
+                "filter_error",
+                "content filter: a rule failed or ran over %g ms on %s:%d@%d: withheld",
+                self._config.filter_timeout_ms,
+                topic,
+                partition,
+                offset,
+            )
+        return False
+
+    def changed(self) -> bool:
+        """The rules file's modification time differs from the one last loaded."""
+        path = self._config.filter_file
+        if path is None:
+            return False
+        now = mtime(path)
+        return now is not None and now != self._seen
+
+    def reload(self, why: str) -> bool:
+        """Re-read the rules; the filter in force stays on any error. True when swapped."""
+        if self._config.filter_file is not None:
+            self._seen = mtime(self._config.filter_file)
+        try:
+            built = build_filter(self._config)
+        except ConfigError as exc:
+            self.reload_errors += 1
+            log.error(  # noqa: TRY400  the reason is the message; no traceback wanted
+                "%s: content filter NOT reloaded, the rules in force stay: %s", why, exc
+            )
+            return False
+        if built is None:  # unreachable: filtering is a property of the frozen config
+            return False
+        self.filter = built
+        self.reloads += 1
+        log.info("%s: content filter reloaded: %s", why, built.describe())
+        return True

@@ -48,7 +48,7 @@ from sender.kafka_source import KafkaSource
 from sender.metrics import SenderMetrics
 from sender.pipeline import SendPipeline
 from sender.pubkey import announce_loop
-from sender.record_filter import RecordFilter
+from sender.record_filter import SEND, WITHHOLD, RecordFilter
 from sender.send_path import backlog_bound, open_send_path
 from sender.transport import UdpSender
 
@@ -327,7 +327,7 @@ class SenderApp:
         assert self._encoder is not None  # set by start(), with the pipeline
         add = self._encoder.add
         withhold = self._encoder.withhold
-        allows = self.record_filter.allows if self.record_filter is not None else None
+        decide = self.record_filter.decide if self.record_filter is not None else None
         submit = pipeline.submit
         clock = self._clock
         now = clock()
@@ -357,12 +357,19 @@ class SenderApp:
                         low[topic, partition] = offset
                 headers = msg.headers()
                 try:
-                    if allows is None or allows(topic, partition, offset, key, value, headers):
+                    verdict = (
+                        SEND
+                        if decide is None
+                        else decide(topic, partition, offset, key, value, headers)
+                    )
+                    if verdict == SEND:
                         out = add(
                             topic, partition, offset, ts, ts_type, key, value, headers or (), now
                         )
-                    else:
+                    elif verdict == WITHHOLD:
                         out = withhold(topic, partition, offset, now)
+                    else:
+                        continue  # a filter error: counted and logged, becomes a gap
                 except RecordTooLarge as exc:
                     self._record_too_large(msg, exc)
                     continue

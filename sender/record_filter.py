@@ -21,6 +21,8 @@ from sender.content_filter import ContentFilter, Rule, Verdict, parse_rules_text
 
 log = logging.getLogger(__name__)
 
+#: What ``RecordFilter.decide`` says to do with a record.
+SEND, WITHHOLD, SKIP = 0, 1, 2
 #: Metric label of each withholding verdict.
 LABELS = {
     Verdict.DENY_RULE: "deny_rule",
@@ -78,7 +80,7 @@ class RecordFilter:
         """Records withheld so far, every verdict."""
         return sum(self.withheld.values())
 
-    def allows(  # noqa: PLR0917  per-record hot path, positional like Encoder.add
+    def decide(  # noqa: PLR0917  per-record hot path, positional like Encoder.add
         self,
         topic: str,
         partition: int,
@@ -86,23 +88,26 @@ class RecordFilter:
         key: bytes | None,
         value: bytes | None,
         headers: list[tuple[str, bytes | None]] | None,
-    ) -> bool:
-        """True when the record may be sent; otherwise it is counted (and logged on error)."""
+    ) -> int:
+        """``SEND``, ``WITHHOLD`` (a rule or the default denied it) or ``SKIP`` (a rule failed or
+        ran over its time: not sent, and not reported as withheld either, so the far side sees
+        a gap that a resend with a fixed rule closes). Counted, and logged on error."""
         verdict = self.filter.verdict(key, value, headers)
         if verdict is Verdict.SEND:
-            return True
-        label = LABELS[verdict]
-        self.withheld[label] += 1
-        if verdict is Verdict.ERROR:
-            self._ratelog.warning(
-                "filter_error",
-                "content filter: a rule failed or ran over %g ms on %s:%d@%d: withheld",
-                self._config.filter_timeout_ms,
-                topic,
-                partition,
-                offset,
-            )
-        return False
+            return SEND
+        self.withheld[LABELS[verdict]] += 1
+        if verdict is not Verdict.ERROR:
+            return WITHHOLD
+        self._ratelog.warning(
+            "filter_error",
+            "content filter: a rule failed or ran over %g ms on %s:%d@%d: not sent"
+            " (it will be reported as a gap downstream)",
+            self._config.filter_timeout_ms,
+            topic,
+            partition,
+            offset,
+        )
+        return SKIP
 
     def changed(self) -> bool:
         """The rules file's modification time differs from the one last loaded."""

@@ -147,6 +147,8 @@ class PartitionOutcome:
     """Offsets whose records exceed ``max_record_size`` (not sent, like the live sender)."""
     withheld: list[Range] = field(default_factory=list)
     """Offsets the content filter held back (sent as withheld, like the live sender)."""
+    filter_errors: list[Range] = field(default_factory=list)
+    """Offsets on which a content filter rule failed or timed out (not sent; they stay open)."""
 
     def _note(self, ranges: list[Range], offset: int) -> None:
         if ranges and ranges[-1][1] + 1 == offset:
@@ -171,6 +173,10 @@ class PartitionOutcome:
         """Records handed to the pipeline."""
         return _count(self.sent)
 
+    def record_filter_error(self, offset: int) -> None:
+        """Note one record a failing content filter rule kept back."""
+        self._note(self.filter_errors, offset)
+
     @property
     def records_withheld(self) -> int:
         """Records the content filter held back."""
@@ -178,7 +184,7 @@ class PartitionOutcome:
 
     def absent(self) -> list[Range]:
         """Offsets inside the log that were asked for but never came back from Kafka."""
-        got = merge_ranges([*self.sent, *self.too_large, *self.withheld])
+        got = merge_ranges([*self.sent, *self.too_large, *self.withheld, *self.filter_errors])
         out: list[Range] = []
         j = 0
         for first, last in self.plan.to_read:
@@ -198,8 +204,13 @@ class PartitionOutcome:
 
     @property
     def unrecoverable(self) -> int:
-        """Expired + beyond the end + absent + too large."""
-        return self.plan.unrecoverable_planned + _count(self.absent()) + _count(self.too_large)
+        """Expired + beyond the end + absent + too large + content filter errors."""
+        return (
+            self.plan.unrecoverable_planned
+            + _count(self.absent())
+            + _count(self.too_large)
+            + _count(self.filter_errors)
+        )
 
 
 def marker_ranges(plans: Sequence[PartitionPlan]) -> list[tuple[str, int, int, int]]:

@@ -38,7 +38,7 @@ from common.errors import (
 from runtime import service
 from sender.config import SenderConfig
 from sender.pubkey import announce_loop
-from sender.record_filter import RecordFilter
+from sender.record_filter import SEND, WITHHOLD, RecordFilter
 from sender.resend import (
     DEFAULT_MAX_SKIP,
     PartitionOutcome,
@@ -439,11 +439,17 @@ class ResendJob:
             ts_type, ts = msg.timestamp()
             headers = _headers(msg.headers())
             rf = self.record_filter
-            if rf is not None and not rf.allows(
-                plan.topic, plan.partition, offset, msg.key(), msg.value(), headers
-            ):
+            verdict = (
+                SEND
+                if rf is None
+                else rf.decide(plan.topic, plan.partition, offset, msg.key(), msg.value(), headers)
+            )
+            if verdict == WITHHOLD:
                 pipeline.withhold(plan.topic, plan.partition, offset)
                 outcome.record_withheld(offset)
+                continue
+            if verdict != SEND:
+                outcome.record_filter_error(offset)
                 continue
             try:
                 pipeline.add(
@@ -550,6 +556,11 @@ class ResendJob:
                     )
                 if o.too_large:
                     rows.append(f"    over max_record_size: {format_ranges(o.too_large)}")
+                if o.filter_errors:
+                    rows.append(
+                        "    content filter failed or timed out (fix the rule, resend again):"
+                        f" {format_ranges(o.filter_errors)}"
+                    )
         for row in rows:
             out(row)
         lost = sum(o.unrecoverable for o in self.outcomes)

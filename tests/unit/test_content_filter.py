@@ -10,7 +10,7 @@ import pytest
 from common.errors import ConfigError
 from sender.config import SenderConfig
 from sender.content_filter import ContentFilter, Verdict, parse_rule, parse_rules_text
-from sender.record_filter import RecordFilter, build_filter
+from sender.record_filter import SEND, SKIP, WITHHOLD, RecordFilter, build_filter
 
 #: Catastrophic backtracking on a run of x's: never finishes in any useful time.
 SLOW = r"(x+x+)+y"
@@ -134,23 +134,23 @@ def test_a_changed_rules_file_is_reloaded_and_a_broken_one_keeps_the_rules(
     path = tmp_path / "rules"
     path.write_text("deny value a\n")
     live = RecordFilter(_config(filter_file=path))
-    assert not live.allows("t", 0, 0, None, b"a", None)
-    assert live.allows("t", 0, 1, None, b"b", None)
+    assert live.decide("t", 0, 0, None, b"a", None) == WITHHOLD
+    assert live.decide("t", 0, 1, None, b"b", None) == SEND
     assert not live.changed()
 
     path.write_text("deny value b\n")
     os.utime(path, ns=(1, 10**18))  # a new mtime whatever the file system's resolution
     assert live.changed()
     assert live.reload("test")
-    assert live.allows("t", 0, 2, None, b"a", None)
-    assert not live.allows("t", 0, 3, None, b"b", None)
+    assert live.decide("t", 0, 2, None, b"a", None) == SEND
+    assert live.decide("t", 0, 3, None, b"b", None) == WITHHOLD
 
     path.write_text("deny value (\n")
     os.utime(path, ns=(1, 2 * 10**18))
     assert live.changed()
     assert not live.reload("test")  # the rules in force stay
     assert not live.changed()  # and the broken file is not retried in a loop
-    assert not live.allows("t", 0, 4, None, b"b", None)
+    assert live.decide("t", 0, 4, None, b"b", None) == WITHHOLD
     assert (live.reloads, live.reload_errors) == (1, 1)
     assert live.withheld == {"deny_rule": 3, "deny_default": 0, "error": 0}
 
@@ -163,9 +163,9 @@ def test_withheld_records_are_counted_by_verdict(tmp_path: Path) -> None:
             filter_timeout_ms=5,
         )
     )
-    assert not live.allows("t", 0, 0, b"x", b"v", None)
-    assert not live.allows("t", 0, 1, b"k", b"v", None)
-    assert not live.allows("t", 0, 2, b"k", b"x" * 5000, None)
-    assert live.allows("t", 0, 3, b"k", b"xxy", None)
+    assert live.decide("t", 0, 0, b"x", b"v", None) == WITHHOLD
+    assert live.decide("t", 0, 1, b"k", b"v", None) == WITHHOLD
+    assert live.decide("t", 0, 2, b"k", b"x" * 5000, None) == SKIP  # a gap downstream
+    assert live.decide("t", 0, 3, b"k", b"xxy", None) == SEND
     assert live.withheld == {"deny_rule": 1, "deny_default": 1, "error": 1}
     assert live.withheld_total == 3

@@ -42,6 +42,10 @@ TIMESTAMP_TYPES = (b"0", b"1", b"2")
 #: Fields of a heartbeat control record's JSON value that the dedup reads (by these names).
 HEARTBEAT_LOW_OFFSET = "low_offset"
 HEARTBEAT_STARTED_AT = "started_at_ms"
+#: Fields of a heartbeat control record's JSON value naming the sender's chain (docs/sender.md
+#: "Chains"), copied from the heartbeat counters of the same names; absent when not chained.
+CHAIN_INDEX, CHAIN_COUNT, CHAIN_SHARE = "chain_index", "chain_count", "chain_share"
+HEARTBEAT_CHAIN_FIELDS = (CHAIN_INDEX, CHAIN_COUNT, CHAIN_SHARE)
 #: Field of a withheld control record's JSON value: the range's last offset (the key has the first).
 WITHHELD_LAST = "last"
 
@@ -98,6 +102,8 @@ def heartbeat_records(beat: Heartbeat) -> Iterator[tuple[str, int, str, bytes]]:
     session = beat.session_id.hex()
     # The decoder guarantees low_offsets names exactly the partitions of high_offsets.
     lows = {(topic, partition): low for topic, partition, low in beat.low_offsets}
+    counters = dict(beat.counters)
+    chain = {name: counters[name] for name in HEARTBEAT_CHAIN_FIELDS if name in counters}
     for topic, partition, high in beat.high_offsets:
         value = json.dumps(
             {
@@ -108,6 +114,7 @@ def heartbeat_records(beat: Heartbeat) -> Iterator[tuple[str, int, str, bytes]]:
                 "sent_at_ms": beat.sent_at_ms,
                 "high_offset": high,
                 HEARTBEAT_LOW_OFFSET: lows[topic, partition],
+                **chain,
             },
             separators=(",", ":"),
         ).encode()

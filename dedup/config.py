@@ -56,7 +56,8 @@ class DedupConfig:
     """Every setting of ``kafka-diode dedup``; environment name = field name in upper case."""
 
     raw_topics: tuple[str, ...]
-    """Raw topic(s) the receiver(s) write, comma-separated; several are merged (redundant links)."""
+    """Raw topic(s) the receiver(s) write, comma-separated; several are merged (one per chain,
+    docs/sender.md "Chains")."""
     bootstrap_servers: str
     """Downstream Kafka bootstrap servers (host:port, comma-separated)."""
     state_dir_config: str

@@ -36,7 +36,8 @@ The floor is ``lo_w * WINDOW_SIZE``. For an offset ``o``:
   session's lost first records become gaps; see :meth:`PartitionDetector.heartbeat`.
 
 Gaps are never stored twice: inside the windows they are the clear bits between ``max(first,
-floor)`` and ``max(next - 1, high)`` (so missing tails and whole empty windows are gaps), below the
+floor)`` and ``max(next - 1, high)`` (so missing tails and whole empty windows are gaps; for a
+partition carried by share chains only up to ``high``, what every chain vouched for), below the
 floor they are the ``expired`` ranges. ``scan`` compares that set with what the gap topic says
 (``reported``) and emits only changes. The pure core never reads a clock: every call takes
 ``now_ms``.
@@ -80,6 +81,7 @@ _MAX_WINDOWS = 2**20
 _MAX_SPAN = 2**36  # WINDOW_SIZE x MAX_WINDOWS: bounds the transient range bitmaps of a scan
 _GAP_ENTRY_BYTES = 64  # estimated memory per remembered gap (Python objects), for the budget
 _MAX_WARNINGS = 16
+_MAX_CHAINS = 64  # sender.config.MAX_CHAINS
 
 
 class GapStateError(DiodeError):
@@ -144,7 +146,7 @@ def _check_int(key: str, value: object, low: int, high: int) -> None:
 
 # -- serialisation layout (version 1) --------------------------------------------------------
 _MAGIC = b"KDGD"
-_VERSION = 2
+_VERSION = 3  # 3: chain highs (a fourth table); 2: reset time; 1: neither
 _NONE = -1
 # window_size, first, next, high, lo_w, hi_w, evicted_any, delivered, duplicates, below_window,
 # budget_evictions, forgotten_max, topic length
@@ -196,6 +198,9 @@ class PartitionDetector:
         """Windows evicted early because of MAX_STATE_BYTES."""
         self.lows_ignored = 0
         """Heartbeat low offsets ignored because their session started before a reset."""
+        # Share chains (docs/sender.md "Chains"): N senders each carry offset % N == I - 1.
+        self._chain_count = 0
+        self._chain_highs: dict[int, int] = {}  # chain index I -> highest offset it sent
 
     # -- properties ---------------------------------------------------------------------------
     @property
@@ -406,14 +411,63 @@ class PartitionDetector:
             )
         if self._high is None or high_offset > self._high:
             self._high = high_offset
-        if low_offset is None:
-            return
+        if low_offset is not None:
+            self.session_low(low_offset, now_ms, session_started_ms=session_started_ms)
+
+    def session_low(
+        self, low_offset: int, now_ms: int, *, session_started_ms: int | None = None
+    ) -> None:
+        """Only the ``low_offset`` part of :meth:`heartbeat` (a share chain's heartbeat: its
+        high vouches for its own share only, see :meth:`chain_heartbeat`)."""
+        if not 0 <= low_offset <= MAX_OFFSET:
+            raise LocalProtocolError(f"heartbeat low offset {low_offset} outside 0..{MAX_OFFSET}")
         if self._reset_at is not None and (
             session_started_ms is None or session_started_ms <= self._reset_at
         ):
             self.lows_ignored += 1
             return
         self._lower_floor(low_offset, now_ms)
+
+    def chain_heartbeat(self, index: int, count: int, high_offset: int, now_ms: int) -> None:
+        """A heartbeat of share chain ``index`` of ``count``: that sender carries exactly the
+        offsets ``o % count == index - 1`` and has sent all of them up to ``high_offset``.
+
+        Chain ``I`` sending everything of its share up to ``h_I`` means every offset of the
+        share below ``h_I + count`` was sent (the next one of the share is ``h_I + count``). So
+        once every chain has reported, every offset up to ``min(h_I + count - 1)`` is vouched
+        for, and that is the high this heartbeat applies; before that, share heartbeats vouch
+        for nothing (``chains_missing`` says how many chains are silent). A different ``count``
+        than before (the chains were re-planned) starts the table afresh.
+
+        Raises:
+            LocalProtocolError: not ``1 <= index <= count <= 64`` or the offset out of range.
+        """
+        if not 1 <= index <= count <= _MAX_CHAINS:
+            raise LocalProtocolError(f"chain {index}/{count} out of range (1 <= I <= N <= 64)")
+        if not 0 <= high_offset <= MAX_OFFSET:
+            raise LocalProtocolError(f"heartbeat offset {high_offset} outside 0..{MAX_OFFSET}")
+        if count != self._chain_count:
+            if self._chain_count:
+                message = (
+                    f"gap detector {self.topic}:{self.partition}: a chain heartbeat says "
+                    f"{index}/{count}, earlier ones said N = {self._chain_count}: the chains "
+                    "were re-planned (or are configured differently); starting over with "
+                    f"N = {count}"
+                )
+                logger.warning("%s", message)
+                if len(self._warnings) < _MAX_WARNINGS:
+                    self._warnings.append(message)
+            self._chain_count, self._chain_highs = count, {}
+        if high_offset > self._chain_highs.get(index, -1):
+            self._chain_highs[index] = high_offset
+        if len(self._chain_highs) == count:
+            vouched = min(h + count - 1 for h in self._chain_highs.values())
+            self.heartbeat(min(vouched, MAX_OFFSET), now_ms)
+
+    @property
+    def chains_missing(self) -> int:
+        """Share chains of this partition that have not sent a heartbeat yet (0 unchained)."""
+        return self._chain_count - len(self._chain_highs)
 
     def _lower_floor(self, low: int, now_ms: int) -> None:
         ws = self.config.window_size
@@ -552,7 +606,16 @@ class PartitionDetector:
         assert self._first is not None
         expired = list(zip(self._e_first, self._e_last, strict=True))
         floor = self._lo_w * self.config.window_size
-        return expired + self._missing_runs(max(self._first, floor), self._tail())
+        return expired + self._missing_runs(max(self._first, floor), self._report_tail())
+
+    def _report_tail(self) -> int:
+        """Where window gaps end. Unchained: the highest offset seen or vouched for (one sender
+        sends a partition in order, so a hole below what arrived is a loss). Share-chained: only
+        what every chain vouched for (``chain_heartbeat``): one chain's records running ahead of
+        another's are not a loss of the slower one's, so they never open a gap by themselves."""
+        if self._chain_count:
+            return -1 if self._high is None else self._high
+        return self._tail()
 
     def scan(self, now_ms: int) -> list[GapReport]:
         """Periodic scan: report gaps seen by two consecutive scans, and changes to reported ones.
@@ -638,9 +701,10 @@ class PartitionDetector:
     def to_bytes(self) -> bytes:
         """Serialise the whole state (including scan state and undrained reports' effect).
 
-        Layout v2: ``KDGD`` + version byte + fixed header + topic (UTF-8) + partition + the seen
-        bitmap in pyroaring's portable format + three zlib-compressed int64 tables (expired,
-        reported, pending). Undrained reports are not part of the state: drain before saving.
+        Layout v3: ``KDGD`` + version byte + fixed header + topic (UTF-8) + partition + the seen
+        bitmap in pyroaring's portable format + four zlib-compressed int64 tables (expired,
+        reported, pending, chain highs as ``(N, I, high)``; v2 had no chain table). Undrained
+        reports are not part of the state: drain before saving.
         """
         seen = self._seen.copy()
         seen.run_optimize()
@@ -668,7 +732,8 @@ class PartitionDetector:
         expired = _flatten(zip(self._e_first, self._e_last, self._e_det, strict=True))
         reported = _flatten((k, v[0], v[1]) for k, v in sorted(self._reported.items()))
         pending = _flatten((a, b, d) for (a, b), d in sorted(self._pending.items()))
-        for table in (expired, reported, pending):
+        chains = _flatten((self._chain_count, i, h) for i, h in sorted(self._chain_highs.items()))
+        for table in (expired, reported, pending, chains):
             packed = zlib.compress(table.tobytes(), 1)
             parts += [_SECTION.pack(len(table) // 3, len(packed)), packed]
         return b"".join(parts)
@@ -708,7 +773,7 @@ def _decode(cls: type[PartitionDetector], data: bytes, config: DetectorConfig) -
     view = memoryview(data)
     if bytes(view[:4]) != _MAGIC or len(view) < 5:
         raise GapStateError("not a gap detector state (bad magic)")
-    if view[4] not in (1, _VERSION):
+    if view[4] not in (1, 2, _VERSION):
         raise GapStateError(f"gap detector state version {view[4]} is not supported")
     pos = 5
     reset_at, lows_ignored = _NONE, 0
@@ -741,7 +806,7 @@ def _decode(cls: type[PartitionDetector], data: bytes, config: DetectorConfig) -
     seen = BitMap64.deserialize(bytes(view[pos : pos + size]))
     pos += size
     tables: list[array.array[int]] = []
-    for _ in range(3):
+    for _ in range(4 if view[4] >= 3 else 3):
         count, clen = _SECTION.unpack_from(view, pos)
         pos += _SECTION.size
         if pos + clen > len(view) or count > len(view) * 1024:
@@ -771,7 +836,11 @@ def _decode(cls: type[PartitionDetector], data: bytes, config: DetectorConfig) -
     det._forgotten_max = forgot
     det._reset_at, det.lows_ignored = _unopt(reset_at), lows_ignored
     det._seen = seen
-    expired, reported, pending = tables
+    expired, reported, pending = tables[:3]
+    if len(tables) > 3:
+        chains = tables[3]
+        det._chain_highs = dict(zip(chains[1::3], chains[2::3], strict=True))
+        det._chain_count = chains[0] if chains else 0
     det._e_first = list(expired[0::3])
     det._e_last = list(expired[1::3])
     det._e_det = list(expired[2::3])

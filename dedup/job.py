@@ -60,7 +60,11 @@ from pyspark.sql.types import (
 )
 
 from common import gap_record
+from common.errors import LocalProtocolError
 from common.raw_topic import (
+    CHAIN_COUNT,
+    CHAIN_INDEX,
+    CHAIN_SHARE,
     CONTROL_HEADER,
     HEARTBEAT,
     HEARTBEAT_LOW_OFFSET,
@@ -108,6 +112,7 @@ OUTPUT_SCHEMA = StructType(
         StructField("budget_evictions", LongType()),
         StructField("expired_gaps", LongType()),
         StructField("withheld", LongType()),
+        StructField("chains_missing", LongType()),
     ]
 )
 STATE_SCHEMA = StructType(
@@ -125,6 +130,7 @@ _STAT_COLUMNS = (
     "budget_evictions",
     "expired_gaps",
     "withheld",
+    "chains_missing",
 )
 
 
@@ -185,6 +191,12 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
         F.expr(f"if({control} IS NULL, -1, {_json_long(HEARTBEAT_STARTED_AT)})").alias(
             "hb_started"
         ),
+        # A share chain's heartbeat (docs/sender.md "Chains"): N * 256 + I, else -1.
+        F.expr(
+            f"CASE WHEN {control} IS NOT NULL AND {_json_long(CHAIN_SHARE)} = 1 "
+            f"THEN coalesce({_json_long(CHAIN_COUNT)} * 256 + {_json_long(CHAIN_INDEX)}, -1) "
+            "ELSE -1 END"
+        ).alias("hb_chain"),
         F.expr(prov_ok).alias("prov_ok"),
         # restore()'s rule: ASCII decimal that fits a signed 64-bit integer
         F.expr(
@@ -218,6 +230,7 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
         F.col("raw_offset"),
         F.col("hb_low"),
         F.col("hb_started"),
+        F.col("hb_chain"),
     )
 
 
@@ -336,6 +349,7 @@ def detect_group(
     state.update((blob, last_scan))
     state.setTimeoutDuration(params.scan_interval_ms)
     stats["open_gaps"] = len(detector.reported_open())
+    stats["chains_missing"] = detector.chains_missing
     stats["below_window"] = detector.below_window - below_before
     stats["budget_evictions"] = detector.budget_evictions - budget_before
     stats["expired_gaps"] = sum(1 for r in reports if r.state is gaps.GapState.EXPIRED)
@@ -369,15 +383,24 @@ def load_detector(
 
 
 def apply_heartbeats(detector: gaps.PartitionDetector, beats: pd.DataFrame, now: int) -> None:
-    """Apply one batch's heartbeat rows: the highest offset, and each valid low offset."""
+    """Apply one batch's heartbeat rows: the highest offset (per share chain, or of all the
+    unchained ones), and each valid low offset."""
     highs = beats["src_offset"].to_numpy()
-    detector.heartbeat(int(highs.max()), now)
+    chains = beats["hb_chain"].to_numpy() if "hb_chain" in beats else np.full(len(beats), -1)
+    plain = chains < 0
+    if plain.any():
+        detector.heartbeat(int(highs[plain].max()), now)
+    for chain, high in zip(chains[~plain].tolist(), highs[~plain].tolist(), strict=True):
+        try:
+            detector.chain_heartbeat(chain & 255, chain >> 8, int(high), now)
+        except LocalProtocolError as exc:  # the raw topic is input we do not control
+            log.warning("%s:%d: heartbeat ignored: %s", detector.topic, detector.partition, exc)
     if "hb_low" not in beats:
         return
     lows = beats["hb_low"].tolist()
     started = beats["hb_started"].tolist()
     seen: set[tuple[int, int | None]] = set()
-    for high, low, start in zip(highs.tolist(), lows, started, strict=True):
+    for high, low, start, chain in zip(highs.tolist(), lows, started, chains.tolist(), strict=True):
         # -1: no low_offset (older receivers). A low the heartbeat cannot mean (above its own
         # high) is ignored, not fatal: the raw topic is input we do not control.
         if not 0 <= low <= high:
@@ -385,7 +408,10 @@ def apply_heartbeats(detector: gaps.PartitionDetector, beats: pd.DataFrame, now:
         key = (int(low), None if start < 0 else int(start))
         if key not in seen:
             seen.add(key)
-            detector.heartbeat(int(high), now, key[0], session_started_ms=key[1])
+            if chain < 0:
+                detector.heartbeat(int(high), now, key[0], session_started_ms=key[1])
+            else:  # a share chain's high vouches for its share only: apply the low alone
+                detector.session_low(key[0], now, session_started_ms=key[1])
 
 
 def _stat_frame(

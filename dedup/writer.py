@@ -109,6 +109,7 @@ STAT_COLUMNS = (
     "budget_evictions",
     "expired_gaps",
     "withheld",
+    "chains_missing",
 )
 
 
@@ -222,8 +223,13 @@ class DedupMetrics:
             "withheld", "Source offsets a sender's content filter withheld (recorded, never gaps)",
             namespace=ns, subsystem=sub, registry=reg,
         )  # fmt: skip
+        self.chains_missing = Gauge(
+            "chains_missing", "Share chains not heard from yet, summed over partitions",
+            namespace=ns, subsystem=sub, registry=reg,
+        )  # fmt: skip
         self._open: dict[tuple[str, int], int] = {}
         self._state: dict[tuple[str, int], int] = {}
+        self._missing: dict[tuple[str, int], int] = {}
 
     def add_stats(self, stats: pa.Table) -> None:
         """Fold the ``stat`` rows of one committed batch into the series."""
@@ -245,8 +251,11 @@ class DedupMetrics:
             if topic:
                 self._open[(topic, partition)] = cols["open_gaps"][i] or 0
                 self._state[(topic, partition)] = cols["state_bytes"][i] or 0
+                if "chains_missing" in cols:
+                    self._missing[(topic, partition)] = cols["chains_missing"][i] or 0
         self.gaps_open.set(sum(self._open.values()))
         self.state_bytes.set(sum(self._state.values()))
+        self.chains_missing.set(sum(self._missing.values()))
 
     def observe_progress(self, progress: Mapping[str, Any]) -> None:
         """Take rates and duration from a StreamingQueryProgress (as JSON)."""

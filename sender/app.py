@@ -110,6 +110,9 @@ class SenderApp:
         self._reopen_wanted = False
         self.announcer: KeyAnnouncer | None = None
         """Public-key mode: the session-key schedule (owns ``keyring``); None otherwise."""
+        self._chain_share = config.chain_share()
+        self.records_other_chains = 0
+        """Records read and left to the other chains (``chain_mode = share``)."""
         self.record_filter: RecordFilter | None = None
         """The content filter in force (docs/sender.md, "Content filter"); None without one."""
 
@@ -328,6 +331,7 @@ class SenderApp:
         add = self._encoder.add
         withhold = self._encoder.withhold
         decide = self.record_filter.decide if self.record_filter is not None else None
+        share = self._chain_share
         submit = pipeline.submit
         clock = self._clock
         now = clock()
@@ -355,6 +359,9 @@ class SenderApp:
                     known = low.get((topic, partition))
                     if offset >= 0 and (known is None or offset < known):
                         low[topic, partition] = offset
+                if share is not None and offset % share[1] != share[0]:
+                    self.records_other_chains += 1  # another chain carries it (chain share)
+                    continue
                 headers = msg.headers()
                 try:
                     verdict = (
@@ -434,6 +441,7 @@ class SenderApp:
             "bytes_sent": p.bytes_sent if p else 0,
             "records_skipped": self.errors.get("record_too_large", 0),
             "records_withheld": self.record_filter.withheld_total if self.record_filter else 0,
+            **self.config.chain_counters(),
             "send_errors": p.datagrams_dropped if p else 0,
         }
 
@@ -604,6 +612,7 @@ class SenderApp:
             "records_read": self.records_read,
             "bytes_read": self.bytes_read,
             "heartbeats_sent": self.heartbeats,
+            "records_other_chains": self.records_other_chains,
             "commits": self.commits,
             "keyring_reloads": self.keyring_reloads,
             "paused": 1.0 if self._paused else 0.0,

@@ -22,6 +22,7 @@ from common import settings
 from common.errors import ConfigError, DiodeError
 from common.metrics import serve
 from runtime import service
+from sender.chain_plan import plan_problems, summary
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 from sender.pacing_advice import pacing_warning
 from sender.record_filter import build_filter
@@ -51,6 +52,15 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         action="store_true",
         help="validate, print the effective configuration (secrets masked) and exit",
     )
+    parser.add_argument(
+        "--check-chains",
+        nargs="+",
+        type=Path,
+        metavar="FILE",
+        help="with chain set: read the other chains' TOML files and check that together with "
+        "this configuration every offset is carried exactly once (share) or by every chain "
+        "(copy); print the plan and exit (docs/sender.md, Chains)",
+    )
     settings.add_flags(parser, SenderConfig)
     return parser
 
@@ -62,7 +72,9 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> SenderConfi
         ConfigError: naming the offending key (``--config`` for an unreadable file).
     """
     file_values = settings.read_toml_section(args.config, "sender")
-    flags = {k: v for k, v in vars(args).items() if k not in ("config", "check_config")}
+    flags = {
+        k: v for k, v in vars(args).items() if k not in ("config", "check_config", "check_chains")
+    }
     return settings.build(
         SenderConfig, file_values=file_values, env=env, env_prefix=ENV_PREFIX, flags=flags
     )
@@ -80,6 +92,8 @@ def main(argv: Sequence[str], prog: str = "kafka-diode send") -> int:
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    if args.check_chains:
+        return check_chains(config, args.check_chains, prog)
     advice = pacing_warning(config)
     if args.check_config:
         print(json.dumps(settings.describe(config), indent=2, sort_keys=True))
@@ -90,6 +104,25 @@ def main(argv: Sequence[str], prog: str = "kafka-diode send") -> int:
     if advice:
         log.warning("%s", advice)
     return run(config)
+
+
+def check_chains(config: SenderConfig, others: Sequence[Path], prog: str) -> int:
+    """``--check-chains``: this configuration and the other chains' files as one plan."""
+    members = [("this configuration", config)]
+    for path in others:
+        try:
+            values = settings.read_toml_section(path, "sender")
+            members.append((str(path), settings.build(SenderConfig, file_values=values)))
+        except ConfigError as exc:
+            print(f"{prog}: {path}: configuration error: {exc}", file=sys.stderr)
+            return EXIT_CONFIG
+    problems = plan_problems(members)
+    for problem in problems:
+        print(f"{prog}: chains: {problem}", file=sys.stderr)
+    if problems:
+        return EXIT_CONFIG
+    print(summary(members))
+    return EXIT_OK
 
 
 def run(config: SenderConfig) -> int:

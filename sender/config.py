@@ -41,6 +41,9 @@ _RESERVED_KAFKA = {
 }
 
 
+#: Most chains of one source: the dedup keeps a high offset per chain and partition.
+MAX_CHAINS = 64
+
 #: Kafka topic names: at most 249 characters of ``[a-zA-Z0-9._-]`` (Kafka's own rule).
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
@@ -78,6 +81,13 @@ class SenderConfig:
     (or fails) withholds the record and counts it as an error (fail closed)."""
     filter_check_interval: float = 2.0
     """Seconds between checks of filter_file's modification time (0: only reload on SIGHUP)."""
+    chain: str = ""
+    """Chains (docs/sender.md, "Chains"): 'I/N' makes this sender chain I of N parallel
+    sender-to-receiver paths of the same topics (each with its own group_id, receiver and raw
+    topic; the dedup reads all raw topics). Empty: not chained."""
+    chain_mode: Literal["share", "copy"] = "share"
+    """With chain set: share (this chain carries the offsets whose offset modulo N is I - 1:
+    load spread over N paths) or copy (every chain carries every offset: redundancy)."""
     group_id: str = "kafka-diode-sender"
     """Consumer group; committed offsets live here."""
     start_position: StartPosition = "committed"
@@ -218,6 +228,7 @@ class SenderConfig:
             _compile("exclude_topics", self.exclude_topics)
         self.topic_map()  # validates rename
         self.inline_filter_rules()  # validates filter_rules (filter_file is read at start)
+        self.chain_position()  # validates chain
         if not self.filter_timeout_ms > 0:
             raise ConfigError("filter_timeout_ms", f"is {self.filter_timeout_ms}", "use > 0")
         if self.filter_check_interval < 0:
@@ -426,6 +437,44 @@ class SenderConfig:
             parse_rule(text, f"filter_rules[{i}]", "filter_rules")
             for i, text in enumerate(self.filter_rules)
         ]
+
+    def chain_position(self) -> tuple[int, int] | None:
+        """``chain`` as ``(I, N)``, or None when not chained.
+
+        Raises:
+            ConfigError: naming ``chain``: not 'I/N' with 1 <= I <= N <= MAX_CHAINS.
+        """
+        if not self.chain:
+            return None
+        index, sep, count = self.chain.partition("/")
+        if not (sep and index.strip().isdigit() and count.strip().isdigit()):
+            raise ConfigError("chain", f"{self.chain!r} is not I/N", "e.g. 2/3: chain 2 of 3")
+        i, n = int(index), int(count)
+        if not 1 <= i <= n <= MAX_CHAINS:
+            raise ConfigError(
+                "chain", f"{self.chain!r} is out of range", f"use 1 <= I <= N <= {MAX_CHAINS}"
+            )
+        return i, n
+
+    def chain_share(self) -> tuple[int, int] | None:
+        """``(residue, N)`` when this sender carries only the offsets ``offset % N == residue``
+        (share mode with N > 1), else None (everything is carried)."""
+        position = self.chain_position()
+        if position is None or self.chain_mode != "share" or position[1] == 1:
+            return None
+        return position[0] - 1, position[1]
+
+    def chain_counters(self) -> dict[str, int]:
+        """The heartbeat counters that tell the far side this sender's chain (docs/protocol.md
+        §5: ``chain_index``, ``chain_count``, ``chain_share``); empty when not chained."""
+        position = self.chain_position()
+        if position is None:
+            return {}
+        return {
+            "chain_index": position[0],
+            "chain_count": position[1],
+            "chain_share": int(self.chain_mode == "share"),
+        }
 
     @property
     def filtering(self) -> bool:

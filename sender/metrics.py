@@ -47,6 +47,11 @@ class SenderMetrics:
             f"{_PREFIX}_copies_sent", "Redundant copies sent (beyond the first)", registry=r
         )
         self.heartbeats_sent = Counter(f"{_PREFIX}_heartbeats_sent", "Heartbeats", registry=r)
+        self.records_other_chains = Counter(
+            f"{_PREFIX}_records_other_chains",
+            "Records read and left to the other share chains (chain_mode share)",
+            registry=r,
+        )
         self.fec_blocks = Counter(
             f"{_PREFIX}_fec_blocks", "FEC blocks closed (their repairs queued)", registry=r
         )
@@ -142,6 +147,7 @@ class SenderMetrics:
             "datagrams_sent",
             "copies_sent",
             "heartbeats_sent",
+            "records_other_chains",
             "fec_blocks",
             "fec_repairs",
             "pacing_delay",

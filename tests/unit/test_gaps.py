@@ -5,6 +5,7 @@ from __future__ import annotations
 import array
 import logging
 import struct
+import zlib
 
 import pytest
 
@@ -350,7 +351,10 @@ def test_version_1_states_still_load() -> None:
     det = detector()
     det.observe_many([0, 3, 9], 1)
     det.scan(2)
-    blob = det.to_bytes()
+    # v3 appends a chain table (empty here: a section header and an empty zlib stream)
+    blob = det.to_bytes()[: -(16 + len(zlib.compress(b"", 1)))]
+    v2 = b"KDGD\x02" + blob[5:]
+    assert PartitionDetector.from_bytes(v2, det.config).open_gaps() == det.open_gaps()
     # v2 inserts reset_at (q) and lows_ignored (Q) before the topic length: strip them.
     head = 5 + struct.calcsize("<QqqqqqBQQQQq")
     v1 = b"KDGD\x01" + blob[5:head] + blob[head + 16 :]
@@ -362,6 +366,36 @@ def test_version_1_states_still_load() -> None:
     )
     old.heartbeat(20, 3, low_offset=0)  # v1 states were never reset: lows apply
     assert old.open_gaps() == [(1, 2), (4, 8), (10, 20)]
+
+
+def test_share_chains_vouch_only_up_to_what_every_chain_sent() -> None:
+    det = detector(ws=100, mw=10)
+    det.observe_many([0, 2, 4, 1, 3], 1)  # chain 1 (even) sent 0..4, chain 2 (odd) 1..3
+    det.chain_heartbeat(1, 2, 8, 1)  # chain 1 sent up to 8 (6 and 8 lost on its link)
+    assert det.chains_missing == 1
+    assert det.heartbeat_high is None  # chain 2 silent: nothing vouched beyond what arrived
+    det.chain_heartbeat(2, 2, 3, 2)
+    assert det.chains_missing == 0
+    assert det.heartbeat_high == 4  # min(8 + 1, 3 + 1): offset 5 may still come from chain 2
+    assert det.open_gaps() == []
+    det.chain_heartbeat(2, 2, 11, 3)
+    assert det.heartbeat_high == 9
+    assert det.open_gaps() == [(5, 9)]  # 5, 7, 9 (chain 2) and 6, 8 (chain 1) missing
+    copy = PartitionDetector.from_bytes(det.to_bytes(), det.config)
+    copy.chain_heartbeat(1, 2, 12, 4)
+    assert (copy.heartbeat_high, copy.chains_missing) == (12, 0)  # min(13, 12)
+
+
+def test_a_new_chain_count_starts_the_chain_table_afresh() -> None:
+    det = detector(ws=100, mw=10)
+    det.chain_heartbeat(1, 2, 10, 1)
+    det.chain_heartbeat(1, 3, 12, 2)
+    assert det.chains_missing == 2
+    assert "re-planned" in det.drain_warnings()[0]
+    with pytest.raises(LocalProtocolError):
+        det.chain_heartbeat(3, 2, 1, 3)
+    with pytest.raises(LocalProtocolError):
+        det.chain_heartbeat(1, 65, 1, 3)
 
 
 def test_window_size_mismatch_error_names_both_sizes() -> None:

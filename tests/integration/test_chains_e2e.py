@@ -1,0 +1,194 @@
+"""Chains end to end: two real senders share one source by offset modulo, each through its own
+real receiver into its own raw topic, and the real dedup (on Spark) merges both raw topics.
+
+Each raw topic holds exactly its chain's share; the clean topic holds every record once. Then
+only chain 1 runs on while more records arrive: its share of them crosses, chain 2's waits, and
+still no gap is reported: the dedup vouches for an offset only when its own chain's heartbeat
+covers it, so one chain running ahead never makes the other's pending records look lost.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.raw_topic import CONTROL_HEADER, parse_raw_key
+from kafka_diode.local_kafka.broker import free_port
+from tests.integration.receiver_process import ReceiverProcess, start_sender, write_key_file
+from tests.integration.test_dedup import finish, job_env, run_dedup
+from tests.kafka_helpers import Record, consume_all, produce_records, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+
+def _data(broker: Any, raw: str) -> set[tuple[int, int]]:
+    out = set()
+    for r in consume_all(broker, raw, timeout=30):
+        if r.headers and r.headers[-1][0] == CONTROL_HEADER:
+            continue
+        parsed = parse_raw_key(r.key)
+        assert parsed is not None
+        out.add((parsed[1], parsed[2]))
+    return out
+
+
+def test_two_share_chains_carry_half_each_and_the_dedup_merges_them_without_gaps(
+    upstream_kafka: Any, downstream_kafka: Any, kafka_topic: Any, tmp_path: Path
+) -> None:
+    source = kafka_topic(upstream_kafka, partitions=2)
+    raws = [kafka_topic(downstream_kafka, partitions=2) for _ in range(2)]
+    records = [Record(key=b"k%d" % i, value=b"v%d" % i, partition=i % 2) for i in range(301)]
+    positions = produce_records(upstream_kafka, source, records)
+    key_file = tmp_path / "keys.json"
+    write_key_file(key_file)
+    for side in "ab":
+        (tmp_path / side).mkdir()
+    share = [{p for p in positions if p[1] % 2 == chain} for chain in range(2)]
+    down = downstream_kafka.bootstrap
+    with (
+        ReceiverProcess(down, raws[0], tmp_path / "a", key_file=key_file) as a,
+        ReceiverProcess(down, raws[1], tmp_path / "b", key_file=key_file) as b,
+    ):
+
+        def sender(i: int, rx: ReceiverProcess, run: int) -> Any:
+            return start_sender(
+                upstream_kafka.bootstrap, rx.port, source, f"chain-{i}-{source}", key_file,
+                tmp_path / f"sender-{i}-{run}.log",
+                "--chain", f"{i}/2", "--heartbeat-interval", "0.5", "--rate-bytes", "20000000",
+                "--start-position", "committed",
+            )  # fmt: skip
+
+        senders = [sender(1, a, 1), sender(2, b, 1)]
+        try:
+            for raw, want in zip(raws, share, strict=True):
+                wait_until(
+                    lambda raw=raw, want=want: _data(downstream_kafka, raw) == want,
+                    120,
+                    interval=1.0,
+                    message=f"{raw} holds exactly its chain's share",
+                )
+            wait_until(
+                lambda: min(a.metric("heartbeats_total"), b.metric("heartbeats_total")) >= 2,
+                60,
+                message="heartbeats of both chains",
+            )
+        finally:
+            for proc in senders:
+                proc.send_signal(signal.SIGTERM)
+            for proc in senders:
+                assert proc.wait(60) == 0
+        beats = [
+            json.loads(r.value)
+            for r in consume_all(downstream_kafka, raws[1], timeout=30)
+            if r.headers and r.headers[-1][0] == CONTROL_HEADER
+        ]
+        chains = {(h["chain_index"], h["chain_count"], h["chain_share"]) for h in beats}
+        assert chains == {(2, 2, 1)}
+
+        # Chain 2 stays down; chain 1 carries its share of 100 more records.
+        more = [Record(key=b"m%d" % i, value=b"m%d" % i, partition=i % 2) for i in range(100)]
+        later = produce_records(upstream_kafka, source, more)
+        share[0] |= {p for p in later if p[1] % 2 == 0}
+        beats_before = a.metric("heartbeats_total")
+        lone = sender(1, a, 2)
+        try:
+            wait_until(
+                lambda: _data(downstream_kafka, raws[0]) == share[0],
+                120,
+                interval=1.0,
+                message="chain 1's share of the new records",
+            )
+            wait_until(
+                lambda: a.metric("heartbeats_total") >= beats_before + 3, 60, message="heartbeats"
+            )
+        finally:
+            lone.send_signal(signal.SIGTERM)
+            assert lone.wait(60) == 0
+        assert a.terminate() == 0
+        assert b.terminate() == 0
+
+    env = job_env(downstream_kafka.bootstrap, raws[0], tmp_path, raws[0])
+    env["RAW_TOPICS"] = ",".join(raws)
+    finish(run_dedup(env, "--until-idle", "8"))
+    crossed = len(share[0]) + len(share[1])
+    clean = consume_all(downstream_kafka, f"clean.{raws[0]}.{source}", expected_count=crossed)
+    want = [r.value for r in records] + [
+        r.value for r, p in zip(more, later, strict=True) if p[1] % 2 == 0
+    ]
+    assert sorted(r.value for r in clean) == sorted(want)
+    gaps = consume_all(downstream_kafka, f"gaps.{raws[0]}", timeout=10)
+    assert [json.loads(g.value) for g in gaps if g.value is not None] == []
+
+
+def test_copy_chains_deliver_everything_although_one_link_loses_a_fifth(
+    upstream_kafka: Any, downstream_kafka: Any, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """Redundancy: both chains carry every offset; chain 1's link drops 20 % of its datagrams
+    (the real netem relay), chain 2's is clean. The dedup keeps one copy of each record and
+    reports no gap, with no resend."""
+    source = kafka_topic(upstream_kafka, partitions=2)
+    raws = [kafka_topic(downstream_kafka, partitions=2) for _ in range(2)]
+    records = [Record(key=b"k%d" % i, value=b"v%d" % i, partition=i % 2) for i in range(600)]
+    positions = set(produce_records(upstream_kafka, source, records))
+    key_file = tmp_path / "keys.json"
+    write_key_file(key_file)
+    for side in "ab":
+        (tmp_path / side).mkdir()
+    down = downstream_kafka.bootstrap
+    relay_port = free_port()
+    with (
+        ReceiverProcess(down, raws[0], tmp_path / "a", key_file=key_file) as a,
+        ReceiverProcess(down, raws[1], tmp_path / "b", key_file=key_file) as b,
+        (tmp_path / "relay.log").open("wb") as relay_log,
+    ):
+        relay = subprocess.Popen(
+            [sys.executable, "-m", "kafka_diode", "netem", "relay",
+             "--listen", f"127.0.0.1:{relay_port}", "--forward", f"127.0.0.1:{a.port}",
+             "--profile", "lossy-20", "--seed", "7"],
+            stdout=subprocess.DEVNULL, stderr=relay_log,
+        )  # fmt: skip
+
+        def copy_sender(i: int, port: int) -> Any:
+            return start_sender(
+                upstream_kafka.bootstrap, port, source, f"copy-{i}-{source}", key_file,
+                tmp_path / f"sender-{i}.log",
+                "--chain", f"{i}/2", "--chain-mode", "copy",
+                "--heartbeat-interval", "0.5", "--rate-bytes", "20000000",
+            )  # fmt: skip
+
+        senders = [copy_sender(1, relay_port), copy_sender(2, b.port)]
+        try:
+            wait_until(
+                lambda: _data(downstream_kafka, raws[1]) == positions,
+                120,
+                interval=1.0,
+                message="the clean chain carries every record",
+            )
+            wait_until(
+                lambda: a.metric("heartbeats_total") >= 3, 60, message="the lossy chain's beats"
+            )
+        finally:
+            for proc in senders:
+                proc.send_signal(signal.SIGTERM)
+            for proc in senders:
+                assert proc.wait(60) == 0
+            relay.send_signal(signal.SIGTERM)
+            relay.wait(30)
+        lossy = _data(downstream_kafka, raws[0])
+        assert len(lossy) < len(positions)  # the relay really lost records on chain 1
+        assert a.terminate() == 0
+        assert b.terminate() == 0
+
+    env = job_env(down, raws[0], tmp_path, raws[0])
+    env["RAW_TOPICS"] = ",".join(raws)
+    finish(run_dedup(env, "--until-idle", "8"))
+    clean = consume_all(downstream_kafka, f"clean.{raws[0]}.{source}", expected_count=600)
+    assert sorted(r.value for r in clean) == sorted(r.value for r in records)
+    gaps = consume_all(downstream_kafka, f"gaps.{raws[0]}", timeout=10)
+    assert [json.loads(g.value) for g in gaps if g.value is not None] == []

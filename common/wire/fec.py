@@ -10,7 +10,8 @@ are dealt round-robin into ``interleave`` open blocks. A block closes when it ho
 sequence numbers, or ``block_latency`` seconds after its first source (``poll``), so a slow
 stream never holds repairs back for long. Closing a block pads every source to the same
 **symbol** (``uint16 length || datagram || zeros``), computes ``m = ceil(k * overhead / 100)``
-repair symbols with zfec's systematic Reed-Solomon code over GF(2^8), and wraps each in a
+repair symbols with zfec's systematic Reed-Solomon code over GF(2^8) (common/wire/reed_solomon.py:
+the same bytes by ISA-L's SIMD arithmetic when the library is installed), and wraps each in a
 **repair datagram**: an ordinary envelope of kind 4 whose AES-256-GCM payload names the block
 (lowest source sequence, k, m, repair index, symbol size, a bitmap of the member sequences) and
 carries the symbol. Sources go out unchanged: with FEC on or off they are the same bytes, and a
@@ -66,6 +67,7 @@ from common.wire.envelope import (
     frame,
 )
 from common.wire.keyring import Key, KeyRing
+from common.wire.reed_solomon import RepairEncoder
 from common.wire.replay import ReplayGuard
 
 #: Envelope kind of a repair datagram (docs/protocol.md §3 and §13).
@@ -85,6 +87,7 @@ _FIXED_OVERHEAD: Final = HEADER_SIZE + 3 + TAG_SIZE + FEC_HEADER.size + 2
 _U16: Final = struct.Struct(">H")
 _SEQ: Final = struct.Struct(">Q")
 _MIN_DATAGRAM: Final = HEADER_SIZE + 1
+_ZEROS: Final = memoryview(bytes(0xFFFF))
 _CODEC_CACHE: Final = 64
 
 
@@ -130,23 +133,13 @@ def _symbol(datagram: bytes, size: int) -> bytes:
     return b"".join((_U16.pack(n), datagram, bytes(size - 2 - n)))
 
 
-class _Codecs:
-    """zfec encoder/decoder objects by (k, m): building one computes a matrix, so reuse them."""
+class _Decoders:
+    """zfec decoder objects by (k, m): building one computes a matrix, so reuse them."""
 
     def __init__(self) -> None:
-        self._enc: OrderedDict[tuple[int, int], zfec.Encoder] = OrderedDict()
         self._dec: OrderedDict[tuple[int, int], zfec.Decoder] = OrderedDict()
 
-    def encoder(self, k: int, m: int) -> zfec.Encoder:
-        cache = self._enc
-        codec = cache.get((k, m))
-        if codec is None:
-            codec = cache[(k, m)] = zfec.Encoder(k, k + m)
-            if len(cache) > _CODEC_CACHE:
-                cache.popitem(last=False)
-        return codec
-
-    def decoder(self, k: int, m: int) -> zfec.Decoder:
+    def get(self, k: int, m: int) -> zfec.Decoder:
         cache = self._dec
         codec = cache.get((k, m))
         if codec is None:
@@ -262,7 +255,7 @@ class FecEncoder:
         self._next_repair = first_repair_sequence
         self._aead: AESGCM | None = None
         self._aead_key: Key | None = None
-        self._codecs = _Codecs()
+        self._repairs = RepairEncoder()
         self._open: list[list[_OpenBlock | None]] = [
             [None] * config.interleave for _ in range(config.streams)
         ]
@@ -277,6 +270,11 @@ class FecEncoder:
         """Repair datagrams built."""
         self.unprotected = 0
         """Datagrams left out of every block (another session's, or too large)."""
+
+    @property
+    def accelerated(self) -> bool:
+        """True when ISA-L computes the repair symbols (common/wire/reed_solomon.py)."""
+        return self._repairs.accelerated
 
     @property
     def next_repair_sequence(self) -> int:
@@ -367,8 +365,12 @@ class FecEncoder:
         k = len(block.datagrams)
         m = min(self.config.repairs_for(k), MAX_SYMBOLS - k)
         size = 2 + block.longest
-        symbols = tuple(_symbol(d, size) for d in block.datagrams)
-        repairs = self._codecs.encoder(k, m).encode(symbols, tuple(range(k, k + m)))
+        # The k symbols back to back in one buffer: one allocation, and ISA-L reads it in place.
+        parts: list[bytes | memoryview] = []
+        for d in block.datagrams:
+            n = len(d)
+            parts += (_U16.pack(n), d, _ZEROS[: size - 2 - n])
+        repairs = self._repairs.encode(bytearray().join(parts), k, m, size)
         first = block.sequences[0]
         span = block.sequences[-1] - first + 1
         bitmap = _bitmap([s - first for s in block.sequences], span)
@@ -384,7 +386,7 @@ class FecEncoder:
         if sequence > MAX_SEQUENCE:
             raise LocalProtocolError("repair sequence numbers exhausted; start a new session")
         self._next_repair = sequence + 1
-        plaintext = head + bytes(symbol)
+        plaintext = head + symbol
         keyring = self._keyring
         if keyring is None:
             cipher_code, key_id, aead = CIPHER_NONE, 0, None
@@ -501,7 +503,7 @@ class FecDecoder:
         """The ring consulted on every repair; assign a new one, or ``KeyRing.replace`` it."""
         self._replay = ReplayGuard(window=limits.replay_window, max_sessions=limits.max_sessions)
         self._aeads: OrderedDict[tuple[int, bytes], tuple[Key, AESGCM]] = OrderedDict()
-        self._codecs = _Codecs()
+        self._decoders = _Decoders()
         #: Recent authenticated sources by envelope bytes 8..31 (session id || sequence): one
         #: slice and one dict store per datagram, the receiver's whole cost without FEC.
         self._sources: dict[bytes, bytes] = {}
@@ -767,7 +769,7 @@ class FecDecoder:
                 break
             symbols.append(symbol)
             numbers.append(block.k + rindex)
-        decoded = self._codecs.decoder(block.k, block.m).decode(tuple(symbols), tuple(numbers))
+        decoded = self._decoders.get(block.k, block.m).decode(tuple(symbols), tuple(numbers))
         out: list[bytes] = []
         for i in missing:
             symbol = bytes(decoded[i])

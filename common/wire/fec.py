@@ -370,23 +370,26 @@ class FecEncoder:
         for d in block.datagrams:
             n = len(d)
             parts += (_U16.pack(n), d, _ZEROS[: size - 2 - n])
-        repairs = self._repairs.encode(bytearray().join(parts), k, m, size)
         first = block.sequences[0]
         span = block.sequences[-1] - first + 1
         bitmap = _bitmap([s - first for s in block.sequences], span)
+        room = FEC_HEADER.size + len(bitmap)  # the repair plaintext before its symbol (§13.4)
+        out = self._repairs.encode(bytearray().join(parts), k, m, size, room=room)
+        stride = room + size
+        for i in range(m):
+            at = i * stride
+            FEC_HEADER.pack_into(out, at, first, SCHEME_ZFEC_RS, k, m, i, size, span)
+            out[at + FEC_HEADER.size : at + room] = bitmap
         self.blocks += 1
         self.repairs += m
-        return [
-            self._seal(FEC_HEADER.pack(first, SCHEME_ZFEC_RS, k, m, i, size, span) + bitmap, r)
-            for i, r in enumerate(repairs)
-        ]
+        view = memoryview(out)
+        return [self._seal(view[at : at + stride]) for at in range(0, m * stride, stride)]
 
-    def _seal(self, head: bytes, symbol: bytes) -> bytes:
+    def _seal(self, plaintext: memoryview) -> bytes:
         sequence = self._next_repair
         if sequence > MAX_SEQUENCE:
             raise LocalProtocolError("repair sequence numbers exhausted; start a new session")
         self._next_repair = sequence + 1
-        plaintext = head + symbol
         keyring = self._keyring
         if keyring is None:
             cipher_code, key_id, aead = CIPHER_NONE, 0, None
@@ -401,7 +404,7 @@ class FecEncoder:
             sequence, key_id, 0, 1, len(plaintext),
         )  # fmt: skip
         if aead is None:
-            return frame(header, plaintext)
+            return frame(header, bytes(plaintext))
         nonce = self._session_id[:4] + _SEQ.pack(sequence)
         return frame(header, aead.encrypt(nonce, plaintext, header))
 

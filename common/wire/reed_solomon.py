@@ -98,35 +98,45 @@ class RepairEncoder:
         """True when ISA-L computes the repairs."""
         return self._isal is not None
 
-    def encode(self, block: bytearray, k: int, m: int, size: int) -> list[bytes]:
+    def encode(self, block: bytearray, k: int, m: int, size: int, *, room: int = 0) -> bytearray:
         """The ``m`` repair symbols of ``k`` source symbols of ``size`` bytes each, laid out
         back to back in ``block`` (``len(block) == k * size``).
 
+        Returns one buffer of ``m * (room + size)`` bytes: repair ``j`` at offset
+        ``j * (room + size) + room``, each after ``room`` zero bytes the caller may fill (the
+        repair's own header), so a repair's plaintext is one slice, never a concatenation.
         ``block`` is a bytearray so ISA-L can read it in place (``from_buffer`` wants a writable
         buffer; nothing is written to it).
         """
         if len(block) != k * size or not (k >= 1 and m >= 1 and k + m <= 256 and size >= 1):
             raise ValueError(f"block of {len(block)} bytes for k={k} m={m} size={size}")
+        if room < 0:
+            raise ValueError(f"room {room}")
         isal = self._isal
         if isal is None or k * m * size < _ISAL_MIN_WORK:
-            return self._zfec_encode(block, k, m, size)
-        return self._isal_encode(isal, block, k, m, size)
+            return self._zfec_encode(block, k, m, size, room)
+        return self._isal_encode(isal, block, k, m, size, room)
 
-    def _zfec_encode(self, block: bytearray, k: int, m: int, size: int) -> list[bytes]:
+    def _zfec_encode(self, block: bytearray, k: int, m: int, size: int, room: int) -> bytearray:
         view = memoryview(block)
         symbols = tuple(view[i * size : (i + 1) * size] for i in range(k))
         repairs = self._zfec_encoder(k, m).encode(symbols, tuple(range(k, k + m)))
-        return [bytes(r) for r in repairs]
+        if not room:
+            return bytearray().join(repairs)
+        pad = bytes(room)
+        return bytearray().join(part for r in repairs for part in (pad, r))
 
-    def _isal_encode(self, isal: _Isal, block: bytearray, k: int, m: int, size: int) -> list[bytes]:
-        out = bytearray(m * size)
+    def _isal_encode(  # noqa: PLR0917  private
+        self, isal: _Isal, block: bytearray, k: int, m: int, size: int, room: int
+    ) -> bytearray:
+        stride = room + size
+        out = bytearray(m * stride)
         base = ctypes.addressof(ctypes.c_char.from_buffer(block))
-        out_base = ctypes.addressof(ctypes.c_char.from_buffer(out))
+        first = ctypes.addressof(ctypes.c_char.from_buffer(out)) + room
         sources = (_Pointers * k)(*range(base, base + k * size, size))
-        targets = (_Pointers * m)(*range(out_base, out_base + m * size, size))
+        targets = (_Pointers * m)(*range(first, first + m * stride, stride))
         isal.encode_data(size, k, m, self._isal_tables(isal, k, m), sources, targets)
-        view = memoryview(out)
-        return [bytes(view[j * size : (j + 1) * size]) for j in range(m)]
+        return out
 
     def _isal_tables(self, isal: _Isal, k: int, m: int) -> ctypes.Array[ctypes.c_char]:
         cache = self._tables
@@ -155,7 +165,12 @@ def _self_test(isal: _Isal) -> bool:
     k, m, size = 11, 7, 227
     block = bytearray((i * 131 + 7) % 251 for i in range(k * size))
     coder = RepairEncoder(accelerate=False)
-    return coder._isal_encode(isal, block, k, m, size) == coder._zfec_encode(block, k, m, size)
+    for room in (0, 21):
+        if coder._isal_encode(isal, block, k, m, size, room) != coder._zfec_encode(
+            block, k, m, size, room
+        ):
+            return False
+    return True
 
 
 _ISAL: _Isal | None = None

@@ -50,22 +50,29 @@ def blocks(draw: st.DrawFn, *, large: bool) -> tuple[bytearray, int, int, int]:
 def test_isal_repairs_equal_zfec_repairs(block: tuple[bytearray, int, int, int]) -> None:
     data, k, m, size = block
     assert RepairEncoder().encode(data, k, m, size) == ZFEC.encode(data, k, m, size)
+    assert RepairEncoder().encode(data, k, m, size, room=17) == ZFEC.encode(
+        data, k, m, size, room=17
+    )
 
 
 @settings(max_examples=100, deadline=None)
-@given(blocks(large=False))
-def test_any_block_gives_zfecs_repairs(block: tuple[bytearray, int, int, int]) -> None:
+@given(blocks(large=False), st.integers(0, 40))
+def test_any_block_gives_zfecs_repairs_after_room_left_zero(
+    block: tuple[bytearray, int, int, int], room: int
+) -> None:
     data, k, m, size = block
     symbols = [bytes(data[i * size : (i + 1) * size]) for i in range(k)]
     expected = zfec.Encoder(k, k + m).encode(symbols, tuple(range(k, k + m)))
-    assert RepairEncoder().encode(data, k, m, size) == [bytes(r) for r in expected]
+    out = RepairEncoder().encode(data, k, m, size, room=room)
+    assert out == b"".join(bytes(room) + bytes(r) for r in expected)
 
 
 @needs_isal
 def test_a_full_block_of_random_datagrams_rebuilds_with_zfecs_decoder() -> None:
     k, m, size = 32, 7, 1365
     data = bytearray(os.urandom(k * size))
-    repairs = RepairEncoder().encode(data, k, m, size)
+    out = RepairEncoder().encode(data, k, m, size)
+    repairs = [bytes(out[j * size : (j + 1) * size]) for j in range(m)]
     kept = list(range(m, k))  # the first m sources lost
     shares = [bytes(data[i * size : (i + 1) * size]) for i in kept] + repairs
     decoded = zfec.Decoder(k, k + m).decode(shares, kept + list(range(k, k + m)))
@@ -91,13 +98,15 @@ def test_zfec_rows_are_the_coefficients_of_each_source() -> None:
     for i in range(k):
         data = bytearray(k * 4)
         data[i * 4 : (i + 1) * 4] = b"\x01" * 4
-        for j, repair in enumerate(ZFEC.encode(data, k, m, 4)):
-            assert repair == bytes([rows[j * k + i]]) * 4
+        out = ZFEC.encode(data, k, m, 4)
+        for j in range(m):
+            assert out[j * 4 : (j + 1) * 4] == bytes([rows[j * k + i]]) * 4
 
 
 @pytest.mark.parametrize(
-    ("k", "m", "size"), [(0, 1, 10), (1, 0, 10), (200, 57, 10), (2, 1, 0), (3, 1, 7)]
+    ("k", "m", "size", "room"),
+    [(0, 1, 10, 0), (1, 0, 10, 0), (200, 57, 10, 0), (2, 1, 0, 0), (3, 1, 7, 0), (2, 1, 10, -1)],
 )
-def test_impossible_blocks_are_refused(k: int, m: int, size: int) -> None:
-    with pytest.raises(ValueError, match="block of"):
-        RepairEncoder().encode(bytearray(20), k, m, size)
+def test_impossible_blocks_are_refused(k: int, m: int, size: int, room: int) -> None:
+    with pytest.raises(ValueError, match=r"block of|room"):
+        RepairEncoder().encode(bytearray(20), k, m, size, room=room)

@@ -37,6 +37,7 @@ a clock: ``now`` is passed in.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections import Counter, OrderedDict, deque
@@ -118,6 +119,12 @@ def _bitmap(offsets: list[int], span: int) -> bytes:
     for off in offsets:
         bits[off >> 3] |= 1 << (off & 7)
     return bytes(bits)
+
+
+@functools.cache
+def _all_set(span: int) -> bytes:
+    """The member bitmap of ``span`` consecutive sequences (at most MAX_SPAN cached)."""
+    return _bitmap(list(range(span)), span)
 
 
 def _offsets(bitmap: bytes, span: int) -> list[int] | None:
@@ -212,11 +219,15 @@ class FecConfig:
 
 
 class _OpenBlock:
-    __slots__ = ("datagrams", "longest", "opened", "sequences", "stream")
+    __slots__ = ("datagrams", "first", "last", "longest", "opened", "sequences", "stream")
 
-    def __init__(self, stream: int, now: float) -> None:
+    def __init__(self, stream: int, now: float, sequence: int) -> None:
         self.stream = stream
         self.opened = now
+        self.first = sequence
+        """The block sequence (lowest member)."""
+        self.last = sequence
+        """The highest member so far."""
         self.sequences: list[int] = []
         self.datagrams: list[bytes] = []
         self.longest = 0
@@ -252,6 +263,7 @@ class FecEncoder:
         self._max_source = max_source_size
         self._max_span = config.max_span
         self._block_size = config.block_size
+        self._interleave = config.interleave
         self._next_repair = first_repair_sequence
         self._aead: AESGCM | None = None
         self._aead_key: Key | None = None
@@ -291,33 +303,36 @@ class FecEncoder:
         if (
             n > self._max_source
             or n < _MIN_DATAGRAM
-            or not data.startswith(self._session_id, 8)
             or data[5] == KIND_FEC_REPAIR
+            or not data.startswith(self._session_id, 8)
         ):
             self.unprotected += 1
             return []
         sequence = _SEQ.unpack_from(data, 24)[0]
         slots = self._open[stream]
-        dealt = self._dealt[stream]
-        self._dealt[stream] = dealt + 1
-        slot = dealt % len(slots) if len(slots) > 1 else 0
-        out: list[bytes] = []
+        if self._interleave == 1:
+            slot = 0
+        else:
+            dealt = self._dealt[stream]
+            self._dealt[stream] = dealt + 1
+            slot = dealt % self._interleave
+        out: list[bytes] | None = None
         block = slots[slot]
-        if block is not None and (
-            sequence <= block.sequences[-1] or sequence - block.sequences[0] >= self._max_span
-        ):
-            out = self._finish(stream, self._close(block), now)
-            block = None
         if block is None:
-            block = slots[slot] = _OpenBlock(stream, now)
+            block = slots[slot] = _OpenBlock(stream, now, sequence)
+        elif sequence <= block.last or sequence - block.first >= self._max_span:
+            out = self._finish(stream, self._close(block), now)
+            block = slots[slot] = _OpenBlock(stream, now, sequence)
+        block.last = sequence
         block.sequences.append(sequence)
         block.datagrams.append(data)
         if n > block.longest:  # noqa: PLR1730  a compare is cheaper than max()
             block.longest = n
         if len(block.datagrams) >= self._block_size:
             slots[slot] = None
-            out += self._finish(stream, self._close(block), now)
-        return out
+            repairs = self._finish(stream, self._close(block), now)
+            return repairs if out is None else out + repairs
+        return [] if out is None else out
 
     def _finish(self, stream: int, repairs: list[bytes], now: float) -> list[bytes]:
         """Repairs to send now: at once without interleaving, else once per round, interleaved
@@ -370,9 +385,12 @@ class FecEncoder:
         for d in block.datagrams:
             n = len(d)
             parts += (_U16.pack(n), d, _ZEROS[: size - 2 - n])
-        first = block.sequences[0]
-        span = block.sequences[-1] - first + 1
-        bitmap = _bitmap([s - first for s in block.sequences], span)
+        first = block.first
+        span = block.last - first + 1
+        if span == k:  # consecutive members, the usual case: every bit set, no loop per member
+            bitmap = _all_set(span)
+        else:
+            bitmap = _bitmap([s - first for s in block.sequences], span)
         room = FEC_HEADER.size + len(bitmap)  # the repair plaintext before its symbol (§13.4)
         out = self._repairs.encode(bytearray().join(parts), k, m, size, room=room)
         stride = room + size

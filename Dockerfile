@@ -31,10 +31,11 @@ RUN "$VIRTUAL_ENV/bin/pip" install . \
  && rm -rf "$KAFKA_DIODE_CACHE/maven"
 
 # --- runtime: Python + a headless Java 17 for Spark; no compilers, no Maven ---------------------
-# procps: Spark's launcher scripts use ps, as in the official Spark images.
+# procps: Spark's launcher scripts use ps, as in the official Spark images. libisal2: ISA-L, the
+# sender's FEC repair arithmetic by SIMD (common/wire/reed_solomon.py; zfec without it).
 FROM ${PYTHON_IMAGE}
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
+ && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps libisal2 \
  && rm -rf /var/lib/apt/lists/* \
  && groupadd --system --gid 10001 kafka-diode \
  && useradd --system --uid 10001 --gid kafka-diode --home-dir /var/lib/kafka-diode \

@@ -26,6 +26,11 @@ tools:
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq prometheus; \
 	else echo "note: install Debian's 'prometheus' package for the alert-rule tests (promtool)"; fi
+	@# ISA-L (libisal2): the sender's FEC repairs by SIMD (common/wire/reed_solomon.py), optional
+	@if ldconfig -p 2>/dev/null | grep -q 'libisal\.so\.2'; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libisal2; \
+	else echo "note: install Debian's 'libisal2' package: FEC repairs 10x faster (optional)"; fi
 
 check: $(STAMP)
 	$(BIN)/ruff check .

@@ -196,13 +196,17 @@ class SendScheduler:
         lanes = self._fresh
         size = 0
         last: Transmit | None = None
-        if targets == 1 and fec is None:
+        if targets == 1:
             data_lane, control_lane = lanes
             for d in datagrams:
                 data = d.data
                 if _LANE_OF_KIND[data[_KIND]] == _DATA:
                     last = Transmit(data, d.sequence, d.completes, copies, 0, _DATA)
                     data_lane.append(last)
+                    if fec is not None and (repairs := fec.add(data, 0, now)):
+                        for repair in repairs:
+                            data_lane.append(Transmit(repair, d.sequence, (), copies, 0, _DATA))
+                            size += len(repair)
                 else:
                     control_lane.append(
                         Transmit(data, d.sequence, d.completes, copies, 0, _CONTROL)

@@ -10,7 +10,8 @@ are dealt round-robin into ``interleave`` open blocks. A block closes when it ho
 sequence numbers, or ``block_latency`` seconds after its first source (``poll``), so a slow
 stream never holds repairs back for long. Closing a block pads every source to the same
 **symbol** (``uint16 length || datagram || zeros``), computes ``m = ceil(k * overhead / 100)``
-repair symbols with zfec's systematic Reed-Solomon code over GF(2^8), and wraps each in a
+repair symbols with zfec's systematic Reed-Solomon code over GF(2^8) (common/wire/reed_solomon.py:
+the same bytes by ISA-L's SIMD arithmetic when the library is installed), and wraps each in a
 **repair datagram**: an ordinary envelope of kind 4 whose AES-256-GCM payload names the block
 (lowest source sequence, k, m, repair index, symbol size, a bitmap of the member sequences) and
 carries the symbol. Sources go out unchanged: with FEC on or off they are the same bytes, and a
@@ -36,6 +37,7 @@ a clock: ``now`` is passed in.
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 from collections import Counter, OrderedDict, deque
@@ -66,6 +68,7 @@ from common.wire.envelope import (
     frame,
 )
 from common.wire.keyring import Key, KeyRing
+from common.wire.reed_solomon import RepairEncoder
 from common.wire.replay import ReplayGuard
 
 #: Envelope kind of a repair datagram (docs/protocol.md §3 and §13).
@@ -85,6 +88,7 @@ _FIXED_OVERHEAD: Final = HEADER_SIZE + 3 + TAG_SIZE + FEC_HEADER.size + 2
 _U16: Final = struct.Struct(">H")
 _SEQ: Final = struct.Struct(">Q")
 _MIN_DATAGRAM: Final = HEADER_SIZE + 1
+_ZEROS: Final = memoryview(bytes(0xFFFF))
 _CODEC_CACHE: Final = 64
 
 
@@ -117,6 +121,12 @@ def _bitmap(offsets: list[int], span: int) -> bytes:
     return bytes(bits)
 
 
+@functools.cache
+def _all_set(span: int) -> bytes:
+    """The member bitmap of ``span`` consecutive sequences (at most MAX_SPAN cached)."""
+    return _bitmap(list(range(span)), span)
+
+
 def _offsets(bitmap: bytes, span: int) -> list[int] | None:
     """Set bit offsets of a member bitmap, or None when bits beyond ``span`` are set."""
     out = [(i << 3) | b for i, byte in enumerate(bitmap) if byte for b in range(8) if byte >> b & 1]
@@ -130,23 +140,13 @@ def _symbol(datagram: bytes, size: int) -> bytes:
     return b"".join((_U16.pack(n), datagram, bytes(size - 2 - n)))
 
 
-class _Codecs:
-    """zfec encoder/decoder objects by (k, m): building one computes a matrix, so reuse them."""
+class _Decoders:
+    """zfec decoder objects by (k, m): building one computes a matrix, so reuse them."""
 
     def __init__(self) -> None:
-        self._enc: OrderedDict[tuple[int, int], zfec.Encoder] = OrderedDict()
         self._dec: OrderedDict[tuple[int, int], zfec.Decoder] = OrderedDict()
 
-    def encoder(self, k: int, m: int) -> zfec.Encoder:
-        cache = self._enc
-        codec = cache.get((k, m))
-        if codec is None:
-            codec = cache[(k, m)] = zfec.Encoder(k, k + m)
-            if len(cache) > _CODEC_CACHE:
-                cache.popitem(last=False)
-        return codec
-
-    def decoder(self, k: int, m: int) -> zfec.Decoder:
+    def get(self, k: int, m: int) -> zfec.Decoder:
         cache = self._dec
         codec = cache.get((k, m))
         if codec is None:
@@ -219,11 +219,15 @@ class FecConfig:
 
 
 class _OpenBlock:
-    __slots__ = ("datagrams", "longest", "opened", "sequences", "stream")
+    __slots__ = ("datagrams", "first", "last", "longest", "opened", "sequences", "stream")
 
-    def __init__(self, stream: int, now: float) -> None:
+    def __init__(self, stream: int, now: float, sequence: int) -> None:
         self.stream = stream
         self.opened = now
+        self.first = sequence
+        """The block sequence (lowest member)."""
+        self.last = sequence
+        """The highest member so far."""
         self.sequences: list[int] = []
         self.datagrams: list[bytes] = []
         self.longest = 0
@@ -259,10 +263,11 @@ class FecEncoder:
         self._max_source = max_source_size
         self._max_span = config.max_span
         self._block_size = config.block_size
+        self._interleave = config.interleave
         self._next_repair = first_repair_sequence
         self._aead: AESGCM | None = None
         self._aead_key: Key | None = None
-        self._codecs = _Codecs()
+        self._repairs = RepairEncoder()
         self._open: list[list[_OpenBlock | None]] = [
             [None] * config.interleave for _ in range(config.streams)
         ]
@@ -279,6 +284,11 @@ class FecEncoder:
         """Datagrams left out of every block (another session's, or too large)."""
 
     @property
+    def accelerated(self) -> bool:
+        """True when ISA-L computes the repair symbols (common/wire/reed_solomon.py)."""
+        return self._repairs.accelerated
+
+    @property
     def next_repair_sequence(self) -> int:
         """The sequence number the next repair datagram gets (its own counter, §13.3)."""
         return self._next_repair
@@ -293,33 +303,36 @@ class FecEncoder:
         if (
             n > self._max_source
             or n < _MIN_DATAGRAM
-            or not data.startswith(self._session_id, 8)
             or data[5] == KIND_FEC_REPAIR
+            or not data.startswith(self._session_id, 8)
         ):
             self.unprotected += 1
             return []
         sequence = _SEQ.unpack_from(data, 24)[0]
         slots = self._open[stream]
-        dealt = self._dealt[stream]
-        self._dealt[stream] = dealt + 1
-        slot = dealt % len(slots) if len(slots) > 1 else 0
-        out: list[bytes] = []
+        if self._interleave == 1:
+            slot = 0
+        else:
+            dealt = self._dealt[stream]
+            self._dealt[stream] = dealt + 1
+            slot = dealt % self._interleave
+        out: list[bytes] | None = None
         block = slots[slot]
-        if block is not None and (
-            sequence <= block.sequences[-1] or sequence - block.sequences[0] >= self._max_span
-        ):
-            out = self._finish(stream, self._close(block), now)
-            block = None
         if block is None:
-            block = slots[slot] = _OpenBlock(stream, now)
+            block = slots[slot] = _OpenBlock(stream, now, sequence)
+        elif sequence <= block.last or sequence - block.first >= self._max_span:
+            out = self._finish(stream, self._close(block), now)
+            block = slots[slot] = _OpenBlock(stream, now, sequence)
+        block.last = sequence
         block.sequences.append(sequence)
         block.datagrams.append(data)
         if n > block.longest:  # noqa: PLR1730  a compare is cheaper than max()
             block.longest = n
         if len(block.datagrams) >= self._block_size:
             slots[slot] = None
-            out += self._finish(stream, self._close(block), now)
-        return out
+            repairs = self._finish(stream, self._close(block), now)
+            return repairs if out is None else out + repairs
+        return [] if out is None else out
 
     def _finish(self, stream: int, repairs: list[bytes], now: float) -> list[bytes]:
         """Repairs to send now: at once without interleaving, else once per round, interleaved
@@ -367,24 +380,34 @@ class FecEncoder:
         k = len(block.datagrams)
         m = min(self.config.repairs_for(k), MAX_SYMBOLS - k)
         size = 2 + block.longest
-        symbols = tuple(_symbol(d, size) for d in block.datagrams)
-        repairs = self._codecs.encoder(k, m).encode(symbols, tuple(range(k, k + m)))
-        first = block.sequences[0]
-        span = block.sequences[-1] - first + 1
-        bitmap = _bitmap([s - first for s in block.sequences], span)
+        # The k symbols back to back in one buffer: one allocation, and ISA-L reads it in place.
+        parts: list[bytes | memoryview] = []
+        for d in block.datagrams:
+            n = len(d)
+            parts += (_U16.pack(n), d, _ZEROS[: size - 2 - n])
+        first = block.first
+        span = block.last - first + 1
+        if span == k:  # consecutive members, the usual case: every bit set, no loop per member
+            bitmap = _all_set(span)
+        else:
+            bitmap = _bitmap([s - first for s in block.sequences], span)
+        room = FEC_HEADER.size + len(bitmap)  # the repair plaintext before its symbol (§13.4)
+        out = self._repairs.encode(bytearray().join(parts), k, m, size, room=room)
+        stride = room + size
+        for i in range(m):
+            at = i * stride
+            FEC_HEADER.pack_into(out, at, first, SCHEME_ZFEC_RS, k, m, i, size, span)
+            out[at + FEC_HEADER.size : at + room] = bitmap
         self.blocks += 1
         self.repairs += m
-        return [
-            self._seal(FEC_HEADER.pack(first, SCHEME_ZFEC_RS, k, m, i, size, span) + bitmap, r)
-            for i, r in enumerate(repairs)
-        ]
+        view = memoryview(out)
+        return [self._seal(view[at : at + stride]) for at in range(0, m * stride, stride)]
 
-    def _seal(self, head: bytes, symbol: bytes) -> bytes:
+    def _seal(self, plaintext: memoryview) -> bytes:
         sequence = self._next_repair
         if sequence > MAX_SEQUENCE:
             raise LocalProtocolError("repair sequence numbers exhausted; start a new session")
         self._next_repair = sequence + 1
-        plaintext = head + bytes(symbol)
         keyring = self._keyring
         if keyring is None:
             cipher_code, key_id, aead = CIPHER_NONE, 0, None
@@ -399,7 +422,7 @@ class FecEncoder:
             sequence, key_id, 0, 1, len(plaintext),
         )  # fmt: skip
         if aead is None:
-            return frame(header, plaintext)
+            return frame(header, bytes(plaintext))
         nonce = self._session_id[:4] + _SEQ.pack(sequence)
         return frame(header, aead.encrypt(nonce, plaintext, header))
 
@@ -501,7 +524,7 @@ class FecDecoder:
         """The ring consulted on every repair; assign a new one, or ``KeyRing.replace`` it."""
         self._replay = ReplayGuard(window=limits.replay_window, max_sessions=limits.max_sessions)
         self._aeads: OrderedDict[tuple[int, bytes], tuple[Key, AESGCM]] = OrderedDict()
-        self._codecs = _Codecs()
+        self._decoders = _Decoders()
         #: Recent authenticated sources by envelope bytes 8..31 (session id || sequence): one
         #: slice and one dict store per datagram, the receiver's whole cost without FEC.
         self._sources: dict[bytes, bytes] = {}
@@ -767,7 +790,7 @@ class FecDecoder:
                 break
             symbols.append(symbol)
             numbers.append(block.k + rindex)
-        decoded = self._codecs.decoder(block.k, block.m).decode(tuple(symbols), tuple(numbers))
+        decoded = self._decoders.get(block.k, block.m).decode(tuple(symbols), tuple(numbers))
         out: list[bytes] = []
         for i in missing:
             symbol = bytes(decoded[i])

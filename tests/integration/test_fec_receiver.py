@@ -83,7 +83,9 @@ def test_receiver_rebuilds_lost_datagrams_and_drops_hostile_repairs(
         FEC_HEADER.pack(10, 9, 1, 1, 0, 100, 1) + b"\x01",  # unknown scheme
     ]
     for head in absurd:
-        bad("fec_malformed", fec._seal(head, bytes(100)))  # hostile input needs the sealer
+        bad(
+            "fec_malformed", fec._seal(memoryview(head + bytes(100)))
+        )  # hostile input needs the sealer
     with ReceiverProcess(downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file) as rx:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         try:

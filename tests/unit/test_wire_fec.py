@@ -263,7 +263,7 @@ def _authentic(plaintext_head: bytes, symbol: bytes, *, sequence: int = 0) -> by
     """A correctly encrypted repair datagram around arbitrary FEC fields (keyholder forgery)."""
     fec = FecEncoder(fec_config(), ring(), session_id=SESSION, max_source_size=1300)
     fec._next_repair = sequence
-    return fec._seal(plaintext_head, symbol)
+    return fec._seal(memoryview(plaintext_head + symbol))
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ factory ``make_topic(broker, partitions=3, config=None) -> str`` for random, rea
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -16,6 +17,22 @@ import pytest
 
 if TYPE_CHECKING:
     from kafka_diode.local_kafka.broker import LocalBroker
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored() -> Iterator[None]:
+    """Commands run in-process (``resend_cli.main`` ...) point the root logger at the
+    ``sys.stderr`` of that moment, which pytest's ``capsys`` closes after the test (it is torn
+    down before this autouse fixture): drop handlers left writing to a closed stream, so no
+    later test logs into one."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    for handler in root.handlers[:]:
+        stream = getattr(handler, "stream", None)
+        if stream is not None and getattr(stream, "closed", False):
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 def _session_broker(role: str, factory: pytest.TempPathFactory) -> Iterator[LocalBroker]:

@@ -53,7 +53,7 @@ import concurrent.futures
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
@@ -279,17 +279,18 @@ class RawTopicSink:
 
     def write_heartbeat(self, beat: Heartbeat) -> None:
         """One control record per partition of ``beat`` (docs/topics.md, heartbeats)."""
-        for topic, partition, key, value in heartbeat_records(beat):
-            raw = self._raw_topic(topic)
-            item: _Item = (raw, topic, partition, -1, value, key, 0, HEARTBEAT_HEADERS, 256)
-            if not self._produce_item(item):
-                self._hold(item)
+        self._write_control(heartbeat_records(beat), HEARTBEAT_HEADERS)
 
     def write_withheld(self, event: Withheld) -> None:
         """One control record per range of ``event`` (docs/topics.md, withheld ranges)."""
-        for topic, partition, key, value in withheld_records(event):
+        self._write_control(withheld_records(event), WITHHELD_HEADERS)
+
+    def _write_control(
+        self, records: Iterable[tuple[str, int, str, bytes]], headers: Headers
+    ) -> None:
+        for topic, partition, key, value in records:
             raw = self._raw_topic(topic)
-            item: _Item = (raw, topic, partition, -1, value, key, 0, WITHHELD_HEADERS, 256)
+            item: _Item = (raw, topic, partition, -1, value, key, 0, headers, 256)
             if not self._produce_item(item):
                 self._hold(item)
 

@@ -68,7 +68,7 @@ from common.wire.envelope import (
     frame,
 )
 from common.wire.keyring import Key, KeyRing
-from common.wire.reed_solomon import RepairEncoder
+from common.wire.reed_solomon import RepairEncoder, bounded_get
 from common.wire.replay import ReplayGuard
 
 #: Envelope kind of a repair datagram (docs/protocol.md §3 and §13).
@@ -147,13 +147,7 @@ class _Decoders:
         self._dec: OrderedDict[tuple[int, int], zfec.Decoder] = OrderedDict()
 
     def get(self, k: int, m: int) -> zfec.Decoder:
-        cache = self._dec
-        codec = cache.get((k, m))
-        if codec is None:
-            codec = cache[(k, m)] = zfec.Decoder(k, k + m)
-            if len(cache) > _CODEC_CACHE:
-                cache.popitem(last=False)
-        return codec
+        return bounded_get(self._dec, (k, m), lambda: zfec.Decoder(k, k + m), _CODEC_CACHE)
 
 
 # -- sender ----------------------------------------------------------------------------------

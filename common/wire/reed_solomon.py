@@ -29,7 +29,8 @@ from __future__ import annotations
 import ctypes
 import logging
 from collections import OrderedDict
-from typing import Final
+from collections.abc import Callable
+from typing import Final, TypeVar
 
 import zfec
 
@@ -46,6 +47,21 @@ _CACHE: Final = 64
 _ISAL_MIN_WORK: Final = 16 * 1024
 
 _Pointers = ctypes.c_void_p
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+
+def bounded_get(
+    cache: OrderedDict[_K, _V], key: _K, make: Callable[[], _V], limit: int = _CACHE
+) -> _V:
+    """``cache[key]``, made by ``make`` on a miss; beyond ``limit`` entries the oldest goes
+    (the coders and tables of a few block shapes are reused; hostile shapes cannot grow it)."""
+    value = cache.get(key)
+    if value is None:
+        value = cache[key] = make()
+        if len(cache) > limit:
+            cache.popitem(last=False)
+    return value
 
 
 class _Isal:
@@ -139,24 +155,15 @@ class RepairEncoder:
         return out
 
     def _isal_tables(self, isal: _Isal, k: int, m: int) -> ctypes.Array[ctypes.c_char]:
-        cache = self._tables
-        tables = cache.get((k, m))
-        if tables is None:
+        def expand() -> ctypes.Array[ctypes.c_char]:
             tables = ctypes.create_string_buffer(32 * k * m)
             isal.init_tables(k, m, zfec_rows(k, m), tables)
-            cache[(k, m)] = tables
-            if len(cache) > _CACHE:
-                cache.popitem(last=False)
-        return tables
+            return tables
+
+        return bounded_get(self._tables, (k, m), expand)
 
     def _zfec_encoder(self, k: int, m: int) -> zfec.Encoder:
-        cache = self._zfec
-        codec = cache.get((k, m))
-        if codec is None:
-            codec = cache[(k, m)] = zfec.Encoder(k, k + m)
-            if len(cache) > _CACHE:
-                cache.popitem(last=False)
-        return codec
+        return bounded_get(self._zfec, (k, m), lambda: zfec.Encoder(k, k + m))
 
 
 def _self_test(isal: _Isal) -> bool:

@@ -398,14 +398,19 @@ def describe(config: Any) -> dict[str, Any]:
     return out
 
 
+_ESCAPED_BAR = "\\|"
+
+
 def reference_table(cls: type[Any], env_prefix: str) -> str:
     """A Markdown table of every field: key, env var, flag, type, default and meaning."""
     docs = field_docs(cls)
     hints = _hints(cls)
     rows = ["| key | environment | flag | type | default | meaning |", "|---|---|---|---|---|---|"]
     for f in dataclasses.fields(cls):
+        # a Literal's choices are joined with " | ": escaped, or they would split the row
+        type_text = _type_name(hints[f.name]).replace("|", _ESCAPED_BAR)
         rows.append(
             f"| `{f.name}` | `{env_name(env_prefix, f.name)}` | `{flag_name(f.name)}` "
-            f"| {_type_name(hints[f.name])} | `{_default_text(f)}` | {docs.get(f.name, '')} |"
+            f"| {type_text} | `{_default_text(f)}` | {docs.get(f.name, '')} |"
         )
     return "\n".join(rows)

@@ -2,6 +2,7 @@
 
 import dataclasses
 import importlib
+import re
 from pathlib import Path
 
 from common.settings import field_docs
@@ -52,3 +53,22 @@ def test_capture_runs_nothing_of_the_command(tmp_path: Path) -> None:
     parser = cli_reference.capture_parser("keygen", ["--out", str(key)])
     assert parser.prog == "kafka-diode keygen"
     assert not key.exists()
+
+
+def test_every_table_row_of_the_reference_has_its_header_s_columns() -> None:
+    """A ``|`` inside a cell (a Literal's choices, a docstring) must be escaped, or it splits the
+    row and shifts every later cell of it."""
+    committed = (ROOT / "docs" / "configuration.md").read_text(encoding="utf-8")
+    bars = re.compile(r"(?<!\\)\|")
+    width = 0
+    broken = []
+    for line in committed.splitlines():
+        if not line.startswith("|"):
+            width = 0
+            continue
+        cells = len(bars.findall(line))
+        if width == 0:
+            width = cells  # a header row
+        elif cells != width:
+            broken.append(line[:80])
+    assert not broken, broken

@@ -111,6 +111,7 @@ class SenderApp:
         self.announcer: KeyAnnouncer | None = None
         """Public-key mode: the session-key schedule (owns ``keyring``); None otherwise."""
         self._chain_share = config.chain_share()
+        self._chain_counters = config.chain_counters()  # constant: parsed once, sent per beat
         self.records_other_chains = 0
         """Records read and left to the other chains (``chain_mode = share``)."""
         self.record_filter: RecordFilter | None = None
@@ -441,7 +442,7 @@ class SenderApp:
             "bytes_sent": p.bytes_sent if p else 0,
             "records_skipped": self.errors.get("record_too_large", 0),
             "records_withheld": self.record_filter.withheld_total if self.record_filter else 0,
-            **self.config.chain_counters(),
+            **self._chain_counters,
             "send_errors": p.datagrams_dropped if p else 0,
         }
 

@@ -47,8 +47,10 @@ def build_filter(config: SenderConfig) -> ContentFilter | None:
     Raises:
         ConfigError: naming ``filter_rules`` or ``filter_file`` and the rule that is wrong.
     """
-    if not config.filtering:
-        return None
+    return _compose(config) if config.filtering else None
+
+
+def _compose(config: SenderConfig) -> ContentFilter:
     rules = config.inline_filter_rules()
     if config.filter_file is not None:
         rules += _file_rules(config.filter_file)
@@ -62,12 +64,7 @@ class RecordFilter:
         """Raises ConfigError as ``build_filter`` (call only when ``config.filtering``)."""
         self._config = config
         self._seen = mtime(config.filter_file) if config.filter_file is not None else None
-        built = build_filter(config)
-        if built is None:
-            raise ConfigError(
-                "filter_rules", "no filter configured", "set filter_rules or filter_file"
-            )
-        self.filter = built
+        self.filter = _compose(config)
         self.withheld: dict[str, int] = dict.fromkeys(LABELS.values(), 0)
         """Records withheld, by verdict label (``deny_rule``, ``deny_default``, ``error``)."""
         self.reloads = 0
@@ -122,14 +119,12 @@ class RecordFilter:
         if self._config.filter_file is not None:
             self._seen = mtime(self._config.filter_file)
         try:
-            built = build_filter(self._config)
+            built = _compose(self._config)
         except ConfigError as exc:
             self.reload_errors += 1
             log.error(  # noqa: TRY400  the reason is the message; no traceback wanted
                 "%s: content filter NOT reloaded, the rules in force stay: %s", why, exc
             )
-            return False
-        if built is None:  # unreachable: filtering is a property of the frozen config
             return False
         self.filter = built
         self.reloads += 1

@@ -321,6 +321,52 @@ class PartitionDetector:
         self.delivered, self.duplicates, self.below_window = counters
         return newly
 
+    def observe_run(self, first: int, last: int, now_ms: int) -> list[tuple[int, int]]:
+        """Answer the consecutive offsets ``first..last`` at once: the ranges to deliver.
+
+        The same verdicts and the same state as calling :meth:`observe` for each offset in
+        increasing order (a property test holds it to that). Window by window, as
+        :meth:`withhold`: the window's first offset goes through :meth:`observe` (opening,
+        evicting, growing down, splitting expired gaps exactly as for one record); the rest of
+        the window's part is one bitmap difference when the window is open, else offset by
+        offset below the floor. Returned ranges are disjoint, increasing and merged.
+
+        Raises:
+            LocalProtocolError: not ``0 <= first <= last <= MAX_OFFSET``.
+        """
+        if not 0 <= first <= last <= MAX_OFFSET:
+            raise LocalProtocolError(f"run {first}..{last} outside 0..{MAX_OFFSET}")
+        ws = self.config.window_size
+        out: list[tuple[int, int]] = []
+        a = first
+        while a <= last:
+            b = min(last, (a // ws + 1) * ws - 1)  # a's window ends here
+            if self.observe(a, now_ms):
+                _add_range(out, a, a)
+            if b > a:
+                if a >= self._lo_w * ws:  # a's window is open: the rest is one difference
+                    part = BitMap64()
+                    part.add_range(a + 1, b + 1)
+                    new = part - self._seen
+                    k = len(new)
+                    if k == b - a:
+                        _add_range(out, a + 1, b)
+                    elif k:
+                        for x, y in _ranges_of(new):
+                            _add_range(out, x, y)
+                    if k:
+                        self._seen |= new
+                        assert self._next is not None
+                        self._next = max(self._next, b + 1 if k == b - a else new.max() + 1)
+                    self.delivered += k
+                    self.duplicates += (b - a) - k
+                else:  # below the floor: only expired gaps can take offsets
+                    for x in range(a + 1, b + 1):
+                        if self._below_floor(x, now_ms):
+                            _add_range(out, x, x)
+            a = b + 1
+        return out
+
     def observe_many(self, offsets: Sequence[int] | array.array[int], now_ms: int) -> list[bool]:
         """Answer a batch: the same answers, in order, as calling :meth:`observe` for each.
 
@@ -876,3 +922,22 @@ def _fitting_prefix_end(arr: array.array[int], start: int, low: int, high: int) 
     outside = (view < np.uint64(low)) | (view > np.uint64(high))
     first_out = int(outside.argmax())
     return len(arr) if not outside[first_out] else start + first_out
+
+
+def _add_range(out: list[tuple[int, int]], first: int, last: int) -> None:
+    """Append ``first..last`` to increasing ranges, merging it with an adjacent last one."""
+    if out and out[-1][1] + 1 == first:
+        out[-1] = (out[-1][0], last)
+    else:
+        out.append((first, last))
+
+
+def _ranges_of(bitmap: BitMap64) -> list[tuple[int, int]]:
+    """The maximal runs of consecutive offsets in ``bitmap``, increasing."""
+    values = np.fromiter(bitmap, dtype=np.uint64, count=len(bitmap))
+    if not len(values):
+        return []
+    breaks = np.flatnonzero(np.diff(values) != 1)
+    starts = np.concatenate(([0], breaks + 1))
+    ends = np.concatenate((breaks, [len(values) - 1]))
+    return [(int(values[s]), int(values[e])) for s, e in zip(starts, ends, strict=True)]

@@ -11,7 +11,8 @@ for an ordinary sender, N for a share chain of N (docs/sender.md "Chains"), whos
 - **key** ``<topic>:<partition>:<first>-<last>`` for stride 1,
   ``<topic>:<partition>:<first>-<last>/<stride>`` otherwise, in canonical decimal (no sign, no
   leading zeros); ``last - first`` is a multiple of ``stride``. A v1 key
-  ``<topic>:<partition>:<offset>`` has no ``-``: both forms parse without a regular expression (split on the last two ``:``, then on ``-`` and ``/``).
+  ``<topic>:<partition>:<offset>`` has no ``-``: both forms parse without a regular
+  expression (split on the last two ``:``, then on ``-`` and ``/``).
 - **value** an Avro ``RecordBatch`` of ``common/schema/record_batch.avsc`` (the wire's own record
   batch, docs/protocol.md §4) holding exactly one partition group: the run's topic, partition,
   timestamp type, base offset ``first``, base timestamp, and the five columns (offset deltas,

@@ -15,8 +15,9 @@ Three pass-through tables carry settings this module does not interpret:
   writer, the raw re-read consumer, the fence reader, the admin client and ``kafka-diode gaps``),
   e.g. ``KAFKA_CONF_SECURITY_PROTOCOL=SASL_SSL``.
 - ``KAFKA_SOURCE_<NAME>`` -> option of Spark's Kafka source, e.g.
-  ``KAFKA_SOURCE_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka.security.protocol``; the re-read
-  consumer copies the options librdkafka shares with Java (``dedup.reread.SHARED_SOURCE_OPTIONS``).
+  ``KAFKA_SOURCE_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka.security.protocol``; the
+  retention probe copies the options librdkafka shares with Java
+  (``dedup.raw_position.SHARED_SOURCE_OPTIONS``).
 
 Guarantee: a ``DedupConfig`` that exists is internally consistent; every refusal is a
 ``ConfigError`` naming the variable (as the operator wrote it) and the fix.

@@ -25,8 +25,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.metrics import CollectorRegistry, Counter, Gauge
+from common.topic_limits import record_limit
 
 log = logging.getLogger(__name__)
+
+#: Options of Spark's Kafka source (``KAFKA_SOURCE_KAFKA_<NAME>`` -> ``kafka.<name>``) whose name
+#: and meaning are the same in librdkafka: consumers of the raw topic copy them, so they read it
+#: as the source does. Java-only ones (``ssl.truststore.location``, ``sasl.jaas.config``) have no
+#: librdkafka twin: give their librdkafka equivalents as ``KAFKA_CONF_<NAME>``.
+SHARED_SOURCE_OPTIONS = (
+    "security.protocol",
+    "sasl.mechanism",
+    "sasl.kerberos.service.name",
+    "ssl.endpoint.identification.algorithm",
+    "client.dns.lookup",
+    "isolation.level",
+)
+#: librdkafka's default ``fetch.max.bytes``; a record up to it needs nothing special.
+_FETCH_MAX_BYTES = 52_428_800
+#: Room for the fetch response's own framing on top of one record batch.
+_RESPONSE_MARGIN = 1 << 20
 
 #: Seconds between two log-start probes (one watermark request per raw partition).
 PROBE_INTERVAL_S = 15.0
@@ -217,3 +235,46 @@ def kafka_watermarks(
         return int(low), int(high)
 
     return watermarks, consumer.close
+
+
+def consumer_conf(
+    kafka_conf: Mapping[str, str],
+    source_options: Mapping[str, str],
+    *,
+    group_id: str,
+    max_record_size: int = 0,
+) -> dict[str, Any]:
+    """librdkafka settings of a consumer that reads the raw topic as Spark's source does (the
+    retention probe) (``kafka_conf`` includes bootstrap.servers).
+
+    Precedence: our fixed settings < the source's shared options < ``KAFKA_CONF_*``; the consumer
+    never commits, never resets its position by itself and reads what the source reads
+    (``isolation.level`` defaults to Spark's ``read_uncommitted``).
+    """
+    conf: dict[str, Any] = {
+        "group.id": group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "enable.partition.eof": False,
+        # An offset below the log start is an error event, never a silent jump forward.
+        "auto.offset.reset": "error",
+        "isolation.level": "read_uncommitted",
+        "queued.min.messages": 20_000,
+        # A fetch at the log end waits this long at the broker, and the next batch's first fetch
+        # queues behind it (librdkafka's default 500 ms cost ~1 s per batch): keep it short. The
+        # consumer is unassigned between batches, so this never becomes idle polling.
+        "fetch.wait.max.ms": 10,
+        "queued.max.messages.kbytes": 32_768,
+    }
+    needed = record_limit(max_record_size)
+    if needed > _FETCH_MAX_BYTES:
+        # librdkafka returns a record batch larger than fetch.max.bytes anyway (progress), but a
+        # response over receive.message.max.bytes is an error: both must hold the largest record
+        conf["fetch.max.bytes"] = needed
+        conf["receive.message.max.bytes"] = needed + _RESPONSE_MARGIN
+    for name in SHARED_SOURCE_OPTIONS:
+        value = source_options.get(f"kafka.{name}")
+        if value is not None:
+            conf[name] = value
+    conf.update(kafka_conf)
+    return conf

@@ -33,7 +33,9 @@ def run(
     """Start Spark and the query, and block until it stops; returns the exit code."""
     from common.metrics import serve  # noqa: PLC0415  keep --help free of heavy imports
     from dedup import job  # noqa: PLC0415  imports pyspark
-    from dedup.writer import DedupMetrics, TransactionalBatchWriter, WriterSettings  # noqa: PLC0415
+    from dedup.metrics import DedupMetrics  # noqa: PLC0415
+    from dedup.writer import TransactionalBatchWriter  # noqa: PLC0415
+    from dedup.writer_settings import WriterSettings  # noqa: PLC0415
     from runtime.maven import spark_connector_jars  # noqa: PLC0415
 
     log.info("dedup settings: %s", json.dumps(settings.describe(config)))
@@ -154,8 +156,11 @@ def _graceful_stop(query: Any, writer: Any) -> None:
 
 def raw_position_metrics(config: DedupConfig, registry: CollectorRegistry) -> RawPositionMetrics:
     """``kafka_diode_dedup_raw_*`` (dedup/raw_position.py) over a consumer of its own."""
-    from dedup.raw_position import RawPositionMetrics, kafka_watermarks  # noqa: PLC0415
-    from dedup.reread import consumer_conf  # noqa: PLC0415
+    from dedup.raw_position import (  # noqa: PLC0415
+        RawPositionMetrics,
+        consumer_conf,
+        kafka_watermarks,
+    )
 
     base = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
     conf = consumer_conf(base, config.kafka_source, group_id="kafka-diode-dedup.retention-probe")
@@ -178,5 +183,4 @@ def writer_settings(config: DedupConfig, cls: Any) -> Any:
         max_record_size=config.max_record_size,
         kafka_conf=dict(config.kafka_conf),
         raw_topics=(*config.raw_topics, config.control_topic),
-        source_options=dict(config.kafka_source),
     )

@@ -42,8 +42,8 @@ def _names(registry: CollectorRegistry) -> set[str]:
 
 def defined_metric_names() -> set[str]:
     """Every series name the sender, receiver and dedup expose (the relay's two included)."""
+    from dedup.metrics import DedupMetrics  # noqa: PLC0415
     from dedup.raw_position import RawPositionMetrics  # noqa: PLC0415
-    from dedup.writer import DedupMetrics  # noqa: PLC0415
     from receiver.metrics import Gauges, ReceiverStats, make_registry  # noqa: PLC0415
     from sender.metrics import SenderMetrics  # noqa: PLC0415
 

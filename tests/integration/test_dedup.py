@@ -19,10 +19,12 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from common.raw_run import RunBuilder
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -234,3 +236,63 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     counts = Counter((r.partition, r.key) for r in clean)
     assert [k for k, n in counts.items() if n > 1] == []
     assert len(counts) == 3 * per_partition
+
+
+def run_record(partition: int, first: int, last: int, stride: int = 1, *,
+               raw_partitions: int = 3) -> Record:  # fmt: skip
+    """A v2 raw record (docs/topics.md "Layout v2"): one run of ``source_record``s."""
+    run = RunBuilder(SOURCE, partition, 1, first, BASE_TS + first)
+    for offset in range(first, last + 1, stride):
+        key, value, headers = source_record(partition, offset)
+        run.append(offset, BASE_TS + offset, key, value, headers)
+    return Record(
+        key=run.key().encode(),
+        value=run.encode(),
+        headers=(("diode.session", SESSION.hex().encode()),),
+        partition=partition % raw_partitions,
+    )
+
+
+def test_a_raw_topic_with_v1_records_then_v2_runs_is_carried_exactly_once(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    """An upgrade: v1 records first, then runs that repeat some of them (a whole copy, a resend
+    that partly overlaps), a share chain's stride run, and a run whose value lies about its key
+    (malformed: its offsets stay a gap)."""
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    tag = raw
+    records = [raw_record(0, o, key=source_record(0, o)[0], value=source_record(0, o)[1],
+                          headers=source_record(0, o)[2]) for o in range(50)]  # fmt: skip
+    records += [
+        run_record(0, 40, 99),  # overlaps the v1 tail 40..49
+        run_record(0, 40, 99),  # a whole copy
+        run_record(0, 120, 139),  # 100..119 lost for now
+        run_record(0, 95, 125),  # a resend: 100..119 new, the rest duplicates
+        run_record(1, 0, 8, 2),  # a share chain's run (stride 2): 1, 3, 5, 7 are gaps
+        run_record(1, 9, 12),
+    ]
+    liar = replace(run_record(2, 0, 9), key=f"{SOURCE}:2:0-10".encode())  # the value: 0..9
+    records += [liar, run_record(2, 11, 20), heartbeat(2, 20, low=0)]
+    produce_records(downstream_kafka, raw, records)
+    create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=3)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    finish(run_dedup(env, "--until-idle", "8"))
+
+    clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
+    seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
+    assert [k for k, n in seen.items() if n > 1] == []
+    expected = {(0, o) for o in range(140)} | {(1, o) for o in (0, 2, 4, 6, 8, 9, 10, 11, 12)}
+    expected |= {(2, o) for o in range(11, 21)}
+    assert set(seen) == expected
+    for r in clean:
+        offset = r.timestamp - BASE_TS
+        assert (r.key, r.value, tuple(r.headers)) == source_record(r.partition, offset), offset
+    gap_records = consume_all(downstream_kafka, f"gaps.{tag}", timeout=30)
+    latest = {r.key: json.loads(r.value) for r in gap_records if r.value is not None}
+    open_offsets = {
+        (g["partition"], o)
+        for g in latest.values()
+        if g["state"] == "open"
+        for o in range(g["first"], g["last"] + 1)
+    }
+    assert open_offsets == {(1, 1), (1, 3), (1, 5), (1, 7), *((2, o) for o in range(11))}

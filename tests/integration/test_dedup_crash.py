@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from dedup.writer import FAULT_ENV, FAULT_EXIT
+from dedup.faults import FAULT_ENV, FAULT_EXIT
 from tests.integration.test_dedup import SOURCE, finish, job_env, raw_record, run_dedup
 from tests.kafka_helpers import consume_all, produce_records
 

@@ -26,7 +26,9 @@ from pathlib import Path
 import pytest
 
 from common.errors import ServiceError
-from dedup.writer import FAULT_ENV, FAULT_EXIT, PartitionWriter, WriterSettings
+from dedup.faults import FAULT_ENV, FAULT_EXIT
+from dedup.transaction import PartitionWriter
+from dedup.writer_settings import WriterSettings
 from tests.integration.test_dedup_writer import decisions, raw_record
 from tests.kafka_helpers import consume_all, create_topic, produce_records
 
@@ -52,12 +54,13 @@ def setup(bootstrap: str) -> tuple[WriterSettings, str]:
         progress_topic=f"progress.{tag}",
         transactional_id=f"txn.{tag}",
         raw_topics=(raw, f"control.{tag}"),
-        reread_chunk=7,
     )
     return settings, f"query-{tag}"
 
 
 def batch(first: int, last: int):
+    for o in range(first, last):  # the source records (also in a crash test's subprocess)
+        raw_record(0, o, b"k", b"v%d" % o, (), TS + o)
     return decisions([(0, o, o) for o in range(first, last)])
 
 
@@ -114,7 +117,8 @@ def _crash_in_subprocess(settings: WriterSettings, query: str, point: str, tmp: 
     """Run one write attempt of batch 2 in a child process that dies at ``point``."""
     script = textwrap.dedent(
         f"""
-        from dedup.writer import PartitionWriter, WriterSettings
+        from dedup.transaction import PartitionWriter
+        from dedup.writer_settings import WriterSettings
         from tests.integration.test_dedup_fencing import batch
         settings = WriterSettings(**{settings.__dict__!r})
         PartitionWriter(settings, {query!r}, 0).write_table(batch(0, 25), 2)

@@ -24,14 +24,16 @@ import pytest
 
 from common.errors import ServiceError
 from common.topic_limits import record_limit
-from dedup.writer import (
-    ORIGINAL_TIMESTAMP_HEADER,
-    PartitionWriter,
-    TaskSpec,
-    TransactionalBatchWriter,
-    WriterSettings,
+from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER, PartitionWriter
+from dedup.writer import TaskSpec, TransactionalBatchWriter
+from dedup.writer_settings import WriterSettings
+from tests.integration.test_dedup_writer import (
+    SESSION,
+    SOURCE,
+    SOURCE_RECORDS,
+    decisions,
+    make_writer,
 )
-from tests.integration.test_dedup_writer import SESSION, SOURCE, decisions, make_writer
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records
 
 pytestmark = [pytest.mark.kafka]
@@ -42,6 +44,7 @@ BIG = {"message.max.bytes": record_limit(16 * 1024 * 1024)}
 
 def raw(offset: int, value: bytes, source_ts: int, headers=()) -> Record:
     """A raw record as the receiver writes it: receiver's time, source timestamp in the header."""
+    SOURCE_RECORDS[0, offset] = (b"k%d" % offset, value, tuple(headers), source_ts)
     return Record(
         key=f"{SOURCE}:0:{offset}".encode(),
         value=value,

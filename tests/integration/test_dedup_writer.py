@@ -1,13 +1,10 @@
-"""The dedup writer's re-read path against a real broker, without Spark (fast).
+"""The dedup's write task against a real broker, without Spark (fast).
 
-1. The clean records are the raw records the decision rows name, restored exactly: source key
-   (null and empty kept), value (null kept), source headers (null values, a ``diode.*`` name and
-   order kept; provenance stripped), timestamp; duplicates and raw records not named are not
-   written.
-2. A named raw record that retention deleted before the re-read fails the batch with an error
-   naming raw topic, partition and offset; nothing of the batch becomes visible.
-3. A re-read raw record whose key is not the source offset the decision names (the bulk key
-   check) fails the batch naming that record; nothing becomes visible.
+1. The clean records are exactly the records the ``run`` rows select, restored from the payload
+   the rows carry: source key (null and empty kept), value (null kept), source headers (null
+   values, a ``diode.*`` name and order kept), timestamp; records not selected are not written,
+   and nothing is read back from the raw topic.
+2. A run payload that does not decode fails the batch; nothing of it becomes visible.
 """
 
 from __future__ import annotations
@@ -16,27 +13,25 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from confluent_kafka import TopicPartition
-from confluent_kafka.admin import AdminClient
 
 from common.errors import ServiceError
-from dedup.positions import KIND_RECORDS, pack_positions
-from dedup.reread import RawRecordGoneError
-from dedup.writer import PartitionWriter, WriterSettings
-from tests.kafka_helpers import Record, consume_all, create_topic, produce_records
+from common.raw_run import RunBuilder
+from dedup.rows import COLUMN_NAMES, KIND_RUN, KIND_STAT, STAT_COLUMNS, pack_selection
+from dedup.transaction import PartitionWriter
+from dedup.writer_settings import WriterSettings
+from tests.kafka_helpers import Record, consume_all, create_topic
 
 pytestmark = [pytest.mark.kafka]
 
 SOURCE = "orders.eu"
 SESSION = b"ab" * 16
-STAT_COLUMNS = (
-    "delivered", "duplicates", "malformed", "heartbeats", "resets", "open_gaps", "state_bytes",
-    "below_window", "budget_evictions", "expired_gaps",
-)  # fmt: skip
+#: (source partition, offset) -> (key, value, headers, timestamp) of every raw_record() made
+SOURCE_RECORDS: dict[tuple[int, int], tuple[bytes | None, bytes | None, tuple, int]] = {}
 
 
 def raw_record(src_partition: int, offset: int, key: bytes | None, value: bytes | None,
                headers: tuple[tuple[str, bytes | None], ...], ts: int) -> Record:  # fmt: skip
+    SOURCE_RECORDS[src_partition, offset] = (key, value, headers, ts)
     provenance = (
         ("diode.key", key),
         ("diode.timestamp", b"%d" % ts),
@@ -53,33 +48,39 @@ def raw_record(src_partition: int, offset: int, key: bytes | None, value: bytes 
 
 
 def decisions(rows: list[tuple[int, int, int]]) -> pa.Table:
-    """As the stateful step emits them: one packed ``records`` row per source partition (source
-    partition, source offset, raw offset in raw partition 0) + a stat row."""
-    by_partition: dict[int, list[tuple[int, int]]] = {}
-    for partition, offset, raw_offset in rows:
-        by_partition.setdefault(partition, []).append((offset, raw_offset))
-    parts = sorted(by_partition)
-    blobs = [
-        pack_positions(
-            [
-                [o for o, _ in by_partition[p]],
-                [0] * len(by_partition[p]),
-                [0] * len(by_partition[p]),
-                [r for _, r in by_partition[p]],
-            ]
-        )
-        for p in parts
-    ]
+    """As the stateful step emits them: one ``run`` row per source partition carrying the
+    records ``(source partition, source offset, _)`` (made by ``raw_record``), + a stat row."""
+    by_partition: dict[int, list[int]] = {}
+    for partition, offset, _ in rows:
+        by_partition.setdefault(partition, []).append(offset)
+    payloads, selections, counts, parts = [], [], [], sorted(by_partition)
+    for p in parts:
+        offsets = sorted(by_partition[p])
+        first, last = offsets[0], offsets[-1]
+        key, value, headers, ts = SOURCE_RECORDS[p, first]
+        run = RunBuilder(SOURCE, p, 1, first, ts)
+        for o in range(first, last + 1):
+            key, value, headers, ts = SOURCE_RECORDS.get((p, o), (b"-", b"-", (), ts))
+            run.append(o, ts, key, value, headers)
+        payloads.append(run.encode())
+        chosen = set(offsets)
+        ranges = [(o - first, o - first) for o in range(first, last + 1) if o in chosen]
+        selections.append(pack_selection(ranges))
+        counts.append(len(offsets))
     n = len(parts) + 1
-    columns: dict[str, Any] = {
-        "kind": [KIND_RECORDS] * len(parts) + ["stat"],
-        "src_topic": [SOURCE] * n,
-        "src_partition": pa.array([*parts, 0], pa.int32()),
-        "src_offset": pa.nulls(n, pa.int64()),
-        "positions": pa.array([*blobs, None], pa.binary()),
-        "gap_key": pa.nulls(n, pa.binary()),
-        "gap_value": pa.nulls(n, pa.binary()),
-    }
+    columns: dict[str, Any] = {name: pa.nulls(n) for name in COLUMN_NAMES}
+    columns.update(
+        kind=[KIND_RUN] * len(parts) + [KIND_STAT],
+        src_topic=[SOURCE] * n,
+        src_partition=pa.array([*parts, 0], pa.int32()),
+        src_offset=pa.nulls(n, pa.int64()),
+        payload=pa.array([*payloads, None], pa.binary()),
+        selection=pa.array([*selections, None], pa.binary()),
+        records=pa.array([*counts, None], pa.int64()),
+        gap_key=pa.nulls(n, pa.binary()),
+        gap_value=pa.nulls(n, pa.binary()),
+        state_bytes=pa.nulls(n, pa.int64()),
+    )
     for name in STAT_COLUMNS:
         columns[name] = pa.array([None] * len(parts) + [len(rows)], pa.int64())
     return pa.table(columns)
@@ -94,7 +95,6 @@ def settings_for(bootstrap: str, raw: str, tag: str) -> WriterSettings:
         transactional_id=f"txn.{tag}",
         new_topic_partitions=2,
         raw_topics=(raw, f"control.{tag}"),
-        reread_chunk=3,  # several chunks per partition even in a small test
     )
 
 
@@ -104,7 +104,7 @@ def make_writer(bootstrap: str, raw: str, tag: str, partition: int = 0) -> Parti
     return PartitionWriter(settings_for(bootstrap, raw, tag), f"query-{tag}", partition)
 
 
-def test_clean_records_are_the_named_raw_records_restored_exactly(downstream_kafka) -> None:
+def test_clean_records_are_the_selected_records_restored_exactly(downstream_kafka) -> None:
     raw = create_topic(downstream_kafka, partitions=1)
     tag = raw
     source = [
@@ -118,14 +118,12 @@ def test_clean_records_are_the_named_raw_records_restored_exactly(downstream_kaf
         records.append(
             raw_record(offset % 2, offset, key, value, headers, 1_700_000_000_000 + offset)
         )
-    # raw offsets 0..3 = source 0..3, raw 4 = a duplicate of source 1, raw 5 = source 9 (not named)
-    records.append(records[1])
-    records.append(raw_record(1, 9, b"no", b"no", (), 1))
-    produce_records(downstream_kafka, raw, records)
+    assert len(records) == 4
     create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=2)
 
     writer = make_writer(downstream_kafka.bootstrap, raw, tag)
     try:
+        # partition 0 holds 0 and 2 (1 between them is another partition's: a selection gap)
         result = writer.write_table(decisions([(o % 2, o, o) for o in range(4)]), 0)
     finally:
         writer.close()
@@ -139,47 +137,21 @@ def test_clean_records_are_the_named_raw_records_restored_exactly(downstream_kaf
         assert r.timestamp_type == 1
 
 
-def test_a_raw_record_gone_before_the_reread_fails_the_batch(downstream_kafka) -> None:
+def test_a_run_that_does_not_decode_fails_the_batch(downstream_kafka) -> None:
     raw = create_topic(downstream_kafka, partitions=1)
     tag = raw
-    produce_records(
-        downstream_kafka,
-        raw,
-        [raw_record(0, o, b"k", b"v", (), 1_700_000_000_000) for o in range(6)],
+    for o in range(3):
+        raw_record(0, o, b"k", b"v", (), 1_700_000_000_000)
+    table = decisions([(0, o, o) for o in range(3)])
+    payload = table.column("payload").to_pylist()
+    payload[0] = payload[0][:-3]  # truncated
+    table = table.set_column(
+        COLUMN_NAMES.index("payload"), "payload", pa.array(payload, pa.binary())
     )
-    admin = AdminClient({"bootstrap.servers": downstream_kafka.bootstrap})
-    for future in admin.delete_records([TopicPartition(raw, 0, 3)]).values():
-        future.result(30)  # "retention" removed raw offsets 0..2
-
     writer = make_writer(downstream_kafka.bootstrap, raw, tag)
     try:
-        with pytest.raises(RawRecordGoneError, match=rf"raw record {raw}:0 offset 2 is gone"):
-            writer.write_table(decisions([(0, 2, 2), (0, 3, 3), (0, 4, 4)]), 0)
-        # a batch naming only records that still exist is written (the writer is usable after)
-        result = writer.write_table(decisions([(0, 3, 3), (0, 5, 5)]), 1)
+        with pytest.raises(ServiceError, match="no longer decodes"):
+            writer.write_table(table, 0)
     finally:
         writer.close()
-    assert result.records == 2
-    clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
-    # read_committed: the failed batch's records (offset 3 included) never became visible
-    assert sorted(r.timestamp for r in clean) == [1_700_000_000_000] * 2
-    progress = consume_all(downstream_kafka, f"progress.{tag}", timeout=30)
-    assert [b'"batch_id": 1' in (r.value or b"") for r in progress] == [True]
-
-
-def test_a_raw_record_that_is_not_the_chosen_one_fails_the_batch(downstream_kafka) -> None:
-    # The keys are checked per chunk in bulk (writer._keys_match): a wrong key in the middle of a
-    # chunk must still fail the batch, and the error must name that record.
-    raw = create_topic(downstream_kafka, partitions=1)
-    tag = raw
-    records = [raw_record(0, o, b"k", b"v", (), 1_700_000_000_000) for o in range(5)]
-    records[3] = raw_record(0, 7, b"k", b"v", (), 1_700_000_000_000)  # raw 3 carries source 7
-    produce_records(downstream_kafka, raw, records)
-    writer = make_writer(downstream_kafka.bootstrap, raw, tag)
-    try:
-        with pytest.raises(ServiceError, match=rf"raw record {raw}:0 offset 3 is not the record"):
-            writer.write_table(decisions([(0, o, o) for o in range(5)]), 0)
-    finally:
-        writer.close()
-    progress = consume_all(downstream_kafka, f"progress.{tag}", timeout=10)
-    assert progress == []
+    assert consume_all(downstream_kafka, f"progress.{tag}", timeout=10) == []

@@ -11,11 +11,12 @@ import pytest
 from common.errors import ConfigError
 from common.raw_topic import heartbeat_records
 from common.wire import Heartbeat
-from dedup import job
+from dedup import detect
 from sender import cli
 from sender.chain_plan import plan_problems
 from sender.config import SenderConfig
-from tests.unit.test_dedup_job import DATA, PARAMS, FakeState, open_gaps, settle
+from tests.dedup_support import FakeState, frame
+from tests.unit.test_dedup_job import DATA, PARAMS, open_gaps, settle
 
 SESSION = bytes(16)
 
@@ -121,32 +122,21 @@ def test_heartbeat_control_records_carry_the_chain() -> None:
 
 
 def _rows(*items: tuple[int, int, int]) -> pd.DataFrame:
-    """(kind, src_offset, hb_chain) rows as classify() produces them."""
-    return pd.DataFrame(
-        {
-            "kind": [k for k, _, _ in items],
-            "src_offset": [o for _, o, _ in items],
-            "raw_topic": [0] * len(items),
-            "raw_partition": [0] * len(items),
-            "raw_offset": list(range(len(items))),
-            # every chain heartbeat names its session's low offset (0): it must not vouch
-            "hb_low": [0 if k == job.KIND_HEARTBEAT else -1 for k, _, _ in items],
-            "hb_started": [-1] * len(items),
-            "hb_chain": [c for *_, c in items],
-        }
-    )
+    """(kind, src_offset, hb_chain) rows as classify() produces them; every chain heartbeat
+    names its session's low offset (0): it must not vouch."""
+    return frame(*[(k, o, 0 if k == detect.KIND_HEARTBEAT else -1, -1, c) for k, o, c in items])
 
 
 def test_the_dedup_vouches_per_share_chain_not_for_the_fastest_one() -> None:
     state = FakeState()
-    hb = job.KIND_HEARTBEAT
+    hb = detect.KIND_HEARTBEAT
     chain1, chain2 = 2 * 256 + 1, 2 * 256 + 2
     # chain 1 (even offsets) is at 20, chain 2 (odd) only at 5: 7..19 odd are not due yet
     rows = [(DATA, o, -1) for o in [*range(0, 21, 2), 1, 3, 5]]
     frames = [_rows(*rows, (hb, 20, chain1), (hb, 5, chain2))]
-    list(job.detect_group(PARAMS, ("t", 0), iter(frames), state))
+    list(detect.detect_group(PARAMS, ("t", 0), iter(frames), state))
     assert open_gaps(settle(state)) == []
-    out = list(job.detect_group(PARAMS, ("t", 0), iter([_rows((hb, 11, chain2))]), state))
+    out = list(detect.detect_group(PARAMS, ("t", 0), iter([_rows((hb, 11, chain2))]), state))
     stats = pd.concat(out)
     assert int(stats["chains_missing"].max()) == 0
     assert open_gaps(settle(state)) == [(7, 7), (9, 9), (11, 11)]  # now chain 2 vouched to 11

@@ -13,12 +13,9 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from dedup.writer import (
-    RESULT_SCHEMA,
-    DedupMetrics,
-    TransactionalBatchWriter,
-    WriterSettings,
-)
+from dedup.metrics import DedupMetrics
+from dedup.writer import RESULT_SCHEMA, TransactionalBatchWriter
+from dedup.writer_settings import WriterSettings
 
 SETTINGS = WriterSettings(
     bootstrap_servers="localhost:1",

@@ -14,11 +14,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from dedup import gaps, job
-from dedup.positions import unpack_positions
-from dedup.writer import DedupMetrics
+from dedup import detect, gaps
+from dedup.metrics import DedupMetrics
+from dedup.rows import COLUMN_NAMES, STAT_COLUMNS
+from tests.dedup_support import FakeState, delivered, frame
 
-PARAMS = job.DetectParams(
+PARAMS = detect.DetectParams(
     window_size=64,
     max_windows=8,
     max_expired_gaps=100,
@@ -27,49 +28,12 @@ PARAMS = job.DetectParams(
 )
 
 
-class FakeState:
-    """The members of pyspark's GroupState that detect_group uses."""
-
-    def __init__(self, value: tuple[bytes, int] | None = None, now: int = 10_000) -> None:
-        self.value, self.now = value, now
-
-    @property
-    def exists(self) -> bool:
-        return self.value is not None
-
-    @property
-    def get(self) -> tuple[bytes, int]:
-        assert self.value is not None
-        return self.value
-
-    def getCurrentProcessingTimeMs(self) -> int:
-        return self.now
-
-    def update(self, value: tuple[bytes, int]) -> None:
-        self.value = value
-
-    def setTimeoutDuration(self, _ms: int) -> None:
-        pass
-
-
-def rows(*items: tuple[int, int, int, int]) -> pd.DataFrame:
-    """(kind, src_offset, hb_low, hb_started) rows as classify() produces them."""
-    return pd.DataFrame(
-        {
-            "kind": [k for k, *_ in items],
-            "src_offset": [o for _, o, *_ in items],
-            "raw_topic": [0] * len(items),
-            "raw_partition": [0] * len(items),
-            "raw_offset": [100 + i for i in range(len(items))],
-            "hb_low": [low for *_, low, _ in items],
-            "hb_started": [s for *_, s in items],
-        }
-    )
+rows = frame
 
 
 def run(state: FakeState, *items: tuple[int, int, int, int]) -> pd.DataFrame:
     frames = [rows(*items)] if items else []
-    out = list(job.detect_group(PARAMS, ("t", 0), iter(frames), state))
+    out = list(detect.detect_group(PARAMS, ("t", 0), iter(frames), state))
     return pd.concat(out, ignore_index=True)
 
 
@@ -82,18 +46,12 @@ def settle(state: FakeState) -> pd.DataFrame:
     return pd.concat(outs, ignore_index=True)
 
 
-def positions(out: pd.DataFrame) -> list[tuple[int, ...]]:
-    """The first-seen records of ``out``'s ``records`` rows, unpacked."""
-    rows = out[out["kind"] == "records"]["positions"]
-    return [tuple(int(x) for x in p) for blob in rows for p in unpack_positions(blob)]
-
-
 def open_gaps(out: pd.DataFrame) -> list[tuple[int, int]]:
     values = [json.loads(v) for v in out[out["kind"] == "gap"]["gap_value"]]
     return [(g["first"], g["last"]) for g in values if g["state"] == "open"]
 
 
-DATA, HB, RESET = job.KIND_DATA, job.KIND_HEARTBEAT, job.KIND_RESET
+DATA, HB, RESET = detect.KIND_DATA, detect.KIND_HEARTBEAT, detect.KIND_RESET
 
 
 def test_heartbeat_low_offset_reports_the_lost_head() -> None:
@@ -120,7 +78,7 @@ def test_a_reset_is_applied_before_the_saved_state_is_read() -> None:
     assert "kafka-diode dedup reset --topic T --partition P --yes" in message
     assert "--topic t --partition 0" in message
     out = run(state, (RESET, 0, -1, -1), (DATA, 6, -1, -1), (HB, 6, 0, 9_999))
-    assert [p[0] for p in positions(out)] == [6]
+    assert [o for o, _ in delivered(out)] == [6]
     stat = out[out["kind"] == "stat"].iloc[0]
     assert stat["resets"] == 1
     restored = gaps.PartitionDetector.from_bytes(state.get[0], gaps.DetectorConfig(window_size=64))
@@ -129,7 +87,7 @@ def test_a_reset_is_applied_before_the_saved_state_is_read() -> None:
 
 
 def test_stat_rows_carry_the_detector_counters_and_metrics_export_them() -> None:
-    params = job.DetectParams(
+    params = detect.DetectParams(
         window_size=10, max_windows=1, max_expired_gaps=0, max_state_bytes=1 << 20,
         scan_interval_ms=1,
     )  # fmt: skip
@@ -141,15 +99,15 @@ def test_stat_rows_carry_the_detector_counters_and_metrics_export_them() -> None
         [(DATA, 2, -1, -1)],
     ):
         # one batch each: within a batch the offsets are sorted first
-        outs += list(job.detect_group(params, ("t", 0), iter([rows(*batch)]), state))
+        outs += list(detect.detect_group(params, ("t", 0), iter([rows(*batch)]), state))
     out = pd.concat(outs, ignore_index=True)
-    stat = out[out["kind"] == "stat"][list(job._STAT_COLUMNS)].astype(int).sum()
+    stat = out[out["kind"] == "stat"][list(STAT_COLUMNS)].astype(int).sum()
     # window 0 evicted with gaps [1,4] and [6,9], expired at once (MAX_EXPIRED_GAPS=0); offset 2
     # is then older than anything the state remembers
     assert (stat["expired_gaps"], stat["below_window"]) == (2, 1)
     metrics = DedupMetrics()
     stats = out[out["kind"] == "stat"]
-    columns = ["src_topic", "src_partition", *job._STAT_COLUMNS, "state_bytes"]
+    columns = ["src_topic", "src_partition", *STAT_COLUMNS, "state_bytes"]
     metrics.add_stats(pa.Table.from_pandas(stats[columns].reset_index(drop=True)))
     value: Any = metrics.registry.get_sample_value
     assert value("kafka_diode_dedup_gaps_expired_total") == 2
@@ -158,33 +116,56 @@ def test_stat_rows_carry_the_detector_counters_and_metrics_export_them() -> None
     assert value("kafka_diode_dedup_resets_applied_total") == 0
 
 
-def test_record_rows_carry_the_raw_position_of_the_first_copy_and_no_payload() -> None:
-    # raw offsets 100, 101, 102, 103: source offset 5 twice (the first copy wins), then 4, 6
+def test_run_rows_carry_the_payload_of_first_seen_records_in_source_order() -> None:
+    # runs 5..9 twice (the second is a duplicate), then 3..6 (3, 4 new), 12..12 (a gap 10..11)
     out = run(
-        FakeState(), (DATA, 5, -1, -1), (DATA, 5, -1, -1), (DATA, 4, -1, -1), (DATA, 6, -1, -1)
+        FakeState(),
+        (DATA, 5, -1, -1, -1, 9, 1),
+        (DATA, 5, -1, -1, -1, 9, 1),
+        (DATA, 3, -1, -1, -1, 6, 1),
+        (DATA, 12, -1, -1),
     )
-    # one packed row per group: (src_offset, raw_topic, raw_partition, raw_offset), source order
-    assert len(out[out["kind"] == "records"]) == 1
-    assert positions(out) == [(4, 0, 0, 102), (5, 0, 0, 100), (6, 0, 0, 103)]
-    assert not {"key", "value", "headers", "timestamp"} & set(out.columns)
-    assert list(out.columns) == [f.name for f in job.OUTPUT_SCHEMA.fields]
+    assert len(out[out["kind"] == "run"]) == 3  # the duplicate run leaves nothing
+    assert delivered(out) == [(o, b"%d" % o) for o in (3, 4, 5, 6, 7, 8, 9, 12)]
+    stat = out[out["kind"] == "stat"].iloc[0]
+    assert (stat["delivered"], stat["duplicates"]) == (8, 7)
+    assert list(out.columns) == list(COLUMN_NAMES)
 
 
-def test_reread_consumer_settings_follow_the_source_and_kafka_conf() -> None:
-    from dedup.reread import consumer_conf  # noqa: PLC0415
+def test_a_run_whose_value_disagrees_with_its_key_is_malformed_and_stays_a_gap() -> None:
+    state = FakeState()
+    bad = frame((DATA, 3, -1, -1, -1, 5, 1))
+    bad.loc[0, "src_last"] = 6  # the key says 3..6, the value holds 3..5
+    good = frame((DATA, 0, -1, -1, -1, 2, 1), (DATA, 7, -1, -1), (HB, 7, -1, -1))
+    out = pd.concat(list(detect.detect_group(PARAMS, ("t", 0), iter([bad, good]), state)))
+    assert [o for o, _ in delivered(out)] == [0, 1, 2, 7]
+    assert int(out[out["kind"] == "stat"]["malformed"].sum()) == 1
+    assert open_gaps(settle(state)) == [(3, 6)]
 
-    conf = consumer_conf(
-        {"bootstrap.servers": "b:9092", "sasl.username": "u"},
-        {
-            "kafka.security.protocol": "SASL_SSL",
-            "kafka.ssl.truststore.location": "/java/only.jks",
-            "kafka.isolation.level": "read_committed",
-        },
-        group_id="g",
-    )
-    assert conf["security.protocol"] == "SASL_SSL"
-    assert conf["isolation.level"] == "read_committed"
-    assert conf["sasl.username"] == "u"
-    assert "ssl.truststore.location" not in conf  # Java-only: librdkafka would refuse it
-    assert conf["auto.offset.reset"] == "error"  # never a silent jump past deleted records
-    assert conf["enable.auto.commit"] is False
+
+def test_share_chain_runs_are_observed_by_stride() -> None:
+    state = FakeState()
+    out = run(state, (DATA, 0, -1, -1, -1, 8, 2), (DATA, 4, -1, -1, -1, 12, 4), (HB, 12, -1, -1))
+    assert [o for o, _ in delivered(out)] == [0, 2, 4, 6, 8, 12]
+    assert open_gaps(settle(state)) == [(1, 1), (3, 3), (5, 5), (7, 7), (9, 11)]
+
+
+def test_a_v1_record_leaves_as_a_run_of_one_with_its_provenance_restored() -> None:
+    batch = pd.DataFrame(
+        [
+            {
+                "kind": detect.KIND_DATA, "src_offset": 4, "src_last": 4, "stride": 1,
+                "payload": b"value", "h_keys": ["h", "diode.key", "diode.timestamp",
+                "diode.timestamp-type", "diode.session"],
+                "h_values": [None, b"", b"-5", b"0", b"ab"], "hb_low": -1, "hb_started": -1,
+                "hb_chain": -1,
+            }
+        ]
+    )  # fmt: skip
+    out = pd.concat(list(detect.detect_group(PARAMS, ("t", 0), iter([batch]), FakeState())))
+    payload = out[out["kind"] == "run"]["payload"].iloc[0]
+    from common.wire.batch import decode_record_groups  # noqa: PLC0415
+
+    (group,), _ = decode_record_groups(payload)
+    assert (group.offsets, group.timestamps, group.timestamp_type) == ((4,), (-5,), 0)
+    assert (group.keys, group.values, group.headers) == ((b"",), (b"value",), ((("h", None),),))

@@ -18,7 +18,7 @@ from common.topic_limits import (
     size_problem,
     timestamp_window,
 )
-from dedup.reread import consumer_conf
+from dedup.raw_position import consumer_conf
 from receiver.config import ReceiverConfig
 
 MIB = 1024 * 1024

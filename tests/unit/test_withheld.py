@@ -11,8 +11,9 @@ from common.raw_topic import CONTROL_HEADER, WITHHELD, parse_raw_key, withheld_r
 from common.wire import DropReason, Withheld
 from common.wire.batch import WITHHELD_SCHEMA, encode_control
 from common.wire.envelope import KIND_WITHHELD
-from dedup import gaps, job
-from tests.unit.test_dedup_job import DATA, HB, FakeState, open_gaps, positions, run, settle
+from dedup import detect, gaps
+from tests.dedup_support import FakeState, delivered
+from tests.unit.test_dedup_job import DATA, HB, open_gaps, run, settle
 from tests.wire_support import SESSION, craft, drops_of, endpoints, feed
 
 
@@ -132,10 +133,10 @@ def test_a_withheld_range_below_the_floor_closes_expired_gaps_only() -> None:
 
 def test_the_dedup_step_records_withheld_rows_and_counts_them() -> None:
     state = FakeState()
-    withheld = job.KIND_WITHHELD
+    withheld = detect.KIND_WITHHELD
     out = run(state, (DATA, 0, -1, -1), (withheld, 1, 4, -1), (DATA, 5, -1, -1), (HB, 6, 0, -1))
     stats = out[out["kind"] == "stat"]
     assert int(stats["withheld"].sum()) == 4
     assert int(stats["delivered"].sum()) == 2
-    assert [p[-1] for p in positions(out)] == [100, 102]  # only the records are forwarded
+    assert [o for o, _ in delivered(out)] == [0, 5]  # only the records are forwarded
     assert open_gaps(settle(state)) == [(6, 6)]

@@ -1,0 +1,136 @@
+"""The dedup's own topics: created when missing, and clean topics checked against the link.
+
+Runs on the driver (start-up: the gap, progress and control topics; a fixed clean topic) and in
+the write tasks (a templated clean topic the first time a task writes to it; cached per process).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
+    AdminClient,
+    NewTopic,
+)
+
+from common.errors import KafkaClientError, ServiceError
+from common.topic_limits import (
+    LONG_MAX,
+    TimestampWindow,
+    created_topic_config,
+    size_problem,
+    timestamp_window,
+)
+from dedup.fence import base_conf
+from dedup.writer_settings import KAFKA_TIMEOUT_S, WriterSettings
+from runtime import kafka
+
+log = logging.getLogger(__name__)
+
+#: Clean topics checked at most this many per process (``checked_clean_topic``'s cache).
+MAX_CHECKED_TOPICS = 4096
+
+
+def ensure_topics(
+    settings: WriterSettings,
+    topics: Iterable[str],
+    *,
+    compact: bool = False,
+    partitions: int | None = None,
+) -> None:
+    """Create those of ``topics`` that do not exist (clean: NEW_TOPIC_PARTITIONS; else 1)."""
+    admin = kafka.admin(base_conf(settings))
+    existing = admin.list_topics(timeout=KAFKA_TIMEOUT_S).topics
+    missing = [t for t in dict.fromkeys(topics) if t not in existing]
+    if not missing:
+        return
+    if partitions is None:
+        partitions = 1 if compact else settings.new_topic_partitions
+    config = (
+        {"cleanup.policy": "compact"}
+        if compact
+        else created_topic_config(settings.max_record_size, any_timestamp=True)
+    )
+    futures = admin.create_topics(
+        [NewTopic(t, partitions, settings.new_topic_replication, config=config) for t in missing]
+    )
+    for topic, future in futures.items():
+        try:
+            future.result(KAFKA_TIMEOUT_S)
+            log.info("created topic %s (%d partitions)", topic, partitions)
+        except KafkaException as exc:
+            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise kafka.error(exc, f"cannot create topic {topic!r}") from exc
+    # Created is not yet usable: metadata and leaders reach the brokers a moment later, and a
+    # produce or describe in between fails. Wait for every partition to have a leader.
+    deadline = time.monotonic() + KAFKA_TIMEOUT_S
+    for topic in missing:
+        while not _has_leaders(admin, topic, partitions):
+            if time.monotonic() > deadline:
+                raise ServiceError(f"topic {topic!r} was created but has no leaders yet")
+            time.sleep(0.1)
+
+
+def _has_leaders(admin: AdminClient, topic: str, partitions: int) -> bool:
+    meta = admin.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
+    if meta is None or meta.error is not None or len(meta.partitions) < partitions:
+        return False
+    return all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
+
+
+#: (bootstrap servers, clean topic, max_record_size) -> its window, per process: a Python worker
+#: runs many write tasks, and each would otherwise ask the broker again for every batch.
+_checked: dict[tuple[str, str, int], TimestampWindow] = {}
+_checked_lock = threading.Lock()
+
+
+def checked_clean_topic(settings: WriterSettings, topic: str) -> TimestampWindow:
+    """At first use of a clean topic (per process): create it if missing (with our settings,
+    never by a broker's auto-create), refuse it if it cannot take the largest record, learn which
+    timestamps it accepts (docs/topics.md "Timestamps").
+
+    Raises:
+        ServiceError: the topic's max.message.bytes is below what MAX_RECORD_SIZE needs.
+    """
+    key = (settings.bootstrap_servers, topic, settings.max_record_size)
+    with _checked_lock:
+        window = _checked.get(key)
+    if window is not None:
+        return window
+    ensure_topics(settings, [topic])
+    window = _check_clean_topic(settings, topic)
+    with _checked_lock:
+        if len(_checked) >= MAX_CHECKED_TOPICS:
+            _checked.clear()  # bounded; a topic checked again costs one describe
+        _checked[key] = window
+    return window
+
+
+def _check_clean_topic(settings: WriterSettings, topic: str) -> TimestampWindow:
+    try:
+        configs = kafka.topic_config(base_conf(settings), topic, KAFKA_TIMEOUT_S)
+    except KafkaClientError as exc:
+        log.warning("cannot read the configuration of clean topic %s (%s)", topic, exc)
+        return TimestampWindow()
+    problem = size_problem(topic, configs, settings.max_record_size, "MAX_RECORD_SIZE")
+    if problem is not None:
+        raise ServiceError(f"clean {problem}")
+    window = timestamp_window(configs)
+    if not window.unlimited:
+        log.warning(
+            "clean topic %s does not take every source timestamp (%s): records outside it "
+            "are written with the dedup's time and their own in the diode.original-timestamp "
+            "header (metric kafka_diode_dedup_timestamps_replaced_total). To keep every "
+            "timestamp: kafka-configs --alter --entity-type topics --entity-name %s "
+            "--add-config message.timestamp.after.max.ms=%d,message.timestamp.before.max.ms=%d",
+            topic,
+            window.describe(),
+            topic,
+            LONG_MAX,
+            LONG_MAX,
+        )
+    return window

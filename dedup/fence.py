@@ -1,0 +1,126 @@
+"""The fence of the dedup's transactions: producers that fence their elders, and the markers.
+
+Runs in the write tasks (executors) and once on the driver at start-up (the floor of earlier,
+driver-side writers). docs/dedup.md "Effectively once", step 3: every attempt calls
+``init_transactions`` (fencing every older producer of its ``transactional.id``) and only then
+reads its partition's highest committed marker.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from common.errors import ServiceError
+from common.topic_limits import record_limit
+from dedup.writer_settings import KAFKA_TIMEOUT_S, WriterSettings
+from runtime import kafka
+
+log = logging.getLogger(__name__)
+
+#: Markers read per step when searching the progress topic backwards for this query's last one.
+FENCE_SCAN_STEP = 512
+#: The marker partition: one partition keeps the markers of a query in order.
+MARKER_PARTITION = 0
+
+
+def partition_transactional_id(base: str, partition: int) -> str:
+    """The ``transactional.id`` of stateful partition ``partition``'s writer."""
+    return f"{base}-p{partition}"
+
+
+def base_conf(settings: WriterSettings) -> dict[str, Any]:
+    conf: dict[str, Any] = {"bootstrap.servers": settings.bootstrap_servers}
+    conf.update(settings.kafka_conf)
+    return conf
+
+
+def init_producer(settings: WriterSettings, transactional_id: str) -> Producer:
+    """A transactional producer after ``init_transactions``: every older one with that id is
+    fenced and its open transaction aborted (or completed, if its commit had begun)."""
+    conf = base_conf(settings)
+    conf.update(
+        {
+            "transactional.id": transactional_id,
+            "enable.idempotence": True,
+            "linger.ms": conf.get("linger.ms", 20),
+            "batch.num.messages": conf.get("batch.num.messages", 10_000),
+            "queue.buffering.max.messages": conf.get("queue.buffering.max.messages", 500_000),
+            # bounds the payload in flight in a task (records stream in from the re-read)
+            "queue.buffering.max.kbytes": conf.get("queue.buffering.max.kbytes", 131_072),
+        }
+    )
+    # librdkafka refuses a message over message.max.bytes (1 MB by default) by itself
+    needed = record_limit(settings.max_record_size)
+    if int(conf.get("message.max.bytes", 0) or 0) < needed:
+        conf["message.max.bytes"] = needed
+    producer = kafka.producer(conf)
+    try:
+        producer.init_transactions(KAFKA_TIMEOUT_S)
+    except KafkaException as exc:
+        raise kafka.error(
+            exc,
+            f"cannot initialise Kafka transactions as {transactional_id!r} (check "
+            "BOOTSTRAP_SERVERS and that the broker allows transactions)",
+        ) from exc
+    return producer
+
+
+def read_last_marker(settings: WriterSettings, key: bytes, group_id: str) -> int:
+    """The highest batch id of the committed markers with ``key`` (-1: none), read_committed.
+
+    Searches the progress topic backwards from its end in growing steps, so a marker written a
+    few batches ago costs one short read.
+    """
+    conf = base_conf(settings)
+    conf.update(
+        {
+            "group.id": group_id,
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    consumer = kafka.consumer(conf)
+    try:
+        tp = TopicPartition(settings.progress_topic, MARKER_PARTITION)
+        low, high = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S)
+        step = FENCE_SCAN_STEP
+        end = high
+        while end > low:
+            start = max(low, end - step)
+            found = _scan_markers(consumer, settings.progress_topic, key, start, end)
+            if found is not None:
+                return found
+            end, step = start, step * 4
+        return -1
+    finally:
+        consumer.close()
+
+
+def _scan_markers(consumer: Consumer, topic: str, key: bytes, start: int, end: int) -> int | None:
+    consumer.assign([TopicPartition(topic, MARKER_PARTITION, start)])
+    best: int | None = None
+    deadline = time.monotonic() + KAFKA_TIMEOUT_S
+    while time.monotonic() < deadline:
+        msg = consumer.poll(1.0)
+        if msg is None:
+            continue
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return best
+            raise ServiceError(f"reading the progress topic failed: {err}")
+        offset, value = msg.offset(), msg.value()
+        if offset is None or offset >= end:
+            return best
+        if msg.key() == key and value is not None:
+            batch = int(json.loads(value)["batch_id"])
+            best = batch if best is None else max(best, batch)
+    raise ServiceError(f"reading progress topic {topic!r} timed out; is Kafka up?")

@@ -1,0 +1,354 @@
+"""One stateful partition's transaction of one micro-batch: its clean records, gaps and marker.
+
+Runs in a write task (an executor), never on the driver. ``PartitionWriter.write_table`` takes
+the partition's rows of the batch (``dedup/rows.py``), fences every older attempt of the
+partition (``dedup/fence.py``), skips a batch its marker says is committed, and otherwise
+produces, in one transaction: the first-seen records of every ``run`` row (decoded from the
+payload the row carries: nothing is read back from the raw topic), the gap reports and the
+marker. docs/dedup.md "Effectively once" has the argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import logging
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import KafkaException, Producer
+
+from common.errors import RemoteProtocolError, ServiceError
+from common.topic_limits import TimestampWindow
+from common.wire.batch import decode_record_groups
+from common.wire.events import RecordGroup
+from dedup.clean_topics import checked_clean_topic
+from dedup.faults import fault, fault_during
+from dedup.fence import (
+    MARKER_PARTITION,
+    init_producer,
+    partition_transactional_id,
+    read_last_marker,
+)
+from dedup.rows import KIND_GAP, KIND_RUN, unpack_selection
+from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult, WriterSettings
+
+log = logging.getLogger(__name__)
+
+#: Trailing header of a clean record written with the dedup's time: the source timestamp (ms,
+#: ASCII decimal) its clean topic would have refused (docs/topics.md "Timestamps").
+ORIGINAL_TIMESTAMP_HEADER = "diode.original-timestamp"
+
+
+class PartitionWriter:
+    """The transactional writer of one stateful partition: one transaction per batch, fenced.
+
+    ``transactional.id`` = ``<TRANSACTIONAL_ID>-p<partition>``; marker key =
+    ``<query id>:<partition>``. A new instance (a task attempt) fences every older one of the
+    same partition in ``init_transactions`` and only then reads the partition's last marker.
+    One instance writes at most one batch in production (one per task attempt); tests reuse it.
+    """
+
+    def __init__(
+        self,
+        settings: WriterSettings,
+        query_id: str,
+        partition: int,
+        *,
+        floor: int = -1,
+        windows: Mapping[str, TimestampWindow] | None = None,
+    ) -> None:
+        if partition < 0:
+            raise ValueError("partition must be >= 0")
+        self.settings = settings
+        self.query_id = query_id
+        self.partition = partition
+        self.floor = floor
+        self.transactional_id = partition_transactional_id(settings.transactional_id, partition)
+        self.marker_key = f"{query_id}:{partition}".encode()
+        self._producer: Producer | None = None
+        self._last_committed = -1
+        self._partitions: dict[str, int] = {}
+        #: clean topic -> the timestamps it accepts (checked: ``checked_clean_topic``)
+        self._windows: dict[str, TimestampWindow] = dict(windows or {})
+        self._clean_names: dict[str, str] = {}
+        #: milliseconds the last ``_start`` took (producer, init_transactions, marker read)
+        self.fence_ms = 0
+
+    def close(self) -> None:
+        """Drop the producer (idempotent)."""
+        self._producer = None
+
+    def _start(self) -> Producer:
+        started = time.monotonic()
+        producer = init_producer(self.settings, self.transactional_id)
+        self._last_committed = read_last_marker(
+            self.settings, self.marker_key, f"{self.transactional_id}.fence"
+        )
+        self.fence_ms = round((time.monotonic() - started) * 1000)
+        log.debug(
+            "partition writer ready: transactional.id=%s last committed batch=%d",
+            self.transactional_id,
+            self._last_committed,
+        )
+        return producer
+
+    def write_table(
+        self,
+        table: pa.Table,
+        batch_id: int,
+        *,
+        before_commit: Callable[[], None] | None = None,
+    ) -> BatchResult:
+        """Commit this partition's rows of batch ``batch_id`` in one transaction, or skip it.
+
+        ``before_commit`` runs after everything was produced, before the commit (tests: a zombie
+        or a second attempt in between).
+        """
+        kinds = table.column("kind")
+        records = table.filter(pc.equal(kinds, KIND_RUN))
+        gap_rows = table.filter(pc.equal(kinds, KIND_GAP))
+        result = BatchResult(batch_id, records=record_count(records), gaps=gap_rows.num_rows)
+        if result.records == 0 and gap_rows.num_rows == 0:
+            # Nothing to publish: no transaction, no marker. A replay of this batch is empty too.
+            result.skipped = True
+            return result
+        if self._producer is None:
+            self._producer = self._start()
+        producer = self._producer
+        if batch_id <= max(self._last_committed, self.floor):
+            log.info(
+                "batch %d partition %d already committed (marker %d): skipped",
+                batch_id,
+                self.partition,
+                max(self._last_committed, self.floor),
+            )
+            return BatchResult(batch_id, skipped=True, fenced=True)
+        producer.begin_transaction()
+        try:
+            with _gc_paused():
+                _, result.replaced = self._produce_records(producer, records)
+            self._produce_gaps(producer, gap_rows)
+            marker = {
+                "query_id": self.query_id,
+                "partition": self.partition,
+                "batch_id": batch_id,
+                "records": result.records,
+                "gaps": result.gaps,
+                "committed_at_ms": int(time.time() * 1000),
+            }
+            producer.produce(
+                self.settings.progress_topic,
+                json.dumps(marker).encode(),
+                self.marker_key,
+                MARKER_PARTITION,
+            )
+            if before_commit is not None:
+                before_commit()
+            fault("task-before-commit", batch_id, self.partition)
+            with fault_during("task-in-commit", batch_id, self.partition):
+                producer.commit_transaction(KAFKA_TIMEOUT_S * 4)
+        except KafkaException as exc:
+            self._abort(producer)
+            raise ServiceError(
+                f"writing batch {batch_id} partition {self.partition} failed and was aborted "
+                f"(nothing of it is visible): {exc}"
+            ) from exc
+        except BaseException:
+            self._abort(producer)
+            log.error("batch %d partition %d aborted", batch_id, self.partition)  # noqa: TRY400  re-raised below with the cause
+            raise
+        self._last_committed = batch_id
+        fault("task-after-commit", batch_id, self.partition)
+        return result
+
+    def _abort(self, producer: Producer) -> None:
+        try:
+            producer.abort_transaction(KAFKA_TIMEOUT_S)
+        except KafkaException:
+            # fenced (a newer attempt took over) or the broker is away: the newer attempt's, or
+            # the next, init_transactions aborts what is left open
+            log.warning("abort of %s failed; the producer is dropped", self.transactional_id)
+            self._producer = None
+
+    def _partition_count(self, producer: Producer, topic: str) -> int:
+        count = self._partitions.get(topic)
+        if count is None:
+            if topic not in self._windows:
+                # created (if missing) before any metadata request, then checked
+                self._windows[topic] = checked_clean_topic(self.settings, topic)
+            meta = producer.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
+            if meta is None or meta.error is not None or not meta.partitions:
+                raise ServiceError(f"clean topic {topic!r} has no partitions; create it first")
+            count = len(meta.partitions)
+            self._partitions[topic] = count
+        return count
+
+    def clean_name(self, source_topic: str) -> str:
+        """The clean topic of ``source_topic`` (CLEAN_TOPIC, with ``{topic}`` filled in)."""
+        name = self._clean_names.get(source_topic)
+        if name is None:
+            name = self.settings.clean_topic.replace("{topic}", source_topic)
+            self._clean_names[source_topic] = name
+        return name
+
+    def _produce_records(self, producer: Producer, runs: pa.Table) -> tuple[int, int]:
+        """Produce the first-seen records of one batch's ``run`` rows (the hot loop); returns
+        how many were produced and how many of them got the dedup's time.
+
+        The payload came with the rows (``dedup/rows.py``): nothing is read from Kafka here.
+        Runs are written in the order the stateful step emitted them: per source partition, by
+        first offset (docs/dedup.md "Order").
+
+        Raises:
+            ServiceError: a run's payload does not decode (it was checked in the stateful step,
+                so only a bug or corrupted state gets here); the batch is aborted.
+        """
+        if runs.num_rows == 0:
+            return 0, 0
+        now_ms = int(time.time() * 1000)
+        targets: dict[tuple[str, int], tuple[str, int, tuple[int, int]]] = {}
+        produced = replaced = 0
+        for topic, partition, payload, selection in zip(
+            runs.column("src_topic").to_pylist(),
+            runs.column("src_partition").to_pylist(),
+            runs.column("payload").to_pylist(),
+            runs.column("selection").to_pylist(),
+            strict=True,
+        ):
+            target = targets.get((topic, partition))
+            if target is None:
+                name = self.clean_name(topic)
+                count = self._partition_count(producer, name)
+                # the timestamps the clean topic accepts now: plain bounds for the hot loop
+                accepts = self._windows.get(name, TimestampWindow()).bounds(now_ms)
+                target = targets[topic, partition] = (name, partition % count, accepts)
+            try:
+                groups, _ = decode_record_groups(payload)
+            except RemoteProtocolError as exc:
+                raise ServiceError(
+                    f"a run of {topic}:{partition} no longer decodes in the write task ({exc}); "
+                    "the batch is aborted"
+                ) from exc
+            for group in groups:
+                for first, last in unpack_selection(selection, len(group)):
+                    produced += last - first + 1
+                    replaced += _produce_run(producer, group, first, last + 1, target)
+        return produced, replaced
+
+    def _produce_gaps(self, producer: Producer, gap_rows: pa.Table) -> None:
+        if gap_rows.num_rows == 0:
+            return
+        topic = self.settings.gap_topic
+        for key, value in zip(
+            gap_rows.column("gap_key").to_pylist(),
+            gap_rows.column("gap_value").to_pylist(),
+            strict=True,
+        ):
+            while True:
+                try:
+                    producer.produce(topic, value, key)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+
+
+def record_count(runs: pa.Table) -> int:
+    """Clean records the ``run`` rows of a batch select."""
+    if runs.num_rows == 0:
+        return 0
+    return int(pc.sum(runs.column("records")).as_py() or 0)
+
+
+@contextlib.contextmanager
+def _gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the re-read + produce loop.
+
+    The loop allocates a Message, a header list and four header tuples per record; the
+    collector's allocation-count trigger then ran gen-0/1/2 collections that walked every live
+    object of the driver (pyspark, pandas, ...): 43 % of the loop's time in py-spy. These objects
+    form no cycles, so reference counting frees them; the collector is re-enabled (if it was on)
+    when the loop ends. It is process-wide, so other driver threads run without it meanwhile.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _produce_run(
+    producer: Producer,
+    group: RecordGroup,
+    start: int,
+    stop: int,
+    target: tuple[str, int, tuple[int, int]],
+) -> int:
+    """Produce records ``start:stop`` of one run (the per-record hot loop); returns how many were
+    written with the dedup's time (``_produce_replaced``).
+
+    No per-record callback: a transactional producer's ``commit_transaction`` fails if any
+    message of the transaction failed, and the batch is then aborted (``write_table``). So no
+    record the broker would refuse may be produced: a timestamp outside what the clean topic
+    accepts takes ``_produce_replaced``, never the broker's refusal, which would fail the whole
+    transaction again on every replay.
+    """
+    name, partition, (low, high) = target
+    produce = producer.produce
+    replaced = 0
+    for timestamp, key, value, headers in zip(
+        group.timestamps[start:stop],
+        group.keys[start:stop],
+        group.values[start:stop],
+        group.headers[start:stop],
+        strict=True,
+    ):
+        rest: Any = list(headers) if headers else None
+        if low <= timestamp <= high:
+            try:
+                # positional: keywords cost produce() a dict per call (~1 us here)
+                produce(name, value, key, partition, None, None, timestamp, rest)
+            except BufferError:
+                _produce_blocking(producer, (name, value, key, partition, timestamp, rest))
+        else:
+            _produce_replaced(producer, (name, value, key, partition, timestamp, rest or []))
+            replaced += 1
+    return replaced
+
+
+def _produce_replaced(
+    producer: Producer,
+    args: tuple[str, bytes | None, bytes | None, int, int, list[tuple[str, bytes | None]]],
+) -> None:
+    """A record whose source timestamp the clean topic would refuse: written with the dedup's
+    time (timestamp 0: the producer's clock) and the source timestamp in a trailing
+    ``diode.original-timestamp`` header (docs/topics.md "Timestamps"), so nothing is lost and no
+    other record of the transaction fails with it."""
+    name, value, key, target, timestamp, headers = args
+    marked = [*headers, (ORIGINAL_TIMESTAMP_HEADER, b"%d" % timestamp)]
+    _produce_blocking(producer, (name, value, key, target, 0, marked), first_try=True)
+
+
+def _produce_blocking(
+    producer: Producer,
+    args: tuple[str, bytes | None, bytes | None, int, int, Any],
+    *,
+    first_try: bool = False,
+) -> None:
+    """``produce`` once librdkafka's local queue has room (it is bounded)."""
+    name, value, key, target, timestamp, headers = args
+    while True:
+        if not first_try:
+            producer.poll(0.05)  # the local queue is full: let librdkafka send
+        first_try = False
+        try:
+            producer.produce(name, value, key, target, None, None, timestamp, headers)
+        except BufferError:
+            continue
+        return

@@ -1,0 +1,59 @@
+"""What the dedup's write side needs, and what one write task reports (driver and executors).
+
+``WriterSettings`` is a subset of ``DedupConfig`` (so benchmarks and tests can build one), shipped
+to the executors with every batch's ``TaskSpec``; ``BatchResult`` is what one partition's
+transaction wrote, folded by the driver into the metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: Seconds any one Kafka call of the writer may take (commits: four times this).
+KAFKA_TIMEOUT_S = 30.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class WriterSettings:
+    """What the writer needs (a subset of ``DedupConfig``, so benches can build one)."""
+
+    bootstrap_servers: str
+    """Kafka bootstrap servers."""
+    clean_topic: str
+    """Clean topic name or template with ``{topic}``."""
+    gap_topic: str
+    """Gap topic."""
+    progress_topic: str
+    """Progress (marker) topic."""
+    transactional_id: str
+    """The stable transactional.id of this checkpoint."""
+    new_topic_partitions: int = 1
+    """Partitions of clean topics created when missing."""
+    new_topic_replication: int = -1
+    """Replication factor of created topics (-1: broker default)."""
+    max_record_size: int = 16 * 1024 * 1024
+    """Largest record the link carries (MAX_RECORD_SIZE): sizes the producer, the re-read
+    consumer, created topics and the check of existing clean topics."""
+    kafka_conf: Mapping[str, str] = field(default_factory=dict)
+    """librdkafka pass-through properties."""
+    raw_topics: tuple[str, ...] = ()
+    """The topics the query reads, ``(*RAW_TOPICS, CONTROL_TOPIC)``: ``raw_topic`` indexes it."""
+
+
+@dataclass
+class BatchResult:
+    """What one call wrote (for logs, tests and the bench)."""
+
+    batch_id: int
+    """The micro-batch id."""
+    records: int = 0
+    """Clean records committed."""
+    gaps: int = 0
+    """Gap records committed."""
+    skipped: bool = False
+    """Nothing was committed: already committed before (fenced replay), or nothing to write."""
+    fenced: bool = False
+    """Skipped (at least partly) because a marker says it was committed before a crash."""
+    replaced: int = 0
+    """Clean records written with the dedup's time (``_produce_replaced``)."""

@@ -1,24 +1,32 @@
-"""Dedup throughput: raw topic -> dedup job (effectively-once writer) vs pass-through baselines.
+"""Dedup cost per source record: raw layout v1 (a raw record per source record) against v2 (runs).
 
-Pre-fills a raw topic (8 partitions, 10 % duplicates, 1 % gaps, 200-byte values), then in ONE
-SparkSession (local[2]) runs, each over the whole topic:
+Builds one set of source records (``--topics`` source topics x 8 partitions, 200-byte values, 1 %
+gaps) and writes it twice, as the receiver of each layout would: a v1 raw topic (one raw record
+per source record, provenance headers) and a v2 raw topic (one raw record per run of up to
+``--run-records`` consecutive offsets, docs/topics.md). Both carry the same copies: 10 % of the
+runs arrive twice (whole copies) and 2 % are followed by a resend that overlaps half of them
+(partly overlapping resends); in v1 these are the same records, one by one. Source partition p of
+every topic lands in raw partition p mod 8, so ``--topics 8`` puts 8 source partitions in each raw
+partition (the fan-in).
 
-- ``passthrough``: the issue's baseline - Spark reads the topic and writes it unchanged (key,
-  value, headers, partition) with Spark's own Kafka sink (at-least-once, no transaction);
-- ``dedup``: the dedup query with its effectively-once writer (per-task transactions in the
-  executors). With ``--warm-dedup`` a first dedup run warms the JVM and the Python workers
-  *before* the pass-through, so both measured queries run warm.
+Then, in ONE SparkSession (local[2]), over the whole of each topic:
 
-The driver's own CPU (this Python process: py4j, foreachBatch) is reported separately
-(``driver_python_cpu_s_per_million``); in local mode the JVM driver is also the executor.
+1. a pass-through of the v1 topic (Spark's Kafka source -> Spark's Kafka sink, unchanged): cold,
+   reported but never the baseline;
+2. a dedup of the v2 topic (warm-up: JIT, Python workers);
+3. the dedup of the v1 topic, then of the v2 topic (the measured pair; ``--order`` swaps it);
+4. the pass-through of the v1 topic again: warm, the baseline.
 
-Each rate is records read / seconds from query start to the last batch written (Spark start-up
-excluded); CPU is the process tree's (driver, JVM, Python workers; not the broker), per million
-raw records: the figure that survives other load on a shared machine. Load averages are taken at
-start and end. Needs a broker: ``--bootstrap`` (default: start one with the project's
-LocalBroker). Last line: one JSON object.
+CPU is the process tree's (driver JVM = executor in local mode, Python workers; not the broker)
+per million **source** records read (copies included), robust to other load on a shared machine.
+The clean and gap topics of the two measured dedups are compared record for record. Write tasks
+consume only the payload the stateful step hands them: ``write_payload_ratio`` is those bytes over
+the bytes of the records they turn into clean records or drop as duplicates (values, keys,
+headers, as the run encodes them). Needs a broker: ``--bootstrap`` (default: start one). Last
+line: one JSON object.
 
     .venv/bin/python bench/dedup.py --records 1000000
+    .venv/bin/python bench/dedup.py --records 1000000 --topics 32 --only runs
 """
 
 from __future__ import annotations
@@ -37,39 +45,73 @@ import os  # noqa: E402
 import random  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections import Counter  # noqa: E402
 
-import pyarrow as pa  # noqa: E402
 import pyarrow.compute as pc  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from common.raw_run import RunBuilder  # noqa: E402
 from dedup import job  # noqa: E402
 from dedup.config import from_sources  # noqa: E402
-from dedup.positions import pack_positions  # noqa: E402
 from dedup.runner import writer_settings  # noqa: E402
-from dedup.writer import (  # noqa: E402
-    PartitionWriter,
-    TransactionalBatchWriter,
-    WriterSettings,
-    ensure_topics,
-)
+from dedup.writer import TransactionalBatchWriter  # noqa: E402
+from dedup.writer_settings import WriterSettings  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 from runtime.maven import spark_connector_jars  # noqa: E402
+from tests.kafka_helpers import consume_all  # noqa: E402
 
 PARTITIONS = 8
 VALUE = b"v" * 200
 
 
-def prefill(
-    bootstrap: str, topic: str, records: int, seed: int = 1, firsts: list | None = None
-) -> tuple[int, int]:
-    """Fill ``topic``; returns (raw records written, distinct offsets delivered).
+#: One unit of the raw topic: (source topic, source partition, first offset, last offset).
+Unit = tuple[str, int, int, int]
 
-    ``firsts``, if given, receives ``(partition, source offset, raw offset)`` of each first copy
-    (the raw partition is the source partition; raw offsets count from 0 per partition).
-    """
+
+def plan(records: int, topics: int, run_records: int, seed: int = 1) -> list[Unit]:
+    """The raw topic's units in arrival order, the same for both layouts: runs of consecutive
+    offsets (a gap ends a run), 10 % of them twice, 2 % followed by a resend overlapping half."""
+    rng = random.Random(seed)
+    per_partition = max(1, records // (PARTITIONS * topics) * 100 // 113)
+    units: list[Unit] = []
+    for t in range(topics):
+        topic = f"src{t}"
+        for partition in range(PARTITIONS):
+            offset = 0
+            while offset < per_partition:
+                length = min(run_records, per_partition - offset)
+                if rng.random() < 0.05:  # 1 % of the records lost: a run ends early
+                    length = max(1, length // 2)
+                    skip = max(1, run_records // 20)
+                else:
+                    skip = 0
+                unit: Unit = (topic, partition, offset, offset + length - 1)
+                units.append(unit)
+                if rng.random() < 0.10:
+                    units.append(unit)  # a whole copy
+                if rng.random() < 0.02:
+                    half = max(unit[2], unit[3] - length // 2)
+                    units.append((topic, partition, half, unit[3] + length // 2))  # a resend
+                offset += length + skip
+    # each source partition's units in order; partitions interleaved round robin (as a receiver
+    # writes many partitions at once)
+    lanes: dict[tuple[str, int], list[Unit]] = {}
+    for unit in units:
+        lanes.setdefault(unit[:2], []).append(unit)
+    queues = list(lanes.values())
+    out: list[Unit] = []
+    for i in range(max(len(q) for q in queues)):
+        out.extend(q[i] for q in queues if i < len(q))
+    return out
+
+
+def prefill(bootstrap: str, topic: str, units: list[Unit], layout: str) -> int:
+    """Write ``units`` as ``layout`` (records: v1, runs: v2) raw records; returns the number of
+    source records written (copies included)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1)]).values():
+    config = {"max.message.bytes": str(64 << 20)}
+    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)]).values():
         future.result(30)
     producer = Producer(
         {
@@ -77,47 +119,48 @@ def prefill(
             "linger.ms": 50,
             "batch.num.messages": 10_000,
             "queue.buffering.max.messages": 1_000_000,
+            "message.max.bytes": 64 << 20,
             "compression.type": "lz4",
         }
     )
-    rng = random.Random(seed)
-    per_partition = records // PARTITIONS
     now = int(time.time() * 1000)
-    written = distinct = 0
     session = b"ab" * 16
-    for partition in range(PARTITIONS):
-        raw_offset = 0
-        for offset in range(int(per_partition / 1.09)):
-            if rng.random() < 0.01:
-                continue  # a gap
-            distinct += 1
-            copies = 2 if rng.random() < 0.1 else 1  # 10 % duplicates
-            headers = [
-                ("diode.key", b"key-%d" % offset),
-                ("diode.timestamp", b"%d" % now),
-                ("diode.timestamp-type", b"1"),
-                ("diode.session", session),
-            ]
-            if firsts is not None:
-                firsts.append((partition, offset, raw_offset))
-            raw_offset += copies
-            for _ in range(copies):
-                while True:
-                    try:
-                        producer.produce(
-                            topic,
-                            VALUE,
-                            b"src:%d:%d" % (partition, offset),
-                            partition,
-                            headers=headers,
-                            timestamp=now,
-                        )
-                        break
-                    except BufferError:
-                        producer.poll(0.05)
-                written += 1
-    producer.flush(120)
-    return written, distinct
+    written = 0
+
+    def produce(*args: object, **kwargs: object) -> None:
+        while True:
+            try:
+                producer.produce(*args, **kwargs)
+                return
+            except BufferError:
+                producer.poll(0.05)
+
+    for src, partition, first, last in units:
+        written += last - first + 1
+        if layout == "records":
+            for offset in range(first, last + 1):
+                headers = [
+                    ("diode.key", b"key-%d" % offset),
+                    ("diode.timestamp", b"%d" % (now + offset)),
+                    ("diode.timestamp-type", b"1"),
+                    ("diode.session", session.hex().encode()),
+                ]
+                key = b"%s:%d:%d" % (src.encode(), partition, offset)
+                produce(topic, VALUE, key, partition % PARTITIONS, headers=headers, timestamp=now)
+        else:
+            run = RunBuilder(src, partition, 1, first, now + first)
+            for offset in range(first, last + 1):
+                run.append(offset, now + offset, b"key-%d" % offset, VALUE, ())
+            produce(
+                topic,
+                run.encode(),
+                run.key().encode(),
+                partition % PARTITIONS,
+                headers=[("diode.session", session.hex().encode())],
+                timestamp=now,
+            )
+    producer.flush(300)
+    return written
 
 
 class CountingWriter(TransactionalBatchWriter):
@@ -127,6 +170,8 @@ class CountingWriter(TransactionalBatchWriter):
     fence_s = 0.0  # summed over tasks: fresh producer + init_transactions + marker read
     task_s = 0.0  # summed over tasks: the whole write task (fence, re-read, produce, commit)
     tasks = 0
+    payload_bytes = 0  # run payloads the write tasks consumed
+    record_bytes = 0  # bytes of the records in them (delivered and duplicates)
 
     def account(self, table, batch_id):
         stats = table.filter(pc.equal(table.column("kind"), "stat"))
@@ -138,6 +183,8 @@ class CountingWriter(TransactionalBatchWriter):
         self.fence_s += (pc.sum(tasks.column("fence_ms")).as_py() or 0) / 1000
         self.task_s += (pc.sum(tasks.column("write_ms")).as_py() or 0) / 1000
         self.tasks += tasks.num_rows
+        self.payload_bytes += pc.sum(tasks.column("payload_bytes")).as_py() or 0
+        self.record_bytes += pc.sum(tasks.column("record_bytes")).as_py() or 0
         return super().account(table, batch_id)
 
 
@@ -316,132 +363,23 @@ def run_sink_passthrough(
         query.stop()
 
 
-def driver_only(args: argparse.Namespace, bootstrap: str) -> int:
-    """The writer alone (no Spark): re-read + restore + produce of every first-seen record.
-
-    Batches of ``--max-offsets-per-trigger`` raw records, one transaction each, as the dedup's
-    ``foreachBatch`` would write them. CPU is this process's (Python + librdkafka threads).
-    """
-    tag = f"bench{int(time.time())}"
-    raw = f"{tag}.raw"
-    firsts: list[tuple[int, int, int]] = []
-    load_start = os.getloadavg()[0]
-    written, distinct = prefill(bootstrap, raw, args.records, firsts=firsts)
-    settings = WriterSettings(
-        bootstrap_servers=bootstrap,
-        clean_topic=f"{tag}.clean",
-        gap_topic=f"{tag}.gaps",
-        progress_topic=f"{tag}.progress",
-        transactional_id=f"{tag}.writer",
-        new_topic_partitions=PARTITIONS,
-        raw_topics=(raw,),
-    )
-    ensure_topics(settings, [settings.clean_topic])
-    ensure_topics(settings, [settings.gap_topic, settings.progress_topic], compact=True)
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    deadline = time.monotonic() + 30  # new topics: wait for their leaders
-    while time.monotonic() < deadline:
-        meta = admin.list_topics(timeout=10).topics
-        parts = [p for t in (settings.progress_topic, settings.clean_topic) if t in meta
-                 for p in meta[t].partitions.values()]  # fmt: skip
-        if parts and all(p.leader >= 0 and p.error is None for p in parts):
-            break
-        time.sleep(0.2)
-    names = [f.name for f in job.OUTPUT_SCHEMA.fields]
-    types = {"kind": pa.string(), "src_topic": pa.string(), "src_partition": pa.int32()}
-    types |= {"positions": pa.binary(), "gap_key": pa.binary(), "gap_value": pa.binary()}
-    schema = pa.schema([(n, types.get(n, pa.int64())) for n in names])
-    per_batch = max(1, round(args.max_offsets_per_trigger * distinct / written))
-    tables = []
-    for start in range(0, len(firsts), per_batch):
-        chunk = firsts[start : start + per_batch]
-        rows: dict[int, list[tuple[int, int, int]]] = {}
-        for partition, src, raw_offset in chunk:
-            rows.setdefault(partition, []).append((src, 0, partition, raw_offset))
-        data = {n: [None] * len(rows) for n in names}
-        data["kind"] = ["records"] * len(rows)
-        data["src_topic"] = ["src"] * len(rows)
-        data["src_partition"] = list(rows)
-        data["positions"] = [pack_positions(list(zip(*r, strict=True))) for r in rows.values()]
-        tables.append(pa.table(data, schema=schema))
-    cpu0, t0 = time.process_time(), time.monotonic()
-    produced = 0
-    for batch_id, table in enumerate(tables):
-        # a fresh writer per batch, as each write task attempt has (fence included)
-        writer = PartitionWriter(settings, tag, 0)
-        produced += writer.write_table(table, batch_id).records
-        writer.close()
-    seconds, cpu_s = time.monotonic() - t0, time.process_time() - cpu0
-    threads = thread_cpu_s()
-    print(
-        json.dumps(
-            {
-                "bench": "dedup_driver",
-                "raw_records": written,
-                "clean_records": produced,
-                "batches": len(tables),
-                "seconds": round(seconds, 2),
-                "records_per_s": round(produced / seconds),
-                "cpu_s": round(cpu_s, 2),
-                "cpu_us_per_record": round(cpu_s * 1e6 / produced, 2),
-                # whole-run CPU by thread name (prefill included for rdk threads of its clients)
-                "thread_cpu_s": threads,
-                "load_average_1m_start": round(load_start, 2),
-                "load_average_1m_end": round(os.getloadavg()[0], 2),
-            }
-        )
-    )
-    return 0
-
-
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--records", type=int, default=1_000_000, help="source records")
+    parser.add_argument("--topics", type=int, default=1, help="source topics (the fan-in)")
+    parser.add_argument("--run-records", type=int, default=256, help="records per run")
     parser.add_argument("--bootstrap", default=None)
-    parser.add_argument("--max-offsets-per-trigger", type=int, default=200_000)
-    parser.add_argument("--arrow-max-records-per-batch", type=int, default=100_000)
     parser.add_argument(
-        "--driver-only",
-        action="store_true",
-        help="no Spark: time the writer's re-read + restore + produce of the first-seen records",
+        "--only", choices=("both", "runs", "records"), default="both", help="layouts to dedup"
     )
     parser.add_argument(
-        "--only", choices=("all", "passthrough", "dedup"), default="all", help="queries to run"
+        "--order", choices=("records-first", "runs-first"), default="records-first"
     )
+    parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: the default")
+    parser.add_argument("--value-bytes", type=int, default=200, help="source value size")
     parser.add_argument(
-        "--source-option",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="option of Spark's Kafka source for every query (e.g. minPartitions=2)",
+        "--spark-conf", action="append", default=[], metavar="NAME=VALUE", help="Spark setting"
     )
-    parser.add_argument(
-        "--sink-option",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="option of Spark's Kafka sink in the pass-through (e.g. kafka.linger.ms=50)",
-    )
-    parser.add_argument(
-        "--warm-dedup",
-        action="store_true",
-        help="run the dedup query once before the measured run (JVM JIT and Python workers warm)",
-    )
-    parser.add_argument(
-        "--variant",
-        action="append",
-        default=[],
-        metavar="LABEL:NAME=VALUE,sink:NAME=VALUE",
-        help="one more Spark-sink pass-through with these source (and sink:) options",
-    )
-    parser.add_argument(
-        "--spark-conf",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="Spark setting (e.g. spark.sql.shuffle.partitions=1)",
-    )
-    parser.add_argument("--value-bytes", type=int, default=200, help="raw record value size")
     args = parser.parse_args()
     global VALUE  # noqa: PLW0603  one setting for the whole run
     VALUE = b"v" * args.value_bytes
@@ -454,144 +392,124 @@ def main() -> int:
         broker.start()
         bootstrap = broker.bootstrap
     try:
-        return driver_only(args, bootstrap) if args.driver_only else measure(args, bootstrap)
+        return measure(args, bootstrap)
     finally:  # a failed run must not leave its broker behind
         if broker is not None:
             broker.stop()
 
 
+def clean_and_gaps(bootstrap: str, tag: str, name: str, topics: int) -> tuple[Counter, dict]:
+    """The clean records (topic, partition, key, value, timestamp) and the latest gap states."""
+    clean: Counter = Counter()
+    for t in range(topics):
+        rows = consume_all(bootstrap, f"{tag}.{name}.clean.src{t}", timeout=30)
+        clean.update((t, r.partition, r.key, r.value, r.timestamp) for r in rows)
+    gaps = {
+        r.key: r.value for r in consume_all(bootstrap, f"{tag}.{name}.gaps", timeout=30) if r.key
+    }
+    return clean, gaps
+
+
 def measure(args: argparse.Namespace, bootstrap: str) -> int:
-    """Prefill, run the queries in one SparkSession, print the JSON line."""
+    """Prefill both layouts, run the queries in one SparkSession, print the JSON line."""
     tag = f"bench{int(time.time())}"
-    raw = f"{tag}.raw"
     load_start = os.getloadavg()[0]
+    units = plan(args.records, args.topics, args.run_records)
     t0 = time.monotonic()
-    written, distinct = prefill(bootstrap, raw, args.records)
+    layouts = ("records", "runs") if args.only == "both" else (args.only,)
+    written = {}
+    for layout in sorted({*layouts, "records"}):
+        written[layout] = prefill(bootstrap, f"{tag}.{layout}", units, layout)
+    raw_records = {"records": written["records"], "runs": len(units)}
     prefill_s = time.monotonic() - t0
     tmp = Path(tempfile.mkdtemp(prefix="bench-dedup-ck-"))
 
-    def pairs(items: list[str]) -> dict[str, str]:
-        return dict(item.split("=", 1) for item in items)
+    def config(name: str, layout: str):
+        env = {
+            "RAW_TOPICS": f"{tag}.{layout}",
+            "BOOTSTRAP_SERVERS": bootstrap,
+            "STATE_DIR_CONFIG": str(tmp / name),
+            "CLEAN_TOPIC": f"{tag}.{name}.clean.{{topic}}",
+            "GAP_TOPIC": f"{tag}.{name}.gaps",
+            "PROGRESS_TOPIC": f"{tag}.{name}.progress",
+            "CONTROL_TOPIC": f"{tag}.{name}.control",
+            "NEW_TOPIC_PARTITIONS": str(PARTITIONS),
+            "SPARK_MASTER": "local[2]",
+            "SHUFFLE_PARTITIONS": "2",
+            "PERSIST_INTERVAL_MS": "0",
+        }
+        if args.max_offsets_per_trigger:
+            env["MAX_OFFSETS_PER_TRIGGER"] = str(args.max_offsets_per_trigger)
+        elif layout == "records":
+            env["MAX_OFFSETS_PER_TRIGGER"] = "200000"  # v1's default before runs
+        return from_sources(env, {"spark_conf": args.spark_conf} if args.spark_conf else {})
 
-    def config(name: str):
-        flags = {"kafka_source": args.source_option, "spark_conf": args.spark_conf}
-        return from_sources(
-            {
-                "RAW_TOPICS": raw,
-                "BOOTSTRAP_SERVERS": bootstrap,
-                "STATE_DIR_CONFIG": str(tmp / name),
-                "CLEAN_TOPIC": f"{tag}.{name}.clean",
-                "GAP_TOPIC": f"{tag}.{name}.gaps",
-                "PROGRESS_TOPIC": f"{tag}.{name}.progress",
-                "CONTROL_TOPIC": f"{tag}.{name}.control",
-                "NEW_TOPIC_PARTITIONS": str(PARTITIONS),
-                "SPARK_MASTER": "local[2]",
-                "SHUFFLE_PARTITIONS": "2",
-                "PERSIST_INTERVAL_MS": "0",
-                "MAX_OFFSETS_PER_TRIGGER": str(args.max_offsets_per_trigger),
-                "ARROW_MAX_RECORDS_PER_BATCH": str(args.arrow_max_records_per_batch),
-            },
-            {k: v for k, v in flags.items() if v},
-        )
+    spark = job.build_session(config("x", "runs"), [str(p) for p in spark_connector_jars()])
+    results: dict[str, dict] = {}
 
-    cfg = config("dedup")
-    t0 = time.monotonic()
-    spark = job.build_session(cfg, [str(p) for p in spark_connector_jars()])
-    spark_start_s = time.monotonic() - t0
+    def passthrough(name: str) -> None:
+        seconds, profile = run_sink_passthrough(
+            spark, bootstrap, f"{tag}.records", f"{tag}.{name}.out", tmp / name,
+            written["records"], {}, {}, 200_000,
+        )  # fmt: skip
+        results[name] = {"records_per_s": round(written["records"] / seconds), **profile}
+        print(f"{name}: {seconds:.1f} s; {profile}", file=sys.stderr)
 
-    results = {}
+    def dedup(name: str, layout: str) -> None:
+        c = config(name, layout)
+        writer = CountingWriter(writer_settings(c, WriterSettings))
+        seconds, profile = run_query(spark, c, writer, written[layout])
+        profile["write_payload_bytes"] = writer.payload_bytes
+        profile["write_record_bytes"] = writer.record_bytes
+        results[name] = {"records_per_s": round(written[layout] / seconds), **profile}
+        print(f"{name}: {seconds:.1f} s; {profile}", file=sys.stderr)
+
+    measured = list(layouts) if args.order == "records-first" else list(reversed(layouts))
     try:
-        if args.warm_dedup and args.only != "passthrough":
-            # JIT and Python workers warm before either measured query
-            c = config("dedup_warmup")
-            writer = CountingWriter(writer_settings(c, WriterSettings))
-            seconds, profile = run_query(spark, c, writer, written)
-            results["dedup_warmup"] = {
-                "records_per_s": round(written / seconds),
-                "profile": profile,
-            }
-            print(f"dedup_warmup: {seconds:.1f} s; {profile}", file=sys.stderr)
-        if args.only != "dedup":
-            seconds, profile = run_sink_passthrough(
-                spark, bootstrap, raw, f"{tag}.sink.out", tmp / "sink", written,
-                pairs(args.source_option), pairs(args.sink_option), args.max_offsets_per_trigger,
-            )  # fmt: skip
-            results["passthrough"] = {"records_per_s": round(written / seconds), "profile": profile}
-            print(f"passthrough (Kafka sink): {seconds:.1f} s; {profile}", file=sys.stderr)
-        for i, variant in enumerate(args.variant):
-            # NAME:source.k=v,sink:k=v,... - one more pass-through query in the same session
-            label, _, spec = variant.partition(":")
-            source, sink = pairs(args.source_option), pairs(args.sink_option)
-            for item in filter(None, spec.split(",")):
-                if item.startswith("sink:"):
-                    sink |= pairs([item[5:]])
-                else:
-                    source |= pairs([item])
-            offsets = int(source.pop("maxOffsetsPerTrigger", args.max_offsets_per_trigger))
-            seconds, profile = run_sink_passthrough(
-                spark, bootstrap, raw, f"{tag}.v{i}.out", tmp / f"v{i}", written,
-                source, sink, offsets,
-            )  # fmt: skip
-            results[f"variant {label}"] = {
-                "records_per_s": round(written / seconds),
-                "profile": profile,
-                "source": source,
-                "sink": sink,
-            }
-            print(f"variant {label}: {seconds:.1f} s; {profile}", file=sys.stderr)
-        runs = ["dedup"] if args.only != "passthrough" else []
-        for name in runs:
-            c = config(name)
-            writer = CountingWriter(writer_settings(c, WriterSettings))
-            seconds, profile = run_query(spark, c, writer, written)
-            results[name] = {"records_per_s": round(written / seconds), "profile": profile}
-            print(f"{name}: {written} records in {seconds:.1f} s; {profile}", file=sys.stderr)
+        passthrough("passthrough_cold")
+        dedup("dedup_warmup", layouts[-1])
+        for layout in measured:
+            dedup(f"dedup_{layout}", layout)
+        passthrough("passthrough_warm")
     finally:
         spark.stop()
-    out = {
+    out: dict[str, object] = {
         "bench": "dedup",
         "master": "local[2]",
-        "raw_records": written,
-        "distinct_records": distinct,
+        "source_records": written[layouts[-1]],
+        "raw_records": raw_records,
+        "fan_in": args.topics,
+        "run_records": args.run_records,
         "value_bytes": len(VALUE),
-        "dedup_payload_mb_per_s": round(results["dedup"]["records_per_s"] * len(VALUE) / 1e6, 1)
-        if "dedup" in results
-        else None,
-        "partitions": PARTITIONS,
-        "max_offsets_per_trigger": args.max_offsets_per_trigger,
-        "arrow_max_records_per_batch": args.arrow_max_records_per_batch,
-        "source_options": pairs(args.source_option),
-        "sink_options": pairs(args.sink_option),
-        "spark_conf": pairs(args.spark_conf),
+        "order": measured,
         "prefill_s": round(prefill_s, 1),
-        "spark_start_s": round(spark_start_s, 1),
         "load_average_1m_start": round(load_start, 2),
         "load_average_1m_end": round(os.getloadavg()[0], 2),
-        "target_records_per_s": 150_000,
+        "results": results,
     }
-    dedup, base = results.get("dedup"), results.get("passthrough")
-    if dedup is not None:
-        out["dedup_records_per_s"] = dedup["records_per_s"]
-        out["dedup_cpu_s_per_million"] = dedup["profile"]["cpu_s_per_million"]
-        out["dedup_profile_s"] = dedup["profile"]
-    if base is not None:
-        out["passthrough_records_per_s"] = base["records_per_s"]
-        out["passthrough_cpu_s_per_million"] = base["profile"]["cpu_s_per_million"]
-        out["passthrough_profile_s"] = base["profile"]
-    out["variants"] = {
-        k[8:]: {"records_per_s": v["records_per_s"], **v["profile"]}
-        for k, v in results.items()
-        if k.startswith("variant ")
-    }
-    if "dedup_warmup" in results:
-        warm = results["dedup_warmup"]
-        out["dedup_warmup_records_per_s"] = warm["records_per_s"]
-        out["dedup_warmup_cpu_s_per_million"] = warm["profile"]["cpu_s_per_million"]
-    if dedup is not None and base is not None:
-        out["ratio_to_passthrough"] = round(dedup["records_per_s"] / base["records_per_s"], 3)
-        out["cpu_ratio_to_passthrough"] = round(
-            dedup["profile"]["cpu_s_per_million"] / base["profile"]["cpu_s_per_million"], 3
+    base = results["passthrough_warm"]["cpu_s_per_million"]
+    for layout in layouts:
+        r = results[f"dedup_{layout}"]
+        out[f"{layout}_records_per_s"] = r["records_per_s"]
+        out[f"{layout}_cpu_s_per_million"] = r["cpu_s_per_million"]
+        out[f"{layout}_cpu_ratio_to_passthrough_warm"] = round(r["cpu_s_per_million"] / base, 3)
+        if r["write_record_bytes"]:
+            out[f"{layout}_write_payload_ratio"] = round(
+                r["write_payload_bytes"] / r["write_record_bytes"], 3
+            )
+    out["passthrough_warm_cpu_s_per_million"] = base
+    out["passthrough_cold_cpu_s_per_million"] = results["passthrough_cold"]["cpu_s_per_million"]
+    if len(layouts) == 2:
+        out["cpu_ratio_runs_to_records"] = round(
+            results["dedup_runs"]["cpu_s_per_million"]
+            / results["dedup_records"]["cpu_s_per_million"],
+            3,
         )
+        a, b = (clean_and_gaps(bootstrap, tag, f"dedup_{x}", args.topics) for x in layouts)
+        out["clean_identical"] = a[0] == b[0]
+        out["gaps_identical"] = a[1] == b[1]
+        out["clean_records"] = sum(a[0].values())
+        out["clean_duplicates"] = sum(n - 1 for n in a[0].values() if n > 1)
     print(json.dumps(out))
     return 0
 

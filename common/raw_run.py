@@ -137,9 +137,7 @@ class RunBuilder:
         "ts_type",
     )
 
-    def __init__(
-        self, topic: str, partition: int, ts_type: int, first: int, base_ts: int
-    ) -> None:
+    def __init__(self, topic: str, partition: int, ts_type: int, first: int, base_ts: int) -> None:
         self.topic = topic
         self.partition = partition
         self.ts_type = ts_type

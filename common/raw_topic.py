@@ -13,9 +13,9 @@ Changing anything here is a protocol version change.
 
 Hot-path copies: ``receiver.kafka_sink.RawTopicSink.write_batch`` builds the headers inline
 (pinned to :func:`raw_headers` by ``tests/unit/test_raw_topic.py::
-test_the_sinks_inlined_layout_is_raw_headers``); ``dedup.job.classify`` evaluates
-:func:`parse_raw_key` and :func:`restore` in SQL from ``KEY_PATTERN`` and ``TIMESTAMP_PATTERN``
-(pinned by ``tests/integration/test_dedup.py``'s malformed-record cases).
+test_the_sinks_inlined_layout_is_raw_headers``); ``dedup.classify`` evaluates
+:func:`parse_raw_key` (canonical decimals, no regex) and :func:`restore` (``TIMESTAMP_PATTERN``)
+in SQL (pinned by ``tests/integration/test_dedup.py``'s malformed-record cases).
 """
 
 from __future__ import annotations
@@ -49,10 +49,6 @@ HEARTBEAT_CHAIN_FIELDS = (CHAIN_INDEX, CHAIN_COUNT, CHAIN_SHARE)
 #: Field of a withheld control record's JSON value: the range's last offset (the key has the first).
 WITHHELD_LAST = "last"
 
-#: ``<topic>:<partition>:<offset>``; the topic is greedy, so the split is on the last two ``:``
-#: (``:`` cannot occur in a Kafka topic name). Also the dedup's SQL pattern.
-KEY_PATTERN = r"^(.+):([0-9]{1,10}):(-?[0-9]{1,19})$"
-_KEY_RE = re.compile(KEY_PATTERN.encode(), re.DOTALL)
 #: ``diode.timestamp``: the whole value is ASCII decimal (no sign but ``-``, no blanks, no
 #: newline) and fits a signed 64-bit integer. Unanchored: Java and Python anchor differently
 #: (both ``$`` accept a trailing newline), so each side matches it against the whole value.
@@ -142,17 +138,30 @@ def reset_record(topic: str, partition: int, requested_by: str, at_ms: int) -> t
 
 
 def parse_raw_key(key: str | bytes | None) -> tuple[str, int, int] | None:
-    """``(topic, partition, offset)`` of a raw key, or None when it does not parse."""
+    """``(topic, partition, offset)`` of a v1 key ``<topic>:<partition>:<offset>``, or None.
+
+    Split on the last two ``:`` (a topic name cannot hold one); the partition and offset must
+    be canonical decimals (no sign but a leading ``-`` on the offset, no leading zeros, no
+    blanks): the rule of ``dedup.classify``'s SQL, which prints the parsed numbers again and
+    compares. A v2 run key (``common.raw_run``) is not a v1 key.
+    """
     if key is None:
         return None
-    match = _KEY_RE.match(key.encode("utf-8") if isinstance(key, str) else key)
-    if match is None:
+    if isinstance(key, bytes):
+        try:
+            key = key.decode("ascii")
+        except UnicodeDecodeError:
+            return None
+    rest, sep1, offset_text = key.rpartition(":")
+    topic, sep2, partition_text = rest.rpartition(":")
+    if not (sep1 and sep2 and topic) or not key.isascii():
         return None
-    try:
-        topic = match.group(1).decode("ascii")
-    except UnicodeDecodeError:
+    digits = offset_text[1:] if offset_text.startswith("-") else offset_text
+    if not (partition_text.isdigit() and digits.isdigit()):
         return None
-    partition, offset = int(match.group(2)), int(match.group(3))
+    partition, offset = int(partition_text), int(offset_text)
+    if str(partition) != partition_text or str(offset) != offset_text:
+        return None
     if partition > _MAX_PARTITION or not -_MAX_OFFSET <= offset <= _MAX_OFFSET:
         return None
     return topic, partition, offset

@@ -95,15 +95,18 @@ class DedupConfig:
     shuffle_partitions: int = 0
     """spark.sql.shuffle.partitions of the stateful step; 0 = the number of cores of the driver.
     Fixed by the first run of a checkpoint (Spark keeps it in the checkpoint)."""
-    max_offsets_per_trigger: int = 200_000
-    """Most raw records read per micro-batch (bounds batch memory; the driver collects one
-    batch's decision rows, a few integers per record, and streams the payload)."""
+    max_offsets_per_trigger: int = 2_000
+    """Most raw records read per micro-batch. A raw record is a run (up to the receiver's
+    ``run_max_bytes``, 1 MiB by default) or, in a v1 raw topic, one record: this bounds the
+    payload of a batch (2,000 runs of 1 MiB at most; ~110 MB at a 40k records/s backlog of
+    200-byte records) and so the records of one transaction. Raise it while a v1 backlog drains
+    (docs/dedup.md "Upgrading from layout v1")."""
     arrow_max_records_per_batch: int = 100_000
     """Rows per Arrow batch between the JVM and Python (about 100k is fastest here)."""
     fail_on_data_loss: bool = False
     """Stop the query when raw records were deleted by retention before being read. Off: Spark
-    skips them (they become gaps if the sender never resends them). A first-seen record deleted
-    after Spark read it but before the writer re-read it always fails the batch."""
+    skips them (counted; they become gaps if the sender never resends them). Spark's read is the
+    only one: the write tasks take the payload from the rows, so nothing read can vanish later."""
     transactional_id: str | None = None
     """transactional.id of the writer; default derived from STATE_DIR_CONFIG. One per checkpoint:
     two running instances with the same one fence each other (the older fails)."""
@@ -127,10 +130,10 @@ class DedupConfig:
     spark_conf: dict[str, str] = field(default_factory=dict)
     """Extra Spark settings (SPARK_CONF_<NAME> or --spark-conf name=value)."""
     kafka_conf: dict[str, str] = field(default_factory=dict)
-    """Extra librdkafka properties of the dedup's Kafka clients: writer, raw re-read consumer,
-    fence reader, admin (KAFKA_CONF_<NAME>)."""
+    """Extra librdkafka properties of the dedup's Kafka clients: writer, fence reader, retention
+    probe, admin (KAFKA_CONF_<NAME>)."""
     kafka_source: dict[str, str] = field(default_factory=dict)
-    """Extra options of Spark's Kafka source (KAFKA_SOURCE_<NAME>); the re-read consumer copies
+    """Extra options of Spark's Kafka source (KAFKA_SOURCE_<NAME>); the retention probe copies
     kafka.security.protocol, kafka.sasl.mechanism, kafka.isolation.level and the other options
     librdkafka shares with Java (KAFKA_CONF_<NAME> wins)."""
 

@@ -131,7 +131,7 @@ class PartitionWriter:
         producer.begin_transaction()
         try:
             with _gc_paused():
-                _, result.replaced = self._produce_records(producer, records)
+                self._produce_records(producer, records, result)
             self._produce_gaps(producer, gap_rows)
             marker = {
                 "query_id": self.query_id,
@@ -196,9 +196,9 @@ class PartitionWriter:
             self._clean_names[source_topic] = name
         return name
 
-    def _produce_records(self, producer: Producer, runs: pa.Table) -> tuple[int, int]:
-        """Produce the first-seen records of one batch's ``run`` rows (the hot loop); returns
-        how many were produced and how many of them got the dedup's time.
+    def _produce_records(self, producer: Producer, runs: pa.Table, result: BatchResult) -> None:
+        """Produce the first-seen records of one batch's ``run`` rows (the hot loop); counts in
+        ``result`` the records written with the dedup's time and the payload bytes consumed.
 
         The payload came with the rows (``dedup/rows.py``): nothing is read from Kafka here.
         Runs are written in the order the stateful step emitted them: per source partition, by
@@ -209,10 +209,10 @@ class PartitionWriter:
                 so only a bug or corrupted state gets here); the batch is aborted.
         """
         if runs.num_rows == 0:
-            return 0, 0
+            return
         now_ms = int(time.time() * 1000)
         targets: dict[tuple[str, int], tuple[str, int, tuple[int, int]]] = {}
-        produced = replaced = 0
+        payload_bytes = record_bytes = replaced = 0
         for topic, partition, payload, selection in zip(
             runs.column("src_topic").to_pylist(),
             runs.column("src_partition").to_pylist(),
@@ -234,11 +234,14 @@ class PartitionWriter:
                     f"a run of {topic}:{partition} no longer decodes in the write task ({exc}); "
                     "the batch is aborted"
                 ) from exc
+            payload_bytes += len(payload)
             for group in groups:
+                record_bytes += _record_bytes(group)
                 for first, last in unpack_selection(selection, len(group)):
-                    produced += last - first + 1
                     replaced += _produce_run(producer, group, first, last + 1, target)
-        return produced, replaced
+        result.replaced = replaced
+        result.payload_bytes = payload_bytes
+        result.record_bytes = record_bytes
 
     def _produce_gaps(self, producer: Producer, gap_rows: pa.Table) -> None:
         if gap_rows.num_rows == 0:
@@ -281,6 +284,15 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if was_enabled:
             gc.enable()
+
+
+def _record_bytes(group: RecordGroup) -> int:
+    """Keys, values and headers (names and values) of a run's records, in bytes."""
+    size = sum(map(len, filter(None, group.keys))) + sum(map(len, filter(None, group.values)))
+    for headers in group.headers:
+        for name, value in headers:
+            size += len(name) + (len(value) if value is not None else 0)
+    return size
 
 
 def _produce_run(

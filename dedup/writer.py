@@ -79,6 +79,8 @@ RESULT_COLUMNS = (
     ("records", "bigint"),
     ("gaps", "bigint"),
     ("replaced", "bigint"),
+    ("payload_bytes", "bigint"),
+    ("record_bytes", "bigint"),
     ("skipped", "boolean"),
     ("fence_ms", "bigint"),
     ("write_ms", "bigint"),
@@ -332,6 +334,8 @@ def write_partition_task(
     columns["records"][n] = 0 if result.fenced else result.records
     columns["gaps"][n] = 0 if result.fenced else result.gaps
     columns["replaced"][n] = 0 if result.fenced else result.replaced
+    columns["payload_bytes"][n] = result.payload_bytes
+    columns["record_bytes"][n] = result.record_bytes
     columns["skipped"][n] = result.fenced
     columns["fence_ms"][n] = fence_ms
     columns["write_ms"][n] = write_ms

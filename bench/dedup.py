@@ -372,9 +372,7 @@ def main() -> int:
     parser.add_argument(
         "--only", choices=("both", "runs", "records"), default="both", help="layouts to dedup"
     )
-    parser.add_argument(
-        "--order", choices=("records-first", "runs-first"), default="records-first"
-    )
+    parser.add_argument("--order", choices=("records-first", "runs-first"), default="records-first")
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: the default")
     parser.add_argument("--value-bytes", type=int, default=200, help="source value size")
     parser.add_argument(

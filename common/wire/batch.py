@@ -19,6 +19,7 @@ import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+import numpy as np
 from fastavro import schemaless_reader, schemaless_writer
 
 from common.errors import RemoteProtocolError
@@ -437,6 +438,78 @@ _TWOS: Final = tuple(b"\x02" * n for n in range(64))
 #: ``struct`` unpackers of same-length item columns by (count, stride); bounded, cleared when full.
 _UNPACKERS: dict[tuple[int, int], Any] = {}
 _MAX_UNPACKERS: Final = 256
+#: Runs (raw layout v2, ``common.raw_run``) hold hundreds or thousands of records per group: the
+#: fast paths below also take columns of 64 items or more (a multi-byte count). ``_CONSECUTIVE``
+#: holds the deltas 0, 1, ..., _MAX_CONSECUTIVE - 1 as Avro longs; ``_CONSECUTIVE_END[n]`` is
+#: where the first n of them end. Built at first use.
+_MAX_CONSECUTIVE: Final = 1 << 16
+_CONSECUTIVE: list[bytes] = []
+_CONSECUTIVE_END: list[int] = []
+
+
+def _consecutive(n: int) -> bytes | None:
+    """The encoded deltas 0..n-1 followed by the end of the array, or None for n too large."""
+    if n >= _MAX_CONSECUTIVE:
+        return None
+    if not _CONSECUTIVE:
+        parts = [encode_long(i) for i in range(_MAX_CONSECUTIVE)]
+        ends, total = [0], 0
+        for part in parts:
+            total += len(part)
+            ends.append(total)
+        _CONSECUTIVE_END[:] = ends
+        _CONSECUTIVE.append(b"".join(parts))
+    return _CONSECUTIVE[0][: _CONSECUTIVE_END[n]] + b"\x00"
+
+
+def _big_count(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """``(n, position of the first item)`` of an array whose one block counts 64 items or more
+    (a multi-byte count), or ``(0, pos)`` when the array at ``pos`` is not of that shape."""
+    if data[pos] < 0x80:
+        return 0, pos
+    n, start = _read_long(data, pos, end)
+    if not 0 < n <= end - start:
+        return 0, pos
+    return n, start
+
+
+def _big_consecutive(data: bytes, pos: int, end: int) -> int:
+    """Items of a column of consecutive deltas 0..n-1 (n >= 64) at ``pos``, or 0."""
+    n, start = _big_count(data, pos, end)
+    if n:
+        expected = _consecutive(n)
+        if expected is not None and data[start : start + len(expected)] == expected:
+            return n
+    return 0
+
+
+def _big_same_length(data: bytes, pos: int, end: int) -> tuple[tuple[bytes, ...] | None, int]:
+    """``_same_length_items`` for 64 items or more (one block, then the end of the array)."""
+    n, first = _big_count(data, pos, end)
+    if not n or data[first] != 2:
+        return None, pos
+    c = data[first + 1]
+    if c < 0x80:
+        if c & 1:
+            return None, pos
+        length, prefix = c >> 1, 2
+    else:
+        d = data[first + 2]
+        if d >= 0x80 or c & 1:
+            return None, pos
+        length, prefix = ((c & 0x7F) | (d << 7)) >> 1, 3
+    stride = prefix + length
+    stop = first + n * stride
+    if (
+        stop >= end
+        or data[stop] != 0
+        or data[first:stop:stride] != b"\x02" * n
+        or data[first + 1 : stop : stride].count(c) != n
+        or (prefix == 3 and data[first + 2 : stop : stride].count(data[first + 2]) != n)
+    ):
+        return None, pos
+    skip, size = prefix, prefix + length
+    return tuple([data[i + skip : i + size] for i in range(first, stop, stride)]), stop + 1
 
 
 def _bad(detail: str) -> RemoteProtocolError:
@@ -571,6 +644,22 @@ def _longs(data: bytes, pos: int, end: int, base: int) -> tuple[tuple[int, ...],
                 if -_SMALL_DELTA_EDGE <= base <= _SMALL_DELTA_EDGE or _in_int64(items):
                     return items, nxt + 1
                 raise _out_of_range("base + delta beyond 64 bits")
+    elif b >= 0x80:  # 64 items or more in one block: one-byte deltas take one bytes test
+        n, start = _big_count(data, pos, end)
+        nxt = start + n
+        if n and nxt < end and data[nxt] == 0 and (chunk := data[start:nxt]).isascii():
+            items = tuple(map(base.__add__, map(_ZIGZAG.__getitem__, chunk)))
+            if -_SMALL_DELTA_EDGE <= base <= _SMALL_DELTA_EDGE or _in_int64(items):
+                return items, nxt + 1
+            raise _out_of_range("base + delta beyond 64 bits")
+        if n:
+            found = _vector_longs(data, start, n, end)
+            if found is not None:
+                deltas, nxt = found
+                items = tuple(map(base.__add__, deltas))
+                if _in_int64(items):
+                    return items, nxt + 1
+                raise _out_of_range("base + delta beyond 64 bits")
     out: list[int] = []
     while True:
         n, pos = _block(data, pos, end)
@@ -586,6 +675,32 @@ def _longs(data: bytes, pos: int, end: int, base: int) -> tuple[tuple[int, ...],
             else:
                 value, pos = _read_long(data, pos, end)
                 out.append(base + value)
+
+
+def _vector_longs(data: bytes, start: int, n: int, end: int) -> tuple[list[int], int] | None:
+    """``n`` Avro longs from ``start``, decoded with numpy (runs hold thousands of timestamp
+    deltas of two or three bytes each); ``(values, position after them)`` when they are followed
+    by the end of the array, else None (the caller reads them one by one). Longs of 10 bytes
+    also take the slow path, which checks their range."""
+    window = np.frombuffer(data, dtype=np.uint8, count=min(end - start, 9 * n + 1), offset=start)
+    stops = np.flatnonzero(window < 0x80)
+    if len(stops) <= n:
+        return None
+    stops = stops[:n]
+    size = int(stops[-1]) + 1
+    if window[size] != 0:  # the end of the array must follow
+        return None
+    starts = np.empty(n, dtype=np.int64)
+    starts[0] = 0
+    starts[1:] = stops[:-1] + 1
+    lengths = stops - starts + 1
+    if int(lengths.max()) > 9:
+        return None
+    shift = (np.arange(size) - np.repeat(starts, lengths)) * 7
+    parts = (window[:size].astype(np.uint64) & np.uint64(0x7F)) << shift.astype(np.uint64)
+    acc = np.add.reduceat(parts, starts)
+    values = (acc >> np.uint64(1)).astype(np.int64) ^ -(acc & np.uint64(1)).astype(np.int64)
+    return values.tolist(), start + size
 
 
 def _in_int64(items: Sequence[int]) -> bool:
@@ -762,6 +877,11 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
                 pos = nxt + 1
                 if base_offset < 0 or base_offset + n - 1 > _INT64_MAX:
                     raise _out_of_range("offset out of range")
+            elif b >= 0x80 and (n := _big_consecutive(data, pos, end)):
+                offsets = tuple(range(base_offset, base_offset + n))
+                pos += len(encode_long(n)) + _CONSECUTIVE_END[n] + 1
+                if base_offset < 0 or base_offset + n - 1 > _INT64_MAX:
+                    raise _out_of_range("offset out of range")
             else:
                 offsets, pos = _longs(data, pos, end, base_offset)
                 if offsets and (min(offsets) < 0 or max(offsets) > _INT64_MAX):
@@ -772,6 +892,11 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
             if 0 < b < 0x80 and not b & 1 and data[pos + 1 : nxt + 1] == runs[n]:
                 timestamps: tuple[int, ...] = tuple(range(base_ts, base_ts + n))
                 pos = nxt + 1
+                if base_ts + n - 1 > _INT64_MAX:
+                    raise _out_of_range("timestamp beyond 64 bits")
+            elif b >= 0x80 and (n := _big_consecutive(data, pos, end)):
+                timestamps = tuple(range(base_ts, base_ts + n))
+                pos += len(encode_long(n)) + _CONSECUTIVE_END[n] + 1
                 if base_ts + n - 1 > _INT64_MAX:
                     raise _out_of_range("timestamp beyond 64 bits")
             else:
@@ -800,6 +925,8 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
                         pos = stop + 1
                 else:
                     column, pos = _same_length_items(data, pos, end)
+            if column is None and b >= 0x80:
+                column, pos = _big_same_length(data, pos, end)
             if column is None:
                 column, pos = _nullables(data, pos, end)
             keys = column
@@ -827,6 +954,8 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
                         pos = stop + 1
                 elif c < 0x80 and not c & 1:
                     column, pos = _same_length_items(data, pos, end)
+            if column is None and b >= 0x80:
+                column, pos = _big_same_length(data, pos, end)
             if column is None:
                 column, pos = _nullables(data, pos, end)
             values = column
@@ -836,6 +965,13 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
             if 0 < b < 0x80 and not b & 1 and data[pos + 1 : pos + n + 2] == _ZEROS[n]:
                 headers = (_NO_HEADERS,) * n
                 pos += n + 2
+            elif (
+                b >= 0x80
+                and (big := _big_count(data, pos, end))[0]
+                and data[big[1] : big[1] + big[0] + 1] == bytes(big[0] + 1)
+            ):
+                headers = (_NO_HEADERS,) * big[0]
+                pos = big[1] + big[0] + 1
             else:
                 headers, pos = _headers(data, pos, end)
             n = len(offsets)

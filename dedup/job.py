@@ -150,16 +150,3 @@ def start_query(
     )
     writer.bind(str(query.id))
     return query
-
-
-def task_attempt() -> tuple[int, int]:
-    """(partition, attempt number) of the Spark task this code runs in (on an executor).
-
-    The partition is the stateful step's: ``foreachBatch`` maps the batch without a shuffle.
-    """
-    from pyspark import TaskContext  # noqa: PLC0415  only inside a task
-
-    context = TaskContext.get()
-    if context is None:
-        raise RuntimeError("not inside a Spark task")
-    return context.partitionId(), context.attemptNumber()

@@ -304,8 +304,6 @@ def write_partition_task(
     ``task`` row. A fresh writer per task attempt: its ``init_transactions`` fences every
     earlier attempt of this partition (retries, zombies) before it reads the marker.
     """
-    from dedup.job import task_attempt  # noqa: PLC0415  the one pyspark import stays in job.py
-
     partition, attempt = task_attempt()
     parts = [b for b in batches if b.num_rows]
     started = time.monotonic()
@@ -340,3 +338,16 @@ def write_partition_task(
     columns["fence_ms"][n] = fence_ms
     columns["write_ms"][n] = write_ms
     yield from pa.Table.from_pydict(columns, schema=RESULT_SCHEMA).to_batches()
+
+
+def task_attempt() -> tuple[int, int]:
+    """(partition, attempt number) of the Spark task this code runs in (on an executor).
+
+    The partition is the stateful step's: ``foreachBatch`` maps the batch without a shuffle.
+    """
+    from pyspark import TaskContext  # noqa: PLC0415  only inside a task; --help stays light
+
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("not inside a Spark task")
+    return context.partitionId(), context.attemptNumber()

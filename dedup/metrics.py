@@ -80,6 +80,14 @@ class DedupMetrics:
             "gaps_expired", "Gaps reported expired (forgotten beyond MAX_EXPIRED_GAPS)",
             namespace=ns, subsystem=sub, registry=reg,
         )  # fmt: skip
+        self.write_payload_bytes = Counter(
+            "write_payload_bytes", "Bytes of run payloads the write tasks consumed (docs/dedup.md "
+            "'Each payload read once')", namespace=ns, subsystem=sub, registry=reg,
+        )  # fmt: skip
+        self.write_record_bytes = Counter(
+            "write_record_bytes", "Bytes of the keys, values and headers of the records in those "
+            "runs, delivered or duplicate", namespace=ns, subsystem=sub, registry=reg,
+        )  # fmt: skip
         self.timestamps_replaced = Counter(
             "timestamps_replaced", "Clean records written with the dedup's time because the clean "
             "topic would refuse their source timestamp (kept in diode.original-timestamp)",

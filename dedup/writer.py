@@ -263,6 +263,8 @@ class TransactionalBatchWriter:
         records = int(pc.sum(written.column("records")).as_py() or 0)
         gap_count = int(pc.sum(written.column("gaps")).as_py() or 0)
         replaced = int(pc.sum(written.column("replaced")).as_py() or 0)
+        payload_bytes = int(pc.sum(written.column("payload_bytes")).as_py() or 0)
+        record_bytes = int(pc.sum(written.column("record_bytes")).as_py() or 0)
         result = BatchResult(batch_id, records=records, gaps=gap_count, replaced=replaced)
         if replaced:
             log.warning(
@@ -284,6 +286,8 @@ class TransactionalBatchWriter:
             self.committed_batches += 1
         if self.metrics is not None:
             self.metrics.timestamps_replaced.inc(replaced)
+            self.metrics.write_payload_bytes.inc(payload_bytes)
+            self.metrics.write_record_bytes.inc(record_bytes)
             self.metrics.forwarded.inc(records)
             self.metrics.gap_reports.inc(gap_count)
             if not result.skipped:

@@ -138,9 +138,7 @@ class RunBuilder:
         "ts_type",
     )
 
-    def __init__(
-        self, topic: str, partition: int, ts_type: int, first: int, base_ts: int
-    ) -> None:
+    def __init__(self, topic: str, partition: int, ts_type: int, first: int, base_ts: int) -> None:
         self.topic = topic
         self.partition = partition
         self.ts_type = ts_type
@@ -274,9 +272,10 @@ def expand_run(
     """The v1 raw records a v2 run stands for, as ``(key, value, headers)``; None if ``key`` is not
     a run key.
 
-    Each record as the v1 layout wrote it (common/raw_topic.py): key ``<topic>:<partition>:<offset>``,
-    the source value, the source headers followed by the four provenance headers. For readers that
-    reason per source record (tests, the verifier); the dedup reads runs as they are.
+    Each record as the v1 layout wrote it (common/raw_topic.py): key
+    ``<topic>:<partition>:<offset>``, the source value, the source headers followed by the four
+    provenance headers. For readers that reason per source record (tests, the verifier); the
+    dedup reads runs as they are.
 
     Raises:
         RemoteProtocolError: MALFORMED: a run key whose value does not match it (:func:`check_run`)

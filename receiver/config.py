@@ -255,10 +255,11 @@ class ReceiverConfig:
                     f"{self.kafka[prop]!r} would weaken delivery",
                     f"the receiver always uses {prop}={pinned}; remove it",
                 )
+        run_limit = LIBRDKAFKA_MAX_MESSAGE_BYTES - RECORD_OVERHEAD
         need(
-            1024 <= self.run_max_bytes <= LIBRDKAFKA_MAX_MESSAGE_BYTES - RECORD_OVERHEAD,
+            1024 <= self.run_max_bytes <= run_limit,
             "run_max_bytes",
-            f"{self.run_max_bytes} is outside 1024..{LIBRDKAFKA_MAX_MESSAGE_BYTES - RECORD_OVERHEAD}",
+            f"{self.run_max_bytes} is outside 1024..{run_limit}",
             f"e.g. {DEFAULT_RUN_MAX_BYTES}",
         )
         need(

@@ -9,8 +9,9 @@ silently.
 
 Layout (docs/topics.md, "Layout v2"): records are coalesced by ``receiver.runs.RunCoalescer`` into
 runs of one (session, topic, partition), across datagrams, up to ``run_max_bytes`` and for at most
-``run_linger`` seconds; one run is one raw record (key ``<topic>:<partition>:<first>-<last>[/stride]``,
-value a one-group ``RecordBatch``, header ``diode.session``). A partition's open runs are finished
+``run_linger`` seconds; one run is one raw record (key
+``<topic>:<partition>:<first>-<last>[/stride]``, value a one-group ``RecordBatch``, header
+``diode.session``). A partition's open runs are finished
 and produced before its control records (heartbeats, withheld ranges), so the raw topic keeps a
 partition's records ahead of its heartbeat, as the dedup needs. The receiver writes only v2; the
 dedup reads v1 and v2.
@@ -569,7 +570,9 @@ class RawTopicSink:
             for queue in self._backlog.values():
                 for item in queue:
                     if item[9]:
-                        self._lose(self._failed, item[1], item[2], range(item[3], item[4] + 1, item[5]))
+                        self._lose(
+                            self._failed, item[1], item[2], range(item[3], item[4] + 1, item[5])
+                        )
             self._backlog.clear()
             self._backlog_records = 0
         self.report_losses(time.monotonic(), force=True)

@@ -138,7 +138,9 @@ class RunCoalescer:
             # An upper bound of what the record adds: the check never lets a run exceed the cap.
             grown = _RECORD_FRAMING + (len(key) if key else 0) + (len(value) if value else 0)
             if headers:
-                grown += sum(len(n) * 4 + (len(v) if v else 0) + _HEADER_FRAMING for n, v in headers)
+                grown += sum(
+                    len(n) * 4 + (len(v) if v else 0) + _HEADER_FRAMING for n, v in headers
+                )
             if builder is not None:
                 delta = timestamp - builder.base_ts
                 if (
@@ -159,7 +161,7 @@ class RunCoalescer:
                 builder = None
         self.records += added
 
-    def _start(  # noqa: PLR0913, PLR0917  the new run's identity, from the hot loop
+    def _start(  # noqa: PLR0917  the new run's identity, from the hot loop
         self,
         ident: tuple[bytes, str, int],
         topic: str,

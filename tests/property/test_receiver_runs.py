@@ -114,8 +114,8 @@ def test_every_record_in_exactly_one_run_in_order(scenario: Any) -> None:
 def _open_after(coalescer: RunCoalescer) -> list[Run]:
     """The runs still open, without disturbing them (a copy flushed)."""
     clone = RunCoalescer(1 << 20, 1.0)
-    clone._open = coalescer._open.copy()  # noqa: SLF001  a test's look inside
-    clone._sessions = {k: set(v) for k, v in coalescer._sessions.items()}  # noqa: SLF001
+    clone._open = coalescer._open.copy()
+    clone._sessions = {k: set(v) for k, v in coalescer._sessions.items()}
     clone.records = coalescer.records
     runs: list[Run] = []
     clone.flush_all(runs)

@@ -42,7 +42,9 @@ def test_records_of_3_mb_reach_the_raw_topic(downstream_kafka, kafka_topic, tmp_
         assert rx.metric("delivery_errors_total") == 0
         assert rx.drops() == {}
         assert rx.terminate() == 0
-    consumed = consume_all(downstream_kafka, raw_topic, expected_count=3, timeout=60)
+    consumed = consume_all(
+        downstream_kafka, raw_topic, expected_count=3, timeout=60, expand_runs=True
+    )
     assert sorted(r.value for r in consumed) == sorted(values)
 
 

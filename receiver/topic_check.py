@@ -37,4 +37,4 @@ def raw_topic_problem(config: ReceiverConfig, topic: str) -> str | None:
     if configs is None:
         return None
     key, size = config.raw_size_setting()
-    return size_problem(topic, configs, size, key)
+    return size_problem(topic, configs, size, key, both_sides=key == "max_record_size")

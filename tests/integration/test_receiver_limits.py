@@ -71,3 +71,18 @@ def test_a_raw_topic_too_small_stops_the_receiver_naming_the_setting(
     )
     with smaller:
         assert smaller.alive()
+    # runs are capped by run_max_bytes: one larger than the topic admits stops the start-up too
+    larger_runs = ReceiverProcess(
+        downstream_kafka.bootstrap,
+        raw_topic,
+        tmp_path,
+        key_file=key_file,
+        extra=[
+            "--max-record-size", str(1048588 - 4096), "--max-message-size", str(1048588),
+            "--run-max-bytes", str(1 << 20),
+        ],
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="receiver exited 2"):
+        larger_runs.start()
+    assert "run_max_bytes" in larger_runs.log()
+    assert "max.message.bytes=1052672" in larger_runs.log()

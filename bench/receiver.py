@@ -19,6 +19,19 @@ session over them as the sender does with ``target_ports``: per message, round-r
 with fragment index 0 starts a message and moves to the next port). With ``--workers W`` and
 ``--ports N`` there are W worker processes in all, W / N sockets per port.
 
+``--flood RATES`` measures hostile traffic instead (issue #24: a flood of random and mangled
+datagrams must be drained at >= 60,000 datagrams/s per core): the blaster sends datagrams that are
+random bytes, authentic datagrams with one bit flipped, and authentic datagrams cut short (equal
+shares; ``--flood-mix`` adds ``forged``: a valid header under the real key id with a random
+session id, the dearest case, one key derivation each), at each offered rate, to a receiver whose
+downstream broker does not exist (nothing reaches Kafka). Per rate: datagrams read per second,
+kernel drops, the receiver's CPU seconds and datagrams per CPU-second. ``--baseline-tree DIR``
+runs a receiver from another checkout (e.g. ``git worktree add --detach /tmp/old main``) beside
+this one, alternating the two at every rate with the same datagrams.
+
+    .venv/bin/python bench/receiver.py --flood 40000,80000 [--seconds 3]
+        [--flood-mix random,flip,truncate] [--baseline-tree /tmp/old]
+
 ``--profile`` samples the receiver with py-spy (the ``bench`` extra) during the last offered rate
 and prints, per stage of the socket-to-librdkafka path, its inclusive share of the sampled Python
 time (native librdkafka threads are not sampled; ``produce()`` and ``poll()`` are, as C calls made
@@ -32,6 +45,7 @@ import json
 import multiprocessing
 import os
 import platform
+import random
 import shutil
 import signal
 import socket
@@ -52,7 +66,12 @@ from common.wire.encoder import Encoder
 from common.wire.fec import FecConfig, FecEncoder
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from receiver.config import DEFAULT_KAFKA, PINNED_KAFKA
-from tests.integration.receiver_process import ReceiverProcess, free_udp_port, write_key_file
+from tests.integration.receiver_process import (
+    ROOT,
+    ReceiverProcess,
+    free_udp_port,
+    write_key_file,
+)
 from tests.kafka_helpers import create_topic
 
 VALUE = 200
@@ -364,6 +383,115 @@ def stop_profile(proc: subprocess.Popen[bytes], path: Path) -> dict[str, float]:
     return {label: round(100 * n / total, 1) if total else 0.0 for label, n in hits.items()}
 
 
+FLOOD_KINDS = ("random", "flip", "truncate", "forged")
+
+
+def hostile_datagrams(ring, count: int, kinds: list[str], seed: int = 24) -> list[bytes]:
+    """``count`` hostile datagrams, the ``kinds`` in turn (module docstring, ``--flood``)."""
+    rnd = random.Random(seed)
+    encoder = Encoder(WireConfig(linger=0), ring, session_id=os.urandom(16))
+    value = os.urandom(VALUE)
+    authentic: list[bytes] = []
+    offset = 0
+    while len(authentic) < 500:
+        authentic += [
+            d.data
+            for d in encoder.add("flood", offset % 3, offset, 0, 1, b"k" * KEY, value, (), now=0.0)
+        ]
+        offset += 1
+    out = []
+    for i in range(count):
+        kind = kinds[i % len(kinds)]
+        data = bytearray(rnd.choice(authentic))
+        if kind == "random":
+            data = bytearray(rnd.randbytes(rnd.randint(1, len(data))))
+        elif kind == "flip":
+            at = rnd.randrange(len(data))
+            data[at] ^= 1 << rnd.randrange(8)
+        elif kind == "truncate":
+            data = data[: rnd.randrange(1, len(data))]
+        else:  # forged: a fresh session id under the real key id
+            data[8:24] = rnd.randbytes(16)
+        out.append(bytes(data))
+    return out
+
+
+def flood_main(args: argparse.Namespace) -> int:
+    """``--flood``: hostile datagrams only, this tree against ``--baseline-tree``, alternating."""
+    kinds = args.flood_mix.split(",")
+    if not kinds or any(kind not in FLOOD_KINDS for kind in kinds):
+        raise SystemExit(f"--flood-mix: choose from {','.join(FLOOD_KINDS)}")
+    work = Path(tempfile.mkdtemp(prefix="bench-receiver-flood-"))
+    key_file = work / "keys.json"
+    ring = write_key_file(key_file)
+    dead = f"127.0.0.1:{free_port()}"  # no broker: nothing hostile reaches Kafka anyway
+    trees = {"this": ROOT}
+    if args.baseline_tree:
+        trees["baseline"] = Path(args.baseline_tree).resolve()
+    receivers = {
+        name: ReceiverProcess(
+            dead,
+            "raw",
+            work,
+            key_file=key_file,
+            root=root,
+            extra=["--metadata-timeout", "0.5", *args.receiver_arg],
+        )
+        for name, root in trees.items()
+    }
+    runs = []
+    try:
+        for rx in receivers.values():
+            rx.start()
+        for rate in (int(r) for r in args.flood.split(",")):
+            datagrams = hostile_datagrams(ring, int(rate * args.seconds), kinds)
+            for name, rx in receivers.items():
+                base = counters(rx)
+                cpu0 = cpu_seconds(rx.pid)
+                sent_for = run_blaster(rx.port, datagrams, rate)
+                deadline = time.monotonic() + 30
+                now, last = counters(rx), -1.0
+                while now["datagrams"] != last and time.monotonic() < deadline:
+                    last = now["datagrams"]
+                    time.sleep(0.2)  # polling until the socket is drained, under a deadline
+                    now = counters(rx)
+                cpu = cpu_seconds(rx.pid) - cpu0
+                read = now["datagrams"] - base["datagrams"]
+                runs.append(
+                    {
+                        "tree": name,
+                        "offered_datagrams_per_s": rate,
+                        "datagrams_per_s": round(read / sent_for),
+                        "loss_rate": round(1 - read / len(datagrams), 4),
+                        "kernel_drops": int(now["kernel_drops"] - base["kernel_drops"]),
+                        "receiver_cpu_s": round(cpu, 2),
+                        "datagrams_per_cpu_s": round(read / cpu) if cpu else None,
+                    }
+                )
+                print(json.dumps(runs[-1]), file=sys.stderr)
+    finally:
+        for rx in receivers.values():
+            if rx.proc is not None:
+                rx.terminate()
+    print(f"flood of {'/'.join(kinds)} datagrams (no downstream broker)")
+    print(f"{'tree':>9} {'offered/s':>10} {'read/s':>8} {'loss':>7} {'cpu-s':>6} {'per cpu-s':>10}")
+    for r in runs:
+        print(
+            f"{r['tree']:>9} {r['offered_datagrams_per_s']:>10,} {r['datagrams_per_s']:>8,} "
+            f"{r['loss_rate']:>7.4f} {r['receiver_cpu_s']:>6} {r['datagrams_per_cpu_s'] or 0:>10,}"
+        )
+    result = {
+        "bench": "receiver-flood",
+        "mix": kinds,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "load_avg_1m": round(os.getloadavg()[0], 2),
+        "runs": runs,
+    }
+    print(json.dumps(result))
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -413,7 +541,24 @@ def main() -> int:
         default="0",
         help="FEC overheads to run each rate with, comma-separated (e.g. 0,10,20; one port only)",
     )
+    parser.add_argument(
+        "--flood",
+        metavar="RATES",
+        help="hostile datagrams/s, comma-separated: measure the drop path instead (no broker)",
+    )
+    parser.add_argument(
+        "--flood-mix",
+        default="random,flip,truncate",
+        help=f"hostile kinds sent in turn, from {','.join(FLOOD_KINDS)}",
+    )
+    parser.add_argument(
+        "--baseline-tree",
+        metavar="DIR",
+        help="with --flood: also run the receiver of this checkout, alternating with this one",
+    )
     args = parser.parse_args()
+    if args.flood:
+        return flood_main(args)
     fec_cases = [float(f) for f in args.fec.split(",")]
     if any(fec_cases) and args.ports != 1:
         parser.error("--fec needs --ports 1 (the bench does not split blocks per port)")

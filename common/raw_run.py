@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from common.errors import RemoteProtocolError
+from common.raw_topic import raw_key, timestamp_type_header
 from common.wire.batch import bytes_item, decode_record_groups, encode_headers
 from common.wire.envelope import SMALL_LONGS, encode_long
 from common.wire.events import DropReason, Headers, RecordGroup
@@ -260,3 +261,47 @@ def check_run(  # noqa: PLR0917  the key's parts, as parse_run_key returns them
 def _progression(offsets: Sequence[int], stride: int) -> bool:
     first = offsets[0]
     return offsets == tuple(range(first, first + stride * len(offsets), stride))
+
+
+# -- reading back (tests, ``raw dump``, the verifier) ---------------------------------------------
+
+
+def expand_run(
+    key: str | bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes | None]]
+) -> list[tuple[str, bytes | None, list[tuple[str, bytes | None]]]] | None:
+    """The v1 raw records a v2 run stands for, as ``(key, value, headers)``; None if ``key`` is not
+    a run key.
+
+    Each record as the v1 layout wrote it (common/raw_topic.py): key
+    ``<topic>:<partition>:<offset>``, the source value, the source headers followed by the four
+    provenance headers. For readers that reason per source record (tests, the verifier); the
+    dedup reads runs as they are.
+
+    Raises:
+        RemoteProtocolError: MALFORMED: a run key whose value does not match it (:func:`check_run`)
+            or a run without its ``diode.session`` header.
+    """
+    parsed = parse_run_key(key)
+    if parsed is None:
+        return None
+    group = check_run(value, *parsed)
+    session = next((v for name, v in headers if name == SESSION_HEADER), None)
+    if session is None:
+        raise RemoteProtocolError(DropReason.MALFORMED, "a run without its diode.session header")
+    kind = timestamp_type_header(group.timestamp_type)
+    return [
+        (
+            raw_key(group.topic, group.partition, offset),
+            record_value,
+            [
+                *record_headers,
+                ("diode.key", record_key),
+                ("diode.timestamp", b"%d" % timestamp),
+                kind,
+                (SESSION_HEADER, session),
+            ],
+        )
+        for offset, timestamp, record_key, record_value, record_headers in zip(
+            group.offsets, group.timestamps, group.keys, group.values, group.headers, strict=True
+        )
+    ]

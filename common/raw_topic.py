@@ -11,9 +11,10 @@ keyed by the range's first offset, its JSON value carrying the ``last``, with th
 ``diode.control: withheld``; ``kafka-diode dedup reset`` writes ``diode.control: reset``.
 Changing anything here is a protocol version change.
 
-Hot-path copies: ``receiver.kafka_sink.RawTopicSink.write_batch`` builds the headers inline
-(pinned to :func:`raw_headers` by ``tests/unit/test_raw_topic.py::
-test_the_sinks_inlined_layout_is_raw_headers``); ``dedup.classify`` evaluates
+This is layout v1. The receiver now writes layout v2 (``common/raw_run.py``: one raw record per
+run); the dedup reads both, and ``common.raw_run.expand_run`` turns a run back into the v1
+records described here (pinned by ``tests/unit/test_raw_topic.py::
+test_the_sinks_runs_expand_to_the_v1_layout``). ``dedup.classify`` evaluates
 :func:`parse_raw_key` (canonical decimals, no regex) and :func:`restore` (``TIMESTAMP_PATTERN``)
 in SQL (pinned by ``tests/integration/test_dedup.py``'s malformed-record cases).
 """

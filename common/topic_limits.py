@@ -56,10 +56,17 @@ def created_topic_config(max_record_size: int, *, any_timestamp: bool) -> dict[s
 
 
 def size_problem(
-    topic: str, configs: Mapping[str, str], max_record_size: int, setting: str
+    topic: str,
+    configs: Mapping[str, str],
+    max_record_size: int,
+    setting: str,
+    *,
+    both_sides: bool = True,
 ) -> str | None:
     """Why ``topic`` (its ``configs`` from describe_configs) cannot take the largest record, or
-    None. ``setting`` names where ``max_record_size`` is configured, for the message."""
+    None. ``setting`` names where ``max_record_size`` is configured, for the message;
+    ``both_sides``: the setting is one the sender shares (not a receiver-only one such as
+    ``run_max_bytes``)."""
     value = configs.get("max.message.bytes")
     if value is None or not value.lstrip("-").isdigit():
         return None  # not readable: nothing to say (the broker still enforces it)
@@ -71,7 +78,7 @@ def size_problem(
         f"of up to {max_record_size} bytes ({setting}) need {needed}: raise it with "
         f"'kafka-configs --bootstrap-server HOST:PORT --alter --entity-type topics "
         f"--entity-name {topic} --add-config max.message.bytes={needed}', or lower "
-        f"{setting} on both sides to at most {admits - RECORD_OVERHEAD}"
+        f"{setting}{' on both sides' if both_sides else ''} to at most {admits - RECORD_OVERHEAD}"
     )
 
 

@@ -4,12 +4,14 @@ Theory of operation (one process, one event loop, one decoder)::
 
     socket(s) --readable--> SocketDrainer: recv until EAGAIN (bounded per wakeup)
         --bytes--> Decoder.receive_datagram(data, now) --events-->
-            RecordBatch -> RawTopicSink.write_batch   (produce, or backlog, or overflow)
-            Heartbeat   -> RawTopicSink.write_heartbeat
+            RecordBatch -> RawTopicSink.write_batch   (records join their partition's open run;
+                           finished runs: produce, or backlog, or overflow)
+            Heartbeat   -> RawTopicSink.write_heartbeat (the partition's open runs first)
             Withheld    -> RawTopicSink.write_withheld (offsets a content filter held back)
             Dropped     -> drops[reason] += 1, rate-limited log
-        after each burst: RawTopicSink.service (producer.poll(0) at most every 5 ms, finished
-            metadata lookups applied, backlog drain), re-arm the reassembly timer
+        after each burst: RawTopicSink.service (producer.poll(0) at most every 5 ms, lingered
+            runs produced, finished metadata lookups applied, backlog drain), re-arm the timer
+    timer: the earliest of the reassembly deadlines and the oldest open run's linger (run_linger)
     every 50 ms: RawTopicSink.service (delivery reports while idle)
     every 1 s:   metadata lookup starts and refreshes, loss reports, kernel drop counters,
                  key file mtime
@@ -72,6 +74,9 @@ INTERNAL_ERROR = "internal_error"
 _KIND_FEC_REPAIR = b"\x04"  # envelope byte 5 (docs/protocol.md §3): a repair datagram
 _SERVICE_INTERVAL = 0.05
 _TICK_INTERVAL = 1.0
+#: Per drop reason: its metric label and its rate-limited log key, computed once (formatting an
+#: enum per dropped datagram was a measurable part of a hostile flood's cost).
+_DROP_LABELS: dict[DropReason, tuple[str, str]] = {r: (str(r), f"drop:{r}") for r in DropReason}
 
 
 class Receiver:
@@ -249,7 +254,7 @@ class Receiver:
                     rebuilt = self.fec.add_source(data, now)
                     if rebuilt:
                         self._decode_rebuilt(rebuilt, now)
-            self._drain_events()
+            self._drain_events(now)
         except Exception:  # noqa: BLE001  hostile input must never stop the receiver (logged)
             stats.drop(INTERNAL_ERROR)
             self._rlog.warning(
@@ -264,7 +269,7 @@ class Receiver:
             self.stats.drop(str(reason))
             self._rlog.warning(f"drop:{reason}", "dropped repair: %s: %s", reason, detail)
 
-    def _drain_events(self) -> None:
+    def _drain_events(self, now: float) -> None:
         decoder, sink, stats = self._decoder, self._sink, self.stats
         assert sink is not None
         while (event := decoder.next_event()) is not None:
@@ -272,7 +277,7 @@ class Receiver:
             if kind is RecordBatch:
                 assert isinstance(event, RecordBatch)
                 stats.records += event.count  # not len(records): builds no Records
-                sink.write_batch(event)
+                sink.write_batch(event, now)
             elif kind is Dropped:
                 assert isinstance(event, Dropped)
                 self._on_dropped(event)
@@ -305,13 +310,15 @@ class Receiver:
 
     def _on_dropped(self, event: Dropped) -> None:
         reason = event.reason
-        self.stats.drop(str(reason))
+        label, log_key = _DROP_LABELS[reason]
+        drops = self.stats.drops
+        drops[label] = drops.get(label, 0) + 1
         if reason is DropReason.DUPLICATE:
             return  # redundant copies are expected, not worth a line
         self._rlog.warning(
-            f"drop:{reason}",
+            log_key,
             "dropped %s: %s (session %s)",
-            reason,
+            label,
             event.detail,
             event.session_id.hex() if event.session_id else "-",
         )
@@ -319,7 +326,8 @@ class Receiver:
     def _after_burst(self) -> None:
         try:
             assert self._sink is not None
-            self._sink.service()
+            assert self._loop is not None
+            self._sink.service(self._loop.time())
             self._arm_timer()
         except Exception:  # never let a bug in the glue unregister the reader
             self.stats.drop(INTERNAL_ERROR)
@@ -332,8 +340,15 @@ class Receiver:
     # -- timers -------------------------------------------------------------------------------
 
     def _arm_timer(self) -> None:
+        assert self._sink is not None
         deadlines = [
-            d for d in (self._decoder.next_deadline(), self.fec.next_deadline()) if d is not None
+            d
+            for d in (
+                self._decoder.next_deadline(),
+                self.fec.next_deadline(),
+                self._sink.next_deadline(),  # run_linger: a run is written without more traffic
+            )
+            if d is not None
         ]
         if not deadlines:
             return
@@ -354,7 +369,9 @@ class Receiver:
             self._decoder.handle_timer(now)
             self.fec.handle_timer(now)
             self._decode_rebuilt([], now)
-            self._drain_events()
+            self._drain_events(now)
+            assert self._sink is not None
+            self._sink.flush_runs(now)
             self._arm_timer()
         except Exception:
             self.stats.drop(INTERNAL_ERROR)
@@ -365,7 +382,7 @@ class Receiver:
         assert self._sink is not None
         now = self._loop.time()
         try:
-            self._sink.service()
+            self._sink.service(now)
             if now - self._last_tick >= _TICK_INTERVAL:
                 self._last_tick = now
                 self._tick(now)

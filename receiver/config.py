@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.errors import ConfigError
-from common.topic_limits import record_limit
+from common.topic_limits import RECORD_OVERHEAD, record_limit
 from common.wire.config import MAX_DATAGRAM_SIZE, WireConfig
 from common.wire.pubkey_decoder import PublicKeyReceiveConfig
 
@@ -40,10 +40,15 @@ WIRE_FIELDS = (
 #: librdkafka's largest ``message.max.bytes``.
 LIBRDKAFKA_MAX_MESSAGE_BYTES = 1_000_000_000
 _TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
-#: Producer properties the receiver relies on; ``kafka`` may not change them. Only failed
-#: deliveries are reported to Python (a callback per success costs ~20 % of the throughput); the
-#: delivered count is derived: produced - still queued - failed.
-PINNED_KAFKA = {"enable.idempotence": "true", "acks": "all", "delivery.report.only.error": "true"}
+#: Producer properties the receiver relies on; ``kafka`` may not change them. Every raw record (a
+#: run) gets its delivery report in Python: a success counts the run's records as delivered, a
+#: failure names its offsets (one report per run, not per source record: receiver/kafka_sink.py).
+PINNED_KAFKA = {"enable.idempotence": "true", "acks": "all", "delivery.report.only.error": "false"}
+#: Defaults of the run settings (docs/receiver.md, "Runs"). About 1 MiB, and with the 4 KiB of
+#: key, header and framing (common.topic_limits.RECORD_OVERHEAD) still below the 1,048,588 bytes a
+#: Kafka topic admits by default, so a receiver configured for a default raw topic keeps starting.
+DEFAULT_RUN_MAX_BYTES = 1_000_000
+DEFAULT_RUN_LINGER = 0.02
 #: Throughput-oriented producer defaults; ``kafka`` overrides any of them. linger.ms 100 rather
 #: than 20: fuller batches (up to batch.size) cut the downstream broker's CPU per record by about a
 #: third at 150k records/s (docs/benchmarks.md, Receiver); 100 ms is noise next to the dedup's
@@ -133,6 +138,12 @@ class ReceiverConfig:
     """Bytes the producer may hold while downstream Kafka is slow or away (then: backlog)."""
     backlog_max_records: int = 100_000
     """Records held while the producer queue is full or a partition count unknown; then overflow."""
+    run_max_bytes: int = DEFAULT_RUN_MAX_BYTES
+    """Largest value of a raw record holding a run of records (raw layout v2); a record larger
+    than this alone is a run of one. The raw topic's max.message.bytes must admit it."""
+    run_linger: float = DEFAULT_RUN_LINGER
+    """Seconds a run may wait for the next record of its partition before it is written (0: runs
+    end with each datagram)."""
     metadata_timeout: float = 5.0
     """Seconds one raw topic metadata lookup (partition count) may take before it is retried."""
     metadata_refresh: float = 300.0
@@ -246,11 +257,25 @@ class ReceiverConfig:
                     f"{self.kafka[prop]!r} would weaken delivery",
                     f"the receiver always uses {prop}={pinned}; remove it",
                 )
-        needed = record_limit(self.max_record_size)
+        run_limit = LIBRDKAFKA_MAX_MESSAGE_BYTES - RECORD_OVERHEAD
+        need(
+            1024 <= self.run_max_bytes <= run_limit,
+            "run_max_bytes",
+            f"{self.run_max_bytes} is outside 1024..{run_limit}",
+            f"e.g. {DEFAULT_RUN_MAX_BYTES}",
+        )
+        need(
+            0 <= self.run_linger <= 10,
+            "run_linger",
+            f"{self.run_linger} is outside 0..10 seconds",
+            f"e.g. {DEFAULT_RUN_LINGER}",
+        )
+        key, size = self.raw_size_setting()
+        needed = record_limit(size)
         need(
             needed <= LIBRDKAFKA_MAX_MESSAGE_BYTES,
-            "max_record_size",
-            f"{self.max_record_size} needs Kafka messages of {needed} bytes, above librdkafka's "
+            key,
+            f"{size} needs Kafka messages of {needed} bytes, above librdkafka's "
             f"limit {LIBRDKAFKA_MAX_MESSAGE_BYTES}",
             "lower it",
         )
@@ -258,10 +283,9 @@ class ReceiverConfig:
         if value is not None and value.isdigit() and int(value) < needed:
             raise ConfigError(
                 "kafka.message.max.bytes",
-                f"{value} is below the {needed} bytes a record of max_record_size "
-                f"{self.max_record_size} needs (raw key, provenance headers and framing included)",
-                f"remove it (the receiver sets message.max.bytes={needed} itself) or lower "
-                "max_record_size on both sides",
+                f"{value} is below the {needed} bytes a raw record of {key} {size} needs (raw "
+                "key, header and framing included)",
+                f"remove it (the receiver sets message.max.bytes={needed} itself) or lower {key}",
             )
         for prop in ("queue.buffering.max.messages", "queue.buffering.max.kbytes"):
             if prop in self.kafka:
@@ -271,6 +295,13 @@ class ReceiverConfig:
                     "set those keys instead",
                 )
         self.wire_config()  # validates the wire limits, naming the key
+
+    def raw_size_setting(self) -> tuple[str, int]:
+        """``(key, bytes)`` of the setting that bounds the largest raw record's value: a run is at
+        most ``run_max_bytes`` unless one record alone is larger (up to ``max_record_size``)."""
+        if self.run_max_bytes > self.max_record_size:
+            return "run_max_bytes", self.run_max_bytes
+        return "max_record_size", self.max_record_size
 
     def ports(self) -> tuple[int, ...]:
         """Every UDP port listened on: ``listen_port`` first, then ``listen_ports``."""
@@ -302,7 +333,7 @@ class ReceiverConfig:
         props["bootstrap.servers"] = self.bootstrap_servers
         # records up to max_record_size must pass librdkafka's own size check (it refuses
         # anything over message.max.bytes, 1 MB by default, before the broker sees it)
-        wanted = record_limit(self.max_record_size)
+        wanted = record_limit(self.raw_size_setting()[1])
         if int(props.get("message.max.bytes", "0") or 0) < wanted:
             props["message.max.bytes"] = str(wanted)
         props["queue.buffering.max.messages"] = str(self.buffer_max_records)

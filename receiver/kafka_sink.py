@@ -1,48 +1,57 @@
-"""Write decoded records to the downstream raw topic without ever blocking the socket reader.
+"""Write decoded records to the downstream raw topic as runs (raw layout v2), never blocking the
+socket reader.
 
 Guarantee: every record handed to :meth:`RawTopicSink.write_batch` ends in exactly one of three
-states, each counted: delivered to the raw topic (``delivered``), reported lost with its
-``(topic, partition, offset)`` in a logged range (``downstream_overflow`` drop or
+states, each counted: delivered to the raw topic inside one run (``delivered``), reported lost with
+its ``(topic, partition, offset)`` in a logged range (``downstream_overflow`` drop or
 ``delivery_errors``), or still held when the process is killed without SIGTERM. Nothing is dropped
 silently.
+
+Layout (docs/topics.md, "Layout v2"): records are coalesced by ``receiver.runs.RunCoalescer`` into
+runs of one (session, topic, partition), across datagrams, up to ``run_max_bytes`` and for at most
+``run_linger`` seconds; one run is one raw record (key
+``<topic>:<partition>:<first>-<last>[/stride]``, value a one-group ``RecordBatch``, header
+``diode.session``). A partition's open runs are finished
+and produced before its control records (heartbeats, withheld ranges), so the raw topic keeps a
+partition's records ahead of its heartbeat, as the dedup needs. The receiver writes only v2; the
+dedup reads v1 and v2.
 
 Delivery order and buffering:
 
 1. ``producer.produce()`` never blocks: when librdkafka's queue (bounded by ``buffer_max_records``
-   / ``buffer_max_bytes``) is full it raises ``BufferError``.
-2. Records that cannot be produced yet (queue full, or the raw topic's partition count still being
-   looked up) wait in a per-topic **backlog** of at most ``backlog_max_records`` records, in
-   arrival order; :meth:`service` (called after every socket wakeup and on a short timer) moves
-   them into the producer as soon as it takes them.
-3. A record that finds the backlog full is **overflow**: counted as the drop reason
-   ``downstream_overflow`` and its offset added to the loss report, logged as ranges every
-   ``overflow_report_interval`` seconds so an operator knows what to resend.
+   raw records / ``buffer_max_bytes``) is full it raises ``BufferError``.
+2. Runs that cannot be produced yet (queue full, or the raw topic's partition count still being
+   looked up) wait in a per-raw-topic **backlog** of at most ``backlog_max_records`` source
+   records, in order (control records queue behind the runs before them); :meth:`service` (called
+   after every socket wakeup and on a short timer) moves them into the producer as soon as it
+   takes them.
+3. A run that finds the backlog full is **overflow**: counted as the drop reason
+   ``downstream_overflow`` (once per record) and every offset of it added to the loss report,
+   logged as ranges every ``overflow_report_interval`` seconds so an operator knows what to resend.
 4. librdkafka retries delivery itself (idempotent, ``acks=all``); with ``message.timeout.ms=0``
    (the default) a record waits for a broker that is away as long as it takes, so a restart of the
    downstream broker loses nothing that fit the buffers.
-5. On shutdown :meth:`close` flushes for at most ``shutdown_timeout`` seconds, then purges what is
-   left and reports it as lost ranges.
+5. On shutdown :meth:`close` finishes the open runs, flushes for at most ``shutdown_timeout``
+   seconds, then purges what is left and reports it as lost ranges.
 
-Per-record cost (docs/benchmarks.md, Receiver): ``produce()`` is called with positional arguments
-only (keyword arguments cost it a dict per call, ~0.3 us of ~2 us); the raw topic, target
-partition and two of the four provenance headers are computed once per group (one source
-partition). ``produce_batch()`` is not used: it takes no headers, which the raw layout needs.
+Delivery reports: one per raw record, that is per run (``delivery.report.only.error`` is false):
+a success adds the run's record count to ``delivered``; a failure parses the run's key
+(``common.raw_run.parse_run_key``) and reports every offset of the run as lost.
 
 Timestamps: raw records carry the **receiver's** clock (``produce(..., timestamp=0)``), never the
 source timestamp, so the raw topic does not depend on the source clock being acceptable to the
 downstream broker (Kafka refuses CreateTime more than ``message.timestamp.after.max.ms``, one hour
-by default in Kafka 4, ahead of its clock); ``diode.timestamp`` keeps the source timestamp and the
-dedup restores it for the clean topic (docs/topics.md).
+by default in Kafka 4, ahead of its clock); the run's value keeps every source timestamp and the
+dedup restores them for the clean topic (docs/topics.md).
 
-Refusals: ``produce()`` refusing one record (``KafkaException`` such as ``MSG_SIZE_TOO_LARGE``, or
-any other exception for a value the client cannot encode) fails that record only, reported in the
-loss report as ``delivery_errors``; the rest of the batch is written. The decoder already drops
-values no Kafka record can have (``out_of_range``), so this is the last line, not the filter.
+Refusals: ``produce()`` refusing one raw record (``KafkaException`` such as
+``MSG_SIZE_TOO_LARGE``) fails that run only, every offset of it reported in the loss report as
+``delivery_errors``; the rest is written.
 
 Partition counts come from metadata lookups on a worker thread (they block), cached per raw topic
 and refreshed every ``metadata_refresh`` seconds; the raw partition is the source partition modulo
 that count (docs/topics.md). A finished lookup is applied by the next :meth:`service`, so the first
-records of a new raw topic wait in the backlog for the lookup itself (milliseconds), not for the
+runs of a new raw topic wait in the backlog for the lookup itself (milliseconds), not for the
 once-a-second :meth:`tick`.
 """
 
@@ -59,20 +68,20 @@ from typing import Any, Protocol
 from confluent_kafka import KafkaError, KafkaException
 
 from common.logging import RateLimitedLog
+from common.raw_run import SESSION_HEADER, parse_run_key
 from common.raw_topic import (
     HEARTBEAT_HEADERS,
     WITHHELD_HEADERS,
     Headers,
     heartbeat_records,
-    key_prefix,
     parse_raw_key,
-    timestamp_type_header,
     withheld_records,
 )
 from common.wire.events import Heartbeat, RecordBatch, Withheld
 from receiver.config import ReceiverConfig
 from receiver.loss_report import LossReport, format_ranges
 from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
+from receiver.runs import Run, RunCoalescer
 from runtime import kafka
 
 log = logging.getLogger(__name__)
@@ -133,10 +142,13 @@ class ProducerApi(Protocol):
 #: Builds the producer from librdkafka properties (plus the Python client's callback keys).
 ProducerFactory = Callable[[dict[str, Any]], ProducerApi]
 
-#: (raw topic, source topic, source partition, source offset, value, key, timestamp, headers, bytes)
-_Item = tuple[str, str, int, int, bytes | None, str, int, Headers, int]
+#: A raw record waiting in the backlog: (raw topic, source topic, source partition, first offset,
+#: last offset, stride, value, key, headers, source records). A control record has first -1 and
+#: 0 records (it carries no source record).
+_Item = tuple[str, str, int, int, int, int, bytes | None, str, Headers, int]
 _RETRY_LOOKUP = 2.0  # seconds between metadata attempts for a topic that is not there yet
 _POLL_INTERVAL = 0.005  # at most one producer.poll(0) per this many seconds from service()
+_MAX_SESSIONS = 1024  # diode.session headers cached (session ids come from the wire)
 
 
 class RawTopicSink:
@@ -160,6 +172,8 @@ class RawTopicSink:
         #: raw topics whose limits are checked elsewhere (the fixed raw topic, at start-up)
         self.checked_elsewhere: set[str] = set()
         self._producer = self._new_producer()
+        self._runs = RunCoalescer(config.run_max_bytes, config.run_linger)
+        self._finished: list[Run] = []  # runs finished by the coalescer, produced at once
         self._raw_topics: dict[str, str] = {}  # source topic -> raw topic
         self._partitions: dict[str, int] = {}  # raw topic -> partition count
         self._refreshed: dict[str, float] = {}  # raw topic -> monotonic time of last lookup
@@ -171,9 +185,7 @@ class RawTopicSink:
         self._overflow = LossReport()
         self._failed = LossReport()
         self._fatal: KafkaError | None = None
-        self._dr_errors = 0  # failed delivery reports (not refusals at produce time)
-        self._retired = 0  # produced by replaced producers, no longer queued anywhere
-        self._session_cache: tuple[bytes, bytes] = (b"", b"")
+        self._session_headers: dict[bytes, Headers] = {}
         self._next_poll = 0.0
         self._closed = False
 
@@ -181,7 +193,9 @@ class RawTopicSink:
 
     def _new_producer(self) -> ProducerApi:
         props: dict[str, Any] = dict(self._config.producer_config())
-        props["delivery.report.only.error"] = True  # the Python client wants a bool here
+        # One report per raw record (a run): successes count delivered records, failures name
+        # the run's offsets. The Python client wants a bool here.
+        props["delivery.report.only.error"] = False
         props["on_delivery"] = self._on_delivery
         props["error_cb"] = self._on_error
         props["logger"] = librdkafka_log
@@ -189,17 +203,28 @@ class RawTopicSink:
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         # Called from poll()/flush() on the thread that polls: the event loop thread.
+        key = msg.key()
+        run = parse_run_key(key)
         if err is None:
-            return  # not called for successes (delivery.report.only.error); see _count
-        self._dr_errors += 1
+            self._stats.delivered += (run[3] - run[2]) // run[4] + 1 if run else 1
+            return
         self._stats.delivery_errors += 1
-        parsed = parse_raw_key(msg.key())
-        if parsed is not None:  # every key the sink writes parses; None would be a bug, not data
-            self._failed.add(*parsed)
+        if run is not None:
+            topic, partition, first, last, stride = run
+            self._lose(self._failed, topic, partition, range(first, last + 1, stride))
+        else:  # a control record (v1-form key): its offset, as the v1 sink reported it
+            parsed = parse_raw_key(key)
+            if parsed is not None:
+                self._failed.add(*parsed)
         hint = ""
         if err.code() == KafkaError.MSG_SIZE_TOO_LARGE:
             hint = " (raise the topic's max.message.bytes: docs/operations.md, Large records)"
         self._rlog.warning("delivery", "delivery to %s failed: %s%s", msg.topic(), err, hint)
+
+    @staticmethod
+    def _lose(report: LossReport, topic: str, partition: int, offsets: range) -> None:
+        for offset in offsets:
+            report.add(topic, partition, offset)
 
     def _on_error(self, err: KafkaError) -> None:
         if err.fatal():
@@ -218,115 +243,149 @@ class RawTopicSink:
             raw = self._raw_topics[source_topic] = self._config.raw_topic_for(source_topic)
         return raw
 
-    def write_batch(self, batch: RecordBatch) -> None:
-        """Hand every record of ``batch`` to the producer, the backlog, or the loss report."""
-        session_id, session_hex = self._session_cache
-        if session_id != batch.session_id:
-            session_hex = batch.session_id.hex().encode("ascii")
-            self._session_cache = (batch.session_id, session_hex)
+    def _session_header(self, session_id: bytes) -> Headers:
+        headers = self._session_headers.get(session_id)
+        if headers is None:
+            if len(self._session_headers) >= _MAX_SESSIONS:
+                self._session_headers.clear()
+            headers = [(SESSION_HEADER, session_id.hex().encode("ascii"))]
+            self._session_headers[session_id] = headers
+        return headers
+
+    def write_batch(self, batch: RecordBatch, now: float | None = None) -> None:
+        """Add every record of ``batch`` to its open run; produce the runs this finishes."""
+        if now is None:
+            now = time.monotonic()
+        runs, finished = self._runs, self._finished
+        session_id = batch.session_id
+        for group in batch.groups:
+            runs.add_group(session_id, group, now, finished)
+        deadline = runs.next_deadline()
+        if deadline is not None and deadline <= now:
+            runs.flush_due(now, finished)
+        if finished:
+            self._produce_runs()
+
+    def _produce_runs(self) -> None:
+        finished = self._finished
         produce = self._producer.produce
         partitions = self._partitions
         backlog = self._backlog
         raw_topics = self._raw_topics
-        session_header = ("diode.session", session_hex)
         produced = 0
-        # Hot loop over the batch's columns (no Record objects); common.raw_topic.raw_headers
-        # inlined, pinned by test_raw_topic.py::test_the_sinks_inlined_layout_is_raw_headers.
-        for group in batch.groups:
-            topic = group.topic
-            partition = group.partition
+        for run in finished:
+            topic = run.topic
             raw = raw_topics.get(topic) or self._raw_topic(topic)
-            tt_header = timestamp_type_header(group.timestamp_type)
-            prefix = key_prefix(topic, partition)
-            # Per group, not per record: one raw topic, one target partition. ``direct`` is false
-            # while the raw topic's records wait in the backlog (partition count unknown, or
-            # the producer refused one with BufferError): later ones queue behind, in order.
+            headers = self._session_header(run.session_id)
             count = partitions.get(raw)
-            direct = count is not None and raw not in backlog
-            target = partition % count if count else 0
-            for offset, rts, rkey, value, rheaders in zip(
-                group.offsets,
-                group.timestamps,
-                group.keys,
-                group.values,
-                group.headers,
-                strict=True,
-            ):
-                key = f"{prefix}{offset}"
-                headers: Headers = [
-                    *rheaders,
-                    ("diode.key", rkey),
-                    ("diode.timestamp", b"%d" % rts),
-                    tt_header,
-                    session_header,
-                ]
-                if direct:
-                    try:
-                        # positional: keywords would cost produce() a dict per call (~0.3 us).
-                        # Timestamp 0: the receiver's clock (module docstring, "Timestamps").
-                        produce(raw, value, key, target, None, None, 0, headers)
-                        produced += 1
-                        continue
-                    except BufferError:
-                        pass
-                    except Exception as exc:  # noqa: BLE001  one record's refusal, reported
-                        self._refused(topic, partition, offset, exc)
-                        continue
-                size = len(key) + (len(value) if value is not None else 0) + 64
-                self._hold((raw, topic, partition, offset, value, key, 0, headers, size))
-                direct = count is not None and raw not in backlog
+            if count is not None and raw not in backlog:
+                try:
+                    # positional: keywords would cost produce() a dict per call.
+                    # Timestamp 0: the receiver's clock (module docstring, "Timestamps").
+                    produce(raw, run.value, run.key, run.partition % count, None, None, 0, headers)
+                    produced += run.count
+                    continue
+                except BufferError:
+                    pass
+                except Exception as exc:  # noqa: BLE001  one run's refusal, reported
+                    self._refused(topic, run.partition, run.offsets(), run.key, exc)
+                    continue
+            self._hold(
+                (
+                    raw,
+                    topic,
+                    run.partition,
+                    run.first,
+                    run.last,
+                    run.stride,
+                    run.value,
+                    run.key,
+                    headers,
+                    run.count,
+                )
+            )
+        finished.clear()
         self._stats.produced += produced
 
+    def flush_runs(self, now: float | None = None) -> None:
+        """Produce the runs open for ``run_linger`` or longer (the caller's timer)."""
+        runs = self._runs
+        deadline = runs.next_deadline()
+        if deadline is None:
+            return
+        if now is None:
+            now = time.monotonic()
+        if deadline <= now:
+            runs.flush_due(now, self._finished)
+            self._produce_runs()
+
+    def next_deadline(self) -> float | None:
+        """When the oldest open run must be produced (``run_linger``), or None."""
+        return self._runs.next_deadline()
+
+    @property
+    def open_records(self) -> int:
+        """Records in open runs (coalescing, not yet produced)."""
+        return self._runs.records
+
     def write_heartbeat(self, beat: Heartbeat) -> None:
-        """One control record per partition of ``beat`` (docs/topics.md, heartbeats)."""
+        """One control record per partition of ``beat`` (docs/topics.md, heartbeats), each after
+        that partition's open runs."""
         self._write_control(heartbeat_records(beat), HEARTBEAT_HEADERS)
 
     def write_withheld(self, event: Withheld) -> None:
-        """One control record per range of ``event`` (docs/topics.md, withheld ranges)."""
+        """One control record per range of ``event`` (docs/topics.md, withheld ranges), each after
+        that partition's open runs."""
         self._write_control(withheld_records(event), WITHHELD_HEADERS)
 
     def _write_control(
         self, records: Iterable[tuple[str, int, str, bytes]], headers: Headers
     ) -> None:
         for topic, partition, key, value in records:
+            # docs/topics.md: a partition's records precede its control records in the raw topic
+            self._runs.flush_partition(topic, partition, self._finished)
+            if self._finished:
+                self._produce_runs()
             raw = self._raw_topic(topic)
-            item: _Item = (raw, topic, partition, -1, value, key, 0, headers, 256)
-            if not self._produce_item(item):
+            item: _Item = (raw, topic, partition, -1, -1, 1, value, key, headers, 0)
+            # behind anything of the same raw topic already waiting: order is kept
+            if raw in self._backlog or not self._produce_item(item):
                 self._hold(item)
 
     def _produce_item(self, item: _Item) -> bool:
-        raw, topic, partition, offset, value, key, ts, headers, _ = item
+        raw, topic, partition, first, last, stride, value, key, headers, records = item
         count = self._partitions.get(raw)
         if count is None:
             return False
         try:
             # positional: keyword arguments cost produce() a dict per call
-            self._producer.produce(raw, value, key, partition % count, None, None, ts, headers)
+            self._producer.produce(raw, value, key, partition % count, None, None, 0, headers)
         except BufferError:
             return False
         except Exception as exc:  # noqa: BLE001  one record's refusal, reported; never a wedge
-            self._refused(topic, partition, offset, exc)
+            offsets = range(first, last + 1, stride) if first >= 0 else range(0)
+            self._refused(topic, partition, offsets, key, exc)
             return True
-        self._stats.produced += 1
+        self._stats.produced += records or 1
         return True
 
-    def _refused(self, topic: str, partition: int, offset: int, exc: Exception) -> None:
-        # Refused at produce() time (too large, a value the client cannot encode, ...): this
-        # record only; the rest of its batch goes on. It joins the loss report like a failed
-        # delivery, so an operator knows what to resend.
+    def _refused(
+        self, topic: str, partition: int, offsets: range, key: str, exc: Exception
+    ) -> None:
+        # Refused at produce() time (too large, ...): this raw record only; the rest goes on.
+        # Its offsets join the loss report like a failed delivery, so an operator knows what to
+        # resend.
         self._stats.delivery_errors += 1
-        if offset >= 0:
-            self._failed.add(topic, partition, offset)
-        self._rlog.warning(
-            "refused", "producer refused %s:%d:%d: %s", topic, partition, offset, exc
-        )
+        self._lose(self._failed, topic, partition, offsets)
+        self._rlog.warning("refused", "producer refused %s: %s", key, exc)
 
     def _hold(self, item: _Item) -> None:
-        raw = item[0]
-        if self._backlog_records >= self._config.backlog_max_records:
-            self._stats.drop(DOWNSTREAM_OVERFLOW)
-            if item[3] >= 0:  # heartbeats (offset -1) are repeated by the sender anyway
-                self._overflow.add(item[1], item[2], item[3])
+        raw, records = item[0], item[9]
+        # strict bound: a run that would take the backlog past its limit overflows whole
+        if self._backlog_records + max(1, records) > self._config.backlog_max_records:
+            self._stats.drop(DOWNSTREAM_OVERFLOW, max(1, records))
+            if records:  # control records (heartbeats) are repeated by the sender anyway
+                self._lose(self._overflow, item[1], item[2], range(item[3], item[4] + 1, item[5]))
             return
         queue = self._backlog.get(raw)
         if queue is None:
@@ -334,25 +393,24 @@ class RawTopicSink:
             if raw not in self._partitions:
                 self._lookup(raw)
         queue.append(item)
-        self._backlog_records += 1
+        self._backlog_records += max(1, records)
 
     # -- servicing ----------------------------------------------------------------------------
 
-    def service(self) -> None:
-        """Serve delivery reports, apply finished metadata lookups, move backlog into the
-        producer; never blocks. Called after every socket burst, so it must stay cheap."""
-        now = time.monotonic()
+    def service(self, now: float | None = None) -> None:
+        """Serve delivery reports, produce lingered runs, apply finished metadata lookups, move
+        backlog into the producer; never blocks. Called after every socket burst, so it must stay
+        cheap."""
+        if now is None:
+            now = time.monotonic()
         if now >= self._next_poll:
-            # The Python client asks librdkafka for a report per message (it only hides the
-            # successes from Python), so each poll() serves every acknowledged record in C,
-            # retaking the GIL per record: that work is per record however often we poll. Every
-            # 5 ms instead of after every burst (thousands a second) serves the same reports in
-            # fewer calls. ``delivered`` only moves when reports are served: recounted here.
+            # Every 5 ms instead of after every burst (thousands a second) serves the same
+            # reports in fewer calls (docs/benchmarks.md, Receiver).
             self._next_poll = now + _POLL_INTERVAL
             self._producer.poll(0)
-            self._count()
+        self.flush_runs(now)
         if self._lookups:
-            # A new raw topic's records wait in the backlog until its partition count is known:
+            # A new raw topic's runs wait in the backlog until its partition count is known:
             # apply the answer as soon as it is there, not at the next tick (up to a second
             # later, long enough for the backlog to overflow at 100k records/s).
             self._collect_lookups(now)
@@ -365,12 +423,6 @@ class RawTopicSink:
                 del self._lookups[raw]
                 self._lookup_done(raw, future, now)
 
-    def _count(self) -> None:
-        # Successes are not reported one by one: whatever was produced, is no longer queued and
-        # did not fail, was acknowledged by the broker (acks=all).
-        stats = self._stats
-        stats.delivered = stats.produced - len(self._producer) - self._dr_errors - self._retired
-
     def _drain_backlog(self) -> None:
         for raw in list(self._backlog):
             if raw not in self._partitions:
@@ -379,18 +431,17 @@ class RawTopicSink:
             while queue:
                 if not self._produce_item(queue[0]):
                     return  # producer queue full: try again on the next service()
-                queue.popleft()
-                self._backlog_records -= 1
+                self._backlog_records -= max(1, queue.popleft()[9])
             del self._backlog[raw]
 
     @property
     def backlog_records(self) -> int:
-        """Records waiting in the receiver before the producer."""
+        """Source records (and control records) waiting in the receiver before the producer."""
         return self._backlog_records
 
     @property
     def queued(self) -> int:
-        """Records in librdkafka's queue (not yet acknowledged)."""
+        """Raw records (runs and control records) in librdkafka's queue, not yet acknowledged."""
         return len(self._producer)
 
     def tick(self, now: float) -> None:
@@ -491,14 +542,17 @@ class RawTopicSink:
     def _replace_producer(self) -> None:
         old, self._fatal = self._producer, None
         old.purge(in_queue=True, in_flight=True)
-        old.flush(0)  # purged records come back as delivery errors -> loss report
-        self._retired += len(old)  # reports that never came back: neither delivered nor failed
+        old.flush(0)  # purged runs come back as delivery errors -> loss report
         self._producer = self._new_producer()
 
     # -- shutdown -----------------------------------------------------------------------------
 
     async def close(self, limit: float) -> int:
-        """Flush for at most ``limit`` seconds; report and return what could not be written."""
+        """Produce the open runs, flush for at most ``limit`` seconds; report and return the raw
+        records (runs, control records) that could not be written."""
+        self._runs.flush_all(self._finished)
+        if self._finished:
+            self._produce_runs()
         self._closed = True
         deadline = time.monotonic() + limit
         while time.monotonic() < deadline:
@@ -508,18 +562,19 @@ class RawTopicSink:
                 break
             self._producer.flush(min(0.1, max(0.0, deadline - time.monotonic())))
             await asyncio.sleep(0)
-        lost = len(self._producer) + self._backlog_records
+        lost = len(self._producer) + sum(len(queue) for queue in self._backlog.values())
         if lost:
-            log.error("shutdown timeout: %d records were not written to the raw topic", lost)
+            log.error("shutdown timeout: %d raw records were not written to the raw topic", lost)
             self._producer.purge(in_queue=True, in_flight=True)
-            self._producer.flush(0)
+            self._producer.flush(0)  # purged runs come back as delivery errors: loss report
             for queue in self._backlog.values():
                 for item in queue:
-                    if item[3] >= 0:
-                        self._failed.add(item[1], item[2], item[3])
+                    if item[9]:
+                        self._lose(
+                            self._failed, item[1], item[2], range(item[3], item[4] + 1, item[5])
+                        )
             self._backlog.clear()
             self._backlog_records = 0
-        self._count()
         self.report_losses(time.monotonic(), force=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
         return lost

@@ -51,11 +51,14 @@ class ReceiverStats:
     withheld_ranges: int = 0
     """Resend start/end markers decoded."""
     produced: int = 0
-    """Raw records handed to the producer (records plus heartbeat records)."""
+    """Source records handed to the producer inside runs, plus control records (heartbeats,
+    withheld ranges)."""
     delivered: int = 0
-    """Raw records acknowledged by the downstream Kafka."""
+    """Of those, acknowledged by the downstream Kafka (a run's records when its one report says
+    so)."""
     delivery_errors: int = 0
-    """Raw records whose delivery failed for good (reported as lost ranges)."""
+    """Raw records (runs, control records) whose delivery failed for good (their source offsets
+    reported as lost ranges)."""
     drops: dict[str, int] = field(default_factory=dict)
     """Dropped datagrams/messages by DropReason value; downstream_overflow counts records."""
     kernel_drops: int = 0
@@ -133,8 +136,16 @@ class ReceiverCollector(Collector):
                 "Offset ranges a sender's content filter withheld (written as control records).",
                 s.withheld_ranges,
             ),
-            ("produced_records", "Raw records handed to the producer.", s.produced),
-            ("delivered_records", "Raw records acknowledged by Kafka.", s.delivered),
+            (
+                "produced_records",
+                "Source records (in runs) and control records handed to the producer.",
+                s.produced,
+            ),
+            (
+                "delivered_records",
+                "Source records (in runs) and control records acknowledged by Kafka.",
+                s.delivered,
+            ),
             ("delivery_errors", "Raw records whose delivery failed for good.", s.delivery_errors),
             (
                 "kernel_drops",
@@ -183,7 +194,11 @@ class ReceiverCollector(Collector):
                 "Fragmented messages being reassembled.",
                 g.reassemblies_in_flight,
             ),
-            ("producer_queue_records", "Records in the producer's queue.", g.producer_queue),
+            (
+                "producer_queue_records",
+                "Raw records (runs, control records) in the producer's queue.",
+                g.producer_queue,
+            ),
             (
                 "backlog_records",
                 "Records held by the receiver before the producer.",

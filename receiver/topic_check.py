@@ -30,9 +30,11 @@ def describe_topic(conf: Mapping[str, Any], topic: str, timeout: float) -> dict[
 
 
 def raw_topic_problem(config: ReceiverConfig, topic: str) -> str | None:
-    """Why ``topic`` cannot take records of ``config.max_record_size``, or None."""
+    """Why ``topic`` cannot take the largest raw record ``config`` may write, or None: a run of
+    up to ``run_max_bytes``, or one record of up to ``max_record_size`` (whichever is larger)."""
     conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka}
     configs = describe_topic(conf, topic, config.metadata_timeout)
     if configs is None:
         return None
-    return size_problem(topic, configs, config.max_record_size, "max_record_size")
+    key, size = config.raw_size_setting()
+    return size_problem(topic, configs, size, key, both_sides=key == "max_record_size")

@@ -9,6 +9,7 @@ both work.
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import os
 import time
 import uuid
@@ -28,6 +29,8 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
+from common.raw_run import expand_run
+from common.raw_topic import CONTROL_HEADER
 from kafka_diode.local_kafka.broker import LocalBroker, broker_by_name, free_port, list_brokers
 
 T = TypeVar("T")
@@ -197,6 +200,28 @@ def _as_record(item: Record | tuple[bytes | None, bytes | None] | bytes) -> Reco
     return Record(key=None, value=item)
 
 
+def expand_run_record(record: ConsumedRecord) -> list[ConsumedRecord]:
+    """The v1 records a raw-layout-v2 run stands for (``common.raw_run.expand_run``), each with
+    the run's topic, partition, offset and timestamp; any other record (v1, control) unchanged.
+
+    Raises:
+        RemoteProtocolError: a run key whose value does not match it.
+    """
+    is_control = any(name == CONTROL_HEADER for name, _ in record.headers)
+    expanded = None if is_control else expand_run(record.key, record.value, record.headers)
+    if expanded is None:
+        return [record]
+    return [
+        dataclasses.replace(record, key=key.encode("ascii"), value=value, headers=tuple(headers))
+        for key, value, headers in expanded
+    ]
+
+
+def expand_runs(records: Iterable[ConsumedRecord]) -> list[ConsumedRecord]:
+    """Every run of ``records`` replaced by the v1 records it stands for (``expand_run_record``)."""
+    return [one for record in records for one in expand_run_record(record)]
+
+
 def consume_all(
     target: Bootstrap,
     topic: str,
@@ -205,12 +230,15 @@ def consume_all(
     *,
     isolation_level: str = "read_committed",
     config: dict[str, Any] | None = None,
+    expand_runs: bool = False,
 ) -> list[ConsumedRecord]:
     """Read ``topic`` from the beginning of every partition, without a consumer group.
 
     Stops when ``expected_count`` records were read, or (with no count) when every partition
     reached its end; returns what was read when ``timeout`` passes first, so the caller's
-    assertion shows what is missing. Records are in per-partition offset order.
+    assertion shows what is missing. Records are in per-partition offset order. With
+    ``expand_runs`` (a raw topic the receiver wrote), every v2 run is replaced by the v1 records
+    it stands for (:func:`expand_runs`), and those are what ``expected_count`` counts.
     """
     bootstrap = bootstrap_of(target)
     consumer = Consumer(
@@ -246,18 +274,20 @@ def consume_all(
                     raise RuntimeError(f"consume {topic}: {err}")
                 at_end.discard(msg.partition())
                 ts_type, ts = msg.timestamp()
-                out.append(
-                    ConsumedRecord(
-                        topic=msg.topic(),
-                        partition=msg.partition(),
-                        offset=msg.offset(),
-                        key=msg.key(),
-                        value=msg.value(),
-                        headers=tuple(msg.headers() or ()),
-                        timestamp=ts,
-                        timestamp_type=ts_type,
-                    )
+                record = ConsumedRecord(
+                    topic=msg.topic(),
+                    partition=msg.partition(),
+                    offset=msg.offset(),
+                    key=msg.key(),
+                    value=msg.value(),
+                    headers=tuple(msg.headers() or ()),
+                    timestamp=ts,
+                    timestamp_type=ts_type,
                 )
+                if expand_runs:
+                    out.extend(expand_run_record(record))
+                else:
+                    out.append(record)
     finally:
         consumer.close()
     return out

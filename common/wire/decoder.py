@@ -10,11 +10,16 @@ Theory of operation (docs/protocol.md §8), per datagram, cheapest checks first:
    before any cryptography, so redundant copies cost almost nothing;
 4. authentication: the key id must be in the key ring (consulted on every datagram, so rotation
    needs no restart), AES-256-GCM with the header as associated data; cipher ``none`` only when
-   ``allow_cleartext``;
+   ``allow_cleartext``. The session key is derived (HKDF, then the AES key schedule: ~20 us, the
+   dearest step) once per (key, session) and kept: in the authenticated cache once a datagram
+   of the session authenticated, before that in a small separate one, so a flood of mangled copies
+   of one session's datagrams pays the derivation once and forged sessions cannot evict the
+   authenticated ones;
 5. anti-replay update, only now that the datagram is authentic;
 6. reassembly when fragmented (bounded, see ``fragment.py``), bounded gunzip, payload decoding;
    trailing bytes anywhere are refused.
 
+The cheapest rejection, a wrong magic (random datagrams), is counted without raising an exception.
 ``receive_datagram`` raises nothing for bad input: every failure is a ``Dropped`` event and a
 count in ``drops``. Anything else escaping is a bug (the fuzz tests say so). The caller drains
 ``next_event`` after each ``receive_datagram``/``handle_timer`` call; each call queues at most one
@@ -80,6 +85,8 @@ _FAST_PREFIX: Final = MAGIC + bytes(
     (VERSION, KIND_RECORD_BATCH, COMPRESSION_NONE, CIPHER_AES_256_GCM)
 )
 _ONE_OF_ONE: Final = b"\x00\x00\x00\x01"  # fragment index 0, fragment count 1
+#: Ciphers of sessions not authenticated yet kept at most (a forged-session flood's own LRU).
+_MAX_PENDING_CIPHERS: Final = 64
 _new = object.__new__
 # RecordBatch is frozen; its slot descriptors set fields without the frozen __setattr__.
 _set_session, _set_sequence, _set_groups, _set_count, _set_records = (
@@ -108,6 +115,8 @@ class Decoder:
             timeout=config.reassembly_timeout,
         )
         self._ciphers: OrderedDict[tuple[int, bytes], SessionCipher] = OrderedDict()
+        #: ciphers derived for sessions none of whose datagrams authenticated yet (module doc, 4)
+        self._pending: OrderedDict[tuple[int, bytes], SessionCipher] = OrderedDict()
         self._max_message_size = config.max_message_size
         self._max_ciphers = 2 * config.max_sessions
 
@@ -148,6 +157,13 @@ class Decoder:
     def receive_datagram(self, data: bytes, now: float) -> None:
         """Process one datagram; never raises for bad input."""
         self.datagrams += 1
+        if data[:4] != MAGIC:  # random datagrams: the cheapest check, and no exception raised
+            reason = DropReason.BAD_MAGIC
+            if len(data) < 4 and MAGIC.startswith(data):
+                reason = DropReason.MALFORMED  # a prefix of the magic: too short, not wrong
+            self._drops[reason] += 1
+            self._events.append(Dropped(reason, f"datagram of {len(data)} bytes", None))
+            return
         session_id: bytes | None = None
         try:
             # Fast path: the usual datagram (a whole AES-GCM record batch, uncompressed, of 64 to
@@ -214,9 +230,9 @@ class Decoder:
                         self._events.append(batch)
                         return
             if len(data) <= HEADER_SIZE:
-                reason = DropReason.BAD_MAGIC if data[:4] != MAGIC[: len(data[:4])] else None
+                short = DropReason.BAD_MAGIC if data[:4] != MAGIC[: len(data[:4])] else None
                 raise RemoteProtocolError(
-                    reason or DropReason.MALFORMED, f"datagram of {len(data)} bytes"
+                    short or DropReason.MALFORMED, f"datagram of {len(data)} bytes"
                 )
             (
                 magic,
@@ -334,10 +350,20 @@ class Decoder:
         if cipher is not None and cipher.key is key:
             ciphers.move_to_end(cache_key)
             return cipher.open(sequence, data[pos:], data[:HEADER_SIZE])
-        # New session or replaced key: derive, and cache only once a datagram authenticates,
-        # so forged session ids cannot flush the cache.
-        cipher = SessionCipher(key, session_id)
+        # New session or replaced key: derive once, keep it among the pending ciphers until a
+        # datagram authenticates (mangled copies of a session's datagrams do not derive again),
+        # and only then in the authenticated cache, so forged session ids cannot flush that one.
+        pending = self._pending
+        cipher = pending.get(cache_key)
+        if cipher is None or cipher.key is not key:
+            cipher = SessionCipher(key, session_id)
+            pending[cache_key] = cipher
+            if len(pending) > _MAX_PENDING_CIPHERS:
+                pending.popitem(last=False)
+        else:
+            pending.move_to_end(cache_key)
         plaintext = cipher.open(sequence, data[pos:], data[:HEADER_SIZE])
+        del pending[cache_key]
         ciphers[cache_key] = cipher
         if len(ciphers) > self._max_ciphers:
             ciphers.popitem(last=False)

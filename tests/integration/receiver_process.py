@@ -53,6 +53,7 @@ class ReceiverProcess:
         *,
         key_file: Path | None = None,
         extra: Sequence[str] = (),
+        root: Path = ROOT,
     ) -> None:
         self.port = free_udp_port()
         self.metrics_port = free_tcp_port()
@@ -78,13 +79,15 @@ class ReceiverProcess:
         if key_file is not None:
             args += ["--key-file", str(key_file)]
         self.args = [*args, *extra]
+        #: the source tree the receiver runs from (a benchmark may compare another checkout)
+        self.root = root
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 60.0) -> ReceiverProcess:
         env = {k: v for k, v in os.environ.items() if not k.startswith("DIODE_RECEIVER_")}
-        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONPATH"] = str(self.root)
         with self.stderr_path.open("wb") as err, self.stdout_path.open("wb") as out:
-            self.proc = subprocess.Popen(self.args, stdout=out, stderr=err, env=env, cwd=ROOT)
+            self.proc = subprocess.Popen(self.args, stdout=out, stderr=err, env=env, cwd=self.root)
         deadline = time.monotonic() + timeout
         while "receiving on" not in self.log():
             if self.proc.poll() is not None:

@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 def _data(broker: Any, raw: str) -> set[tuple[int, int]]:
     out = set()
-    for r in consume_all(broker, raw, timeout=30):
+    for r in consume_all(broker, raw, timeout=30, expand_runs=True):
         if r.headers and r.headers[-1][0] == CONTROL_HEADER:
             continue
         parsed = parse_raw_key(r.key)
@@ -85,7 +85,7 @@ def test_two_share_chains_carry_half_each_and_the_dedup_merges_them_without_gaps
                 assert proc.wait(60) == 0
         beats = [
             json.loads(r.value)
-            for r in consume_all(downstream_kafka, raws[1], timeout=30)
+            for r in consume_all(downstream_kafka, raws[1], timeout=30, expand_runs=True)
             if r.headers and r.headers[-1][0] == CONTROL_HEADER
         ]
         chains = {(h["chain_index"], h["chain_count"], h["chain_share"]) for h in beats}

@@ -59,7 +59,7 @@ def _record(i: int) -> tuple[Record, bool | None]:
 def _raw_view(broker: Any, raw: str) -> tuple[set[tuple[int, int]], set[tuple[int, int]]]:
     """(data offsets, withheld offsets) per source partition as the raw topic holds them."""
     data, held = set(), set()
-    for r in consume_all(broker, raw, timeout=30):
+    for r in consume_all(broker, raw, timeout=30, expand_runs=True):
         parsed = parse_raw_key(r.key)
         assert parsed is not None
         _, partition, offset = parsed

@@ -102,7 +102,9 @@ def test_receiver_rebuilds_lost_datagrams_and_drops_hostile_repairs(
         assert rx.metric("fec_blocks_unrecoverable_total") == 0
         assert rx.metric("fec_blocks_recovered_total") > 0
         assert rx.terminate() == 0
-    consumed = consume_all(downstream_kafka, raw_topic, expected_count=RECORDS, timeout=60)
+    consumed = consume_all(
+        downstream_kafka, raw_topic, expected_count=RECORDS, timeout=60, expand_runs=True
+    )
     assert sorted(r.key.decode() for r in consumed) == sorted(
         f"t:{i % 4}:{i}" for i in range(RECORDS)
     )

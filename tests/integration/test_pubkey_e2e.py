@@ -112,7 +112,7 @@ def _raw(downstream: str, raw_topic: str) -> tuple[dict[int, set[int]], dict[int
     """Data offsets per source partition, and the last heartbeat's (low, high) per partition."""
     data: dict[int, set[int]] = defaultdict(set)
     beats: dict[int, tuple[int, int]] = {}
-    for rec in consume_all(downstream, raw_topic, timeout=10):
+    for rec in consume_all(downstream, raw_topic, timeout=10, expand_runs=True):
         assert rec.key is not None
         _, partition, offset = parse_raw_key(rec.key)
         if any(name == CONTROL_HEADER for name, _ in rec.headers):

@@ -68,7 +68,7 @@ def test_sender_to_raw_topic(upstream_kafka, downstream_kafka, kafka_topic, grou
         assert rx.drops() == {}
         assert rx.metric("delivery_errors_total") == 0
         assert rx.terminate() == 0
-    consumed = consume_all(downstream_kafka, raw_topic, timeout=60)
+    consumed = consume_all(downstream_kafka, raw_topic, timeout=60, expand_runs=True)
     data = {}
     highs: dict[int, int] = {}
     for r in consumed:

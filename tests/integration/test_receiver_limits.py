@@ -42,7 +42,9 @@ def test_records_of_3_mb_reach_the_raw_topic(downstream_kafka, kafka_topic, tmp_
         assert rx.metric("delivery_errors_total") == 0
         assert rx.drops() == {}
         assert rx.terminate() == 0
-    consumed = consume_all(downstream_kafka, raw_topic, expected_count=3, timeout=60)
+    consumed = consume_all(
+        downstream_kafka, raw_topic, expected_count=3, timeout=60, expand_runs=True
+    )
     assert sorted(r.value for r in consumed) == sorted(values)
 
 
@@ -69,3 +71,18 @@ def test_a_raw_topic_too_small_stops_the_receiver_naming_the_setting(
     )
     with smaller:
         assert smaller.alive()
+    # runs are capped by run_max_bytes: one larger than the topic admits stops the start-up too
+    larger_runs = ReceiverProcess(
+        downstream_kafka.bootstrap,
+        raw_topic,
+        tmp_path,
+        key_file=key_file,
+        extra=[
+            "--max-record-size", str(1048588 - 4096), "--max-message-size", str(1048588),
+            "--run-max-bytes", str(1 << 20),
+        ],
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="receiver exited 2"):
+        larger_runs.start()
+    assert "run_max_bytes" in larger_runs.log()
+    assert "max.message.bytes=1052672" in larger_runs.log()

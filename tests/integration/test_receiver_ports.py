@@ -151,7 +151,7 @@ def test_one_sender_over_two_ports_delivers_each_record_once(
             )
             assert 0.3 * datagrams < per_port < 0.7 * datagrams
         assert rx.terminate() == 0
-    consumed = consume_all(downstream_kafka, raw_topic, timeout=60)
+    consumed = consume_all(downstream_kafka, raw_topic, timeout=60, expand_runs=True)
     data = [r for r in consumed if not any(n == "diode.control" for n, _ in r.headers)]
     keys = [r.key.decode() for r in data]
     assert sorted(keys) == sorted(f"orders:{o % 4}:{o}" for o in range(COUNT))  # exactly once
@@ -227,6 +227,6 @@ def test_real_sender_over_two_ports_into_two_workers(
         }
         assert reasons <= {"duplicate"}  # no reassembly timeouts, no replays
         assert rx.terminate() == 0
-    consumed = consume_all(downstream_kafka, raw_topic, timeout=60)
+    consumed = consume_all(downstream_kafka, raw_topic, timeout=60, expand_runs=True)
     data = [r.key.decode() for r in consumed if not any(n == "diode.control" for n, _ in r.headers)]
     assert sorted(data) == sorted(f"{source}:{p}:{o}" for p, o in positions)

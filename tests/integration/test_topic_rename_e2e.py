@@ -59,7 +59,7 @@ def test_a_renamed_topic_reaches_the_raw_topic_under_its_far_name(
             sender.send_signal(signal.SIGTERM)
             sender.wait(60)
         assert rx.terminate() == 0
-    consumed = consume_all(downstream_kafka, raw_topic, timeout=60)
+    consumed = consume_all(downstream_kafka, raw_topic, timeout=60, expand_runs=True)
     data = {}
     beats = 0
     for r in consumed:

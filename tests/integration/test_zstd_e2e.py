@@ -51,7 +51,7 @@ def test_zstd_sender_to_raw_topic(
         # the link carried compressed payloads: far fewer bytes than the values alone
         assert rx.metric("bytes_total") < value_bytes / 3
         assert rx.terminate() == 0
-    consumed = consume_all(downstream_kafka, raw_topic, timeout=60)
+    consumed = consume_all(downstream_kafka, raw_topic, timeout=60, expand_runs=True)
     data = {
         r.key.decode(): r for r in consumed if not r.headers or r.headers[-1][0] != "diode.control"
     }

@@ -1,8 +1,9 @@
 """The raw topic's layout (common/raw_topic.py): the receiver writes it, the dedup reads it.
 
-The pins: the receiver's hot loop builds the layout inline and must equal ``raw_headers``; what
-the receiver's sink hands the producer must parse back, through the dedup's reader, into exactly
-the source record (key, value, headers including source ``diode.*`` names, timestamp).
+The pins: the runs the receiver's sink hands the producer (layout v2) expand
+(``common.raw_run.expand_run``) into exactly the v1 records ``raw_headers`` describes, and those
+parse back, through the v1 reader, into exactly the source record (key, value, headers including
+source ``diode.*`` names, timestamp).
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.raw_topic import (
@@ -159,9 +160,12 @@ def _groups(draw: Any) -> Any:
     )
 
 
+@settings(deadline=None)  # the first example imports the sink and its tests' fakes
 @given(st.lists(_groups(), min_size=1, max_size=3))
-def test_the_sinks_inlined_layout_is_raw_headers(groups: list[Any]) -> None:
-    """The receiver's hot loop (inline) == raw_headers (readable), and the dedup reads it back."""
+def test_the_sinks_runs_expand_to_the_v1_layout(groups: list[Any]) -> None:
+    """The receiver writes runs (v2); expanded (common.raw_run.expand_run) they are exactly the
+    v1 records raw_headers describes, and the v1 reader gives back the source record."""
+    from common.raw_run import expand_run  # noqa: PLC0415
     from tests.unit.test_receiver_sink import SESSION as SINK_SESSION  # noqa: PLC0415
     from tests.unit.test_receiver_sink import FakeProducer, _batch, _sink  # noqa: PLC0415
 
@@ -169,9 +173,17 @@ def test_the_sinks_inlined_layout_is_raw_headers(groups: list[Any]) -> None:
     sink, _ = _sink(fake)
     batch = _batch(*groups)
     sink.write_batch(batch)
-    assert len(fake.calls) == batch.count
-    for call, record in zip(fake.calls, batch.records, strict=True):
-        _topic, value, key, _partition, _cb, _ts_cb, _ts, headers = call
+    expanded = []
+    for _topic, value, key, _partition, _cb, _ts_cb, ts, headers in fake.calls:
+        assert ts == 0
+        records = expand_run(key, value, headers)
+        assert records is not None
+        expanded.extend(records)
+    assert len(expanded) == batch.count
+    # in order within each partition (runs of different partitions may finish in any order)
+    expanded.sort(key=lambda item: parse_raw_key(item[0])[:2])  # type: ignore[index]
+    records = sorted(batch.records, key=lambda record: (record.topic, record.partition))
+    for (key, value, headers), record in zip(expanded, records, strict=True):
         assert headers == raw_headers(record, SINK_SESSION.hex().encode())
         # what the dedup's reader makes of it is the source record, byte for byte
         assert parse_raw_key(key) == (record.topic, record.partition, record.offset)

@@ -47,6 +47,34 @@ def test_producer_config_pins_idempotence_and_bounds_the_queue() -> None:
     assert props["queue.buffering.max.kbytes"] == "4096"
 
 
+def test_the_largest_raw_record_is_a_run_or_one_record_whichever_is_larger() -> None:
+    small = _build(file_values={"allow_cleartext": True, "max_record_size": 10_000})
+    assert small.raw_size_setting() == ("run_max_bytes", 1_000_000)
+    assert small.producer_config()["message.max.bytes"] == str(1_000_000 + 4096)
+    large = _build(file_values={"allow_cleartext": True})
+    assert large.raw_size_setting() == ("max_record_size", 16 * 1024 * 1024)
+
+
+def test_a_raw_topic_smaller_than_a_run_is_a_problem_naming_run_max_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from receiver import topic_check  # noqa: PLC0415
+
+    cfg = _build(
+        file_values={"allow_cleartext": True, "max_record_size": 10_000, "run_max_bytes": 1 << 20}
+    )
+    monkeypatch.setattr(topic_check, "describe_topic", lambda *_: {"max.message.bytes": "1048588"})
+    problem = topic_check.raw_topic_problem(cfg, "raw")
+    assert problem is not None
+    assert "run_max_bytes" in problem
+    assert "1052672" in problem
+    assert "or lower run_max_bytes to at most 1044492" in problem  # receiver-only: one side
+    fits = _build(
+        file_values={"allow_cleartext": True, "max_record_size": 10_000, "run_max_bytes": 900_000}
+    )
+    assert topic_check.raw_topic_problem(fits, "raw") is None
+
+
 @pytest.mark.parametrize(
     ("values", "key"),
     [
@@ -68,6 +96,23 @@ def test_producer_config_pins_idempotence_and_bounds_the_queue() -> None:
         (
             {"allow_cleartext": True, "listen_ports": list(range(9471, 9480)), "sockets": 8},
             "listen_ports",
+        ),
+        ({"allow_cleartext": True, "run_max_bytes": 100}, "run_max_bytes"),
+        ({"allow_cleartext": True, "run_max_bytes": 2_000_000_000}, "run_max_bytes"),
+        ({"allow_cleartext": True, "run_linger": -0.1}, "run_linger"),
+        ({"allow_cleartext": True, "run_linger": 60}, "run_linger"),
+        (
+            {"allow_cleartext": True, "kafka": {"delivery.report.only.error": "true"}},
+            "kafka.delivery.report.only.error",
+        ),
+        (
+            {
+                "allow_cleartext": True,
+                "max_record_size": 10_000,
+                "run_max_bytes": 2_000_000,
+                "kafka": {"message.max.bytes": "1000000"},
+            },
+            "kafka.message.max.bytes",
         ),
     ],
 )

@@ -114,7 +114,7 @@ def test_resend_markers_are_logged_rate_limited(caplog: pytest.LogCaptureFixture
     receiver._sink = object()  # type: ignore[assignment]  not used for markers
     try:
         with caplog.at_level(logging.INFO, logger="receiver.app"):
-            receiver._drain_events()
+            receiver._drain_events(0.0)
     finally:
         assert receiver._loop is not None
         receiver._loop.close()

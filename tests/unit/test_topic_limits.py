@@ -89,8 +89,13 @@ def test_bounds_never_admit_a_timestamp_the_broker_would_refuse(before, after, n
 def test_the_receivers_producer_admits_max_record_size() -> None:
     config = ReceiverConfig(allow_cleartext=True)
     assert int(config.producer_config()["message.max.bytes"]) == record_limit(16 * MIB)
-    small = ReceiverConfig(allow_cleartext=True, max_record_size=1000, max_message_size=5096)
-    assert int(small.producer_config()["message.max.bytes"]) == record_limit(1000)
+    small = ReceiverConfig(
+        allow_cleartext=True, max_record_size=1000, max_message_size=5096, run_max_bytes=1024
+    )
+    assert int(small.producer_config()["message.max.bytes"]) == record_limit(1024)  # a run
+    # records smaller than the run cap: the run cap decides what the raw topic must admit
+    default_runs = ReceiverConfig(allow_cleartext=True, max_record_size=1000, max_message_size=5096)
+    assert int(default_runs.producer_config()["message.max.bytes"]) == record_limit(1_000_000)
     bigger = ReceiverConfig(allow_cleartext=True, kafka={"message.max.bytes": "50000000"})
     assert bigger.producer_config()["message.max.bytes"] == "50000000"  # a larger one is kept
 

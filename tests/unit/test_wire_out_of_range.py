@@ -264,7 +264,9 @@ def test_fuzz_out_of_range_values_never_reach_the_client_as_errors(groups) -> No
     for name in ("raw", "raw.{topic}"):
         topics = {name.replace("{topic}", g["topic"]): 1 for g in groups}
         fake = ValidatingProducer(topics)
-        config = ReceiverConfig(bootstrap_servers="fake:9092", raw_topic=name, allow_cleartext=True)
+        config = ReceiverConfig(
+            bootstrap_servers="fake:9092", raw_topic=name, allow_cleartext=True, run_linger=0
+        )
         stats = ReceiverStats()
         sink = RawTopicSink(config, stats, producer_factory=lambda _props, f=fake: f)
         try:

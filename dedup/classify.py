@@ -115,7 +115,8 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
     )
     kind = f"""cast(CASE
         WHEN NOT coalesce(key_ok, false) THEN {KIND_MALFORMED}
-        WHEN first > {gaps.MAX_OFFSET} THEN {KIND_MALFORMED}
+        WHEN first > {gaps.MAX_OFFSET} OR coalesce(last, first) > {gaps.MAX_OFFSET}
+            THEN {KIND_MALFORMED}
         WHEN is_run AND control IS NULL AND known THEN {KIND_RUN_IN}
         WHEN is_run THEN {KIND_MALFORMED}
         WHEN control = '{HEARTBEAT.decode()}' THEN {KIND_HEARTBEAT}

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from common.errors import ConfigError, DiodeError, RemoteProtocolError
+from common.gap_record import MAX_OFFSET
 from common.raw_run import check_run, parse_run_key
 from common.raw_topic import CONTROL_HEADER, parse_raw_key, restore
 from dedup.config import tool_config
@@ -39,6 +40,8 @@ def describe(key: bytes | None, value: bytes | None, headers: RawHeaders) -> dic
     run = parse_run_key(key)
     if run is not None and control is None:
         topic, partition, first, last, stride = run
+        if last > MAX_OFFSET:
+            return {"layout": "malformed", "reason": "offset beyond 2^63-2", "key": _show(key, 200)}
         try:
             group = check_run(value, topic, partition, first, last, stride)
         except RemoteProtocolError as exc:
@@ -61,7 +64,7 @@ def describe(key: bytes | None, value: bytes | None, headers: RawHeaders) -> dic
             "records": records,
         }
     parsed = parse_raw_key(key)
-    if parsed is None or parsed[2] < 0:
+    if parsed is None or not 0 <= parsed[2] <= MAX_OFFSET:
         return {"layout": "malformed", "reason": "key does not parse", "key": _show(key, 200)}
     topic, partition, offset = parsed
     if control is not None:

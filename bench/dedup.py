@@ -48,7 +48,7 @@ import time  # noqa: E402
 from collections import Counter  # noqa: E402
 
 import pyarrow.compute as pc  # noqa: E402
-from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from common.raw_run import RunBuilder  # noqa: E402
@@ -59,7 +59,6 @@ from dedup.writer import TransactionalBatchWriter  # noqa: E402
 from dedup.writer_settings import WriterSettings  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 from runtime.maven import spark_connector_jars  # noqa: E402
-from tests.kafka_helpers import consume_all  # noqa: E402
 
 PARTITIONS = 8
 VALUE = b"v" * 200
@@ -396,15 +395,46 @@ def main() -> int:
             broker.stop()
 
 
+def read_topic(bootstrap: str, topic: str) -> list:
+    """Every committed record of ``topic`` (read_committed), from the beginning to the end now."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-read-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        meta = consumer.list_topics(topic, timeout=30).topics[topic]
+        parts = sorted(meta.partitions)
+        consumer.assign([TopicPartition(topic, p, 0) for p in parts])
+        pending, out = set(parts), []
+        deadline = time.monotonic() + 300
+        while pending and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 1.0):
+                err = msg.error()
+                if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(msg.partition())
+                elif err is None:
+                    out.append(msg)
+        return out
+    finally:
+        consumer.close()
+
+
 def clean_and_gaps(bootstrap: str, tag: str, name: str, topics: int) -> tuple[Counter, dict]:
     """The clean records (topic, partition, key, value, timestamp) and the latest gap states."""
     clean: Counter = Counter()
     for t in range(topics):
-        rows = consume_all(bootstrap, f"{tag}.{name}.clean.src{t}", timeout=30)
-        clean.update((t, r.partition, r.key, r.value, r.timestamp) for r in rows)
-    gaps = {
-        r.key: r.value for r in consume_all(bootstrap, f"{tag}.{name}.gaps", timeout=30) if r.key
-    }
+        for m in read_topic(bootstrap, f"{tag}.{name}.clean.src{t}"):
+            clean[(t, m.partition(), m.key(), m.value(), m.timestamp()[1])] += 1
+    gaps = {}
+    for m in read_topic(bootstrap, f"{tag}.{name}.gaps"):
+        if m.key() and m.value():  # the latest state per gap key; times differ between runs
+            g = json.loads(m.value())
+            gaps[m.key()] = (g["topic"], g["partition"], g["first"], g["last"], g["state"])
     return clean, gaps
 
 

@@ -34,6 +34,7 @@ from common.wire.crypto import SessionCipher
 from common.wire.envelope import (
     ENVELOPE_SCHEMA,
     KIND_RECORD_BATCH,
+    SMALL_LONGS,
     decode_long,
     encode_long,
     encode_varint,
@@ -52,6 +53,7 @@ def _longs(rnd: random.Random, n: int) -> list[int]:
 def test_table_varints_equal_the_byte_loop() -> None:
     for n in _longs(random.Random(1), 20_000):
         assert encode_long(n) == encode_varint((n << 1) ^ (n >> 63)), n
+    assert SMALL_LONGS == tuple(encode_varint(n << 1) for n in range(1 << 14))
 
 
 def test_unrolled_reader_equals_the_reference_reader() -> None:

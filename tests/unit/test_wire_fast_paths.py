@@ -53,7 +53,7 @@ def _longs(rnd: random.Random, n: int) -> list[int]:
 def test_table_varints_equal_the_byte_loop() -> None:
     for n in _longs(random.Random(1), 20_000):
         assert encode_long(n) == encode_varint((n << 1) ^ (n >> 63)), n
-    assert SMALL_LONGS == tuple(encode_varint(n << 1) for n in range(1 << 14))
+    assert tuple(encode_varint(n << 1) for n in range(1 << 14)) == SMALL_LONGS
 
 
 def test_unrolled_reader_equals_the_reference_reader() -> None:

@@ -147,7 +147,7 @@ def message_ports(datagrams: list[bytes], count: int) -> list[int]:
     out = []
     target = count - 1
     for data in datagrams:
-        if not (data[36] | data[37]):  # fragment index 0: a new message
+        if len(data) > 37 and not (data[36] | data[37]):  # fragment index 0: a new message
             target = (target + 1) % count
         out.append(target)
     return out

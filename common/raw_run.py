@@ -204,6 +204,46 @@ class RunBuilder:
         self.last = offset
         self.size += grown
 
+    def extend(
+        self,
+        offsets: Sequence[int],
+        timestamps: Sequence[int],
+        keys: Sequence[bytes | None],
+        values: Sequence[bytes | None],
+        max_size: int,
+    ) -> bool:
+        """Append records without headers in one piece, if the value stays within ``max_size``;
+        False (nothing appended) otherwise.
+
+        The caller checked that ``offsets`` continue the run by stride 1 (``offsets[0]`` follows
+        and each is the previous plus one) and that every timestamp's delta from the base fits a
+        long. The bytes are exactly those :meth:`append` would add, record by record.
+        """
+        first, base = self.first, self.base_ts
+        start = offsets[0] - first
+        n = len(offsets)
+        if start + n <= _SMALL:  # consecutive small deltas: one slice of the table
+            od = b"".join(SMALL_LONGS[start : start + n])
+        else:
+            od = b"".join([_long(offset - first) for offset in offsets])
+        td = b"".join([_long(timestamp - base) for timestamp in timestamps])
+        kb = b"".join([_NULL if k is None else bytes_item(len(k))[0] + k for k in keys])
+        vb = b"".join([_NULL if v is None else bytes_item(len(v))[0] + v for v in values])
+        grown = len(od) + len(td) + len(kb) + len(vb) + n
+        if self.size + grown > max_size:
+            return False
+        if self.count == 1:
+            self.stride = 1
+        self._od += od
+        self._td += td
+        self._keys += kb
+        self._values += vb
+        self._headers += _END * n
+        self.count += n
+        self.last = offsets[-1]
+        self.size += grown
+        return True
+
     def key(self) -> str:
         """The run's raw key."""
         return run_key(self.topic, self.partition, self.first, self.last, max(1, self.stride))

@@ -403,9 +403,11 @@ class RawTopicSink:
         cheap."""
         if now is None:
             now = time.monotonic()
-        if now >= self._next_poll:
+        if now >= self._next_poll and len(self._producer):
             # Every 5 ms instead of after every burst (thousands a second) serves the same
-            # reports in fewer calls (docs/benchmarks.md, Receiver).
+            # reports in fewer calls (docs/benchmarks.md, Receiver); with nothing in flight there
+            # is no report to serve (an idle receiver's 20 wakeups a second stay cheap); tick()
+            # polls once a second regardless, for librdkafka's error and log callbacks.
             self._next_poll = now + _POLL_INTERVAL
             self._producer.poll(0)
         self.flush_runs(now)
@@ -446,6 +448,7 @@ class RawTopicSink:
 
     def tick(self, now: float) -> None:
         """Once a second or so: metadata lookups and refreshes, loss reports, fatal recovery."""
+        self._producer.poll(0)  # error and log callbacks, even with nothing in flight
         if self._fatal is not None:
             self._replace_producer()
         self._collect_lookups(now)

@@ -15,6 +15,7 @@ exception). docs/protocol.md §4-5.
 from __future__ import annotations
 
 import io
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
@@ -754,8 +755,44 @@ def _nullables(data: bytes, pos: int, end: int) -> tuple[tuple[bytes | None, ...
     return tuple(out), pos
 
 
+#: Header names decoded so far (raw UTF-8 -> str): a run's records repeat the same few names.
+#: Bounded (cleared when full): names come from the wire.
+_HEADER_NAMES: dict[bytes, str] = {}
+_MAX_HEADER_NAMES: Final = 4096
+#: A header *layout* (names in order, each value's length, no null value) -> a compiled pattern
+#: of its canonical encoding with the values as groups, and the names. Every structural byte is
+#: fixed in the pattern and only the value bytes are free, so whatever it matches decodes, by the
+#: general reading, to exactly those names and the matched values. Bounded (cleared when full),
+#: and at most ``_COMPILES_PER_COLUMN`` compiled per column: layouts come from the wire.
+_LAYOUTS: dict[tuple[tuple[str, int], ...], tuple[re.Pattern[bytes], tuple[str, ...]]] = {}
+_MAX_LAYOUTS: Final = 256
+_COMPILES_PER_COLUMN: Final = 2
+
+
+def _layout(key: tuple[tuple[str, int], ...]) -> tuple[re.Pattern[bytes], tuple[str, ...]]:
+    """The pattern of a header layout (see :data:`_LAYOUTS`)."""
+    parts = [re.escape(_long(len(key)))]
+    for name, n in key:
+        parts.append(re.escape(_string(name) + _PRESENT + _long(n)))
+        parts.append(b"(.{%d})" % n)
+    parts.append(b"\x00")
+    if len(_LAYOUTS) >= _MAX_LAYOUTS:
+        _LAYOUTS.clear()
+    layout = _LAYOUTS[key] = (re.compile(b"".join(parts), re.DOTALL), tuple(n for n, _ in key))
+    return layout
+
+
 def _headers(data: bytes, pos: int, end: int) -> tuple[tuple[Headers, ...], int]:
-    """The ``array<array<Header>>`` column."""
+    """The ``array<array<Header>>`` column.
+
+    Fast paths, each exactly what the general reading gives (the fuzz and property tests hold
+    them to it): a column of empty arrays; a record whose header bytes are byte for byte the
+    previous record's (constant headers: the same bytes parse to the same headers, so the
+    previous tuple is reused after one comparison); a record in the layout of the two records
+    before it (same names, same value lengths: trace ids, content types), matched by one compiled
+    pattern (:data:`_LAYOUTS`); otherwise names and values with one-byte lengths read inline,
+    names looked up in :data:`_HEADER_NAMES` instead of decoded again.
+    """
     b = data[pos]
     if 0 < b < 0x80 and not b & 1:  # one block of n < 64 items...
         n = b >> 1
@@ -763,21 +800,75 @@ def _headers(data: bytes, pos: int, end: int) -> tuple[tuple[Headers, ...], int]
         if data[pos + 1 : nxt + 1] == bytes(n + 1):  # ...all empty, then the end of the array
             return (_NO_HEADERS,) * n, nxt + 1
     out: list[Headers] = []
+    names = _HEADER_NAMES
+    previous = b""  # the previous record's header bytes, and what they decoded to
+    previous_headers: Headers = _NO_HEADERS
+    layout: re.Pattern[bytes] | None = None  # the layout of the last two records, if any
+    layout_names: tuple[str, ...] = ()
+    last_key: tuple[tuple[str, int], ...] | None = None
+    compiles = 0
     while True:
         n, pos = _block(data, pos, end)
         if not n:
             return tuple(out), pos
         for _ in range(n):
+            if previous and data.startswith(previous, pos) and pos + len(previous) <= end:
+                out.append(previous_headers)
+                pos += len(previous)
+                continue
+            if layout is not None:
+                match = layout.match(data, pos, end)
+                if match is not None:
+                    out.append(tuple(zip(layout_names, match.groups(), strict=True)))
+                    pos = match.end()
+                    continue
+            start = pos
             items: list[tuple[str, bytes | None]] = []
             while True:
                 m, pos = _block(data, pos, end)
                 if not m:
                     break
                 for _ in range(m):
-                    name, pos = _read_string(data, pos, end)
-                    value, pos = _read_nullable(data, pos, end)
+                    b = data[pos]
+                    if b < 0x80 and not b & 1:  # a name shorter than 64 bytes
+                        nxt = pos + 1 + (b >> 1)
+                        if nxt > end:
+                            raise _bad("bytes length out of range")
+                        raw = data[pos + 1 : nxt]
+                        name = names.get(raw)
+                        if name is None:
+                            name = raw.decode("utf-8")  # UnicodeDecodeError: MALFORMED (caller)
+                            if len(names) >= _MAX_HEADER_NAMES:
+                                names.clear()
+                            names[raw] = name
+                        pos = nxt
+                    else:
+                        name, pos = _read_string(data, pos, end)
+                    b = data[pos]
+                    if b == 0:
+                        value = None
+                        pos += 1
+                    elif b == 2 and data[pos + 1] < 0x80 and not data[pos + 1] & 1:
+                        nxt = pos + 2 + (data[pos + 1] >> 1)  # a value shorter than 64 bytes
+                        if nxt > end:
+                            raise _bad("bytes length out of range")
+                        value = data[pos + 2 : nxt]
+                        pos = nxt
+                    else:
+                        value, pos = _read_nullable(data, pos, end)
                     items.append((name, value))
-            out.append(tuple(items) if items else _NO_HEADERS)
+            headers = tuple(items) if items else _NO_HEADERS
+            out.append(headers)
+            previous, previous_headers = data[start:pos], headers
+            if headers and compiles < _COMPILES_PER_COLUMN:
+                key = tuple((name, -1 if value is None else len(value)) for name, value in headers)
+                if key == last_key and len(key) < 64 and min(n for _, n in key) >= 0:
+                    found = _LAYOUTS.get(key)
+                    if found is None:
+                        compiles += 1
+                        found = _layout(key)
+                    layout, layout_names = found
+                last_key = key
 
 
 def _same_length_items(data: bytes, pos: int, end: int) -> tuple[tuple[bytes, ...] | None, int]:

@@ -158,11 +158,11 @@ class Decoder:
         """Process one datagram; never raises for bad input."""
         self.datagrams += 1
         if data[:4] != MAGIC:  # random datagrams: the cheapest check, and no exception raised
-            reason = DropReason.BAD_MAGIC
+            why = DropReason.BAD_MAGIC
             if len(data) < 4 and MAGIC.startswith(data):
-                reason = DropReason.MALFORMED  # a prefix of the magic: too short, not wrong
-            self._drops[reason] += 1
-            self._events.append(Dropped(reason, f"datagram of {len(data)} bytes", None))
+                why = DropReason.MALFORMED  # a prefix of the magic: too short, not wrong
+            self._drops[why] += 1
+            self._events.append(Dropped(why, f"datagram of {len(data)} bytes", None))
             return
         session_id: bytes | None = None
         try:

@@ -62,7 +62,9 @@ def arrivals(draw: Any) -> tuple[int, float, list[tuple[str, Any]]]:
             tuple(draw(st.lists(_timestamp, min_size=n, max_size=n))),
             tuple(draw(st.lists(_payload, min_size=n, max_size=n))),
             tuple(draw(st.lists(_payload, min_size=n, max_size=n))),
-            tuple(draw(st.lists(_headers, min_size=n, max_size=n))),
+            tuple(draw(st.lists(_headers, min_size=n, max_size=n)))
+            if draw(st.booleans())
+            else ((),) * n,  # no headers: a group may continue its run in one piece
         )
         ops.append(("group", (SESSIONS[session], group, now)))
     return cap, linger, ops

@@ -160,3 +160,30 @@ def test_settings_are_checked() -> None:
         RunCoalescer(0, 1.0)
     with pytest.raises(ValueError, match="linger"):
         RunCoalescer(1024, -1.0)
+
+
+def test_a_continuing_group_in_one_piece_is_the_same_run_as_record_by_record() -> None:
+    whole, each, out_whole, out_each = (
+        RunCoalescer(1 << 20, 1.0),
+        RunCoalescer(1 << 20, 1.0),
+        [],
+        [],
+    )
+    groups = [group(range(i * 5, i * 5 + 5), value=None if i % 2 else b"v" * i) for i in range(6)]
+    for g in groups:
+        whole.add_group(S1, g, 0.0, out_whole)
+        for k in range(len(g)):  # the same records, one per group: never the one-piece path
+            each.add_group(S1, group([g.offsets[k]], value=g.values[k]), 0.0, out_each)
+    whole.flush_all(out_whole)
+    each.flush_all(out_each)
+    assert [(r.key, r.value) for r in out_whole] == [(r.key, r.value) for r in out_each]
+    assert keys(out_whole) == ["t:0:0-29"]
+
+
+def test_a_continuing_group_that_would_pass_the_cap_is_cut_record_by_record() -> None:
+    c, out = RunCoalescer(1024, 1.0), []
+    c.add_group(S1, group(range(3), value=b"x" * 200), 0.0, out)
+    c.add_group(S1, group(range(3, 8), value=b"x" * 200), 0.0, out)
+    c.flush_all(out)
+    assert all(len(run.value) <= 1024 for run in out)
+    assert [o for run in out for o in decoded(run)] == list(range(8))

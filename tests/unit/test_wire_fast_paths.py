@@ -34,6 +34,7 @@ from common.wire.crypto import SessionCipher
 from common.wire.envelope import (
     ENVELOPE_SCHEMA,
     KIND_RECORD_BATCH,
+    SMALL_LONGS,
     decode_long,
     encode_long,
     encode_varint,
@@ -52,6 +53,7 @@ def _longs(rnd: random.Random, n: int) -> list[int]:
 def test_table_varints_equal_the_byte_loop() -> None:
     for n in _longs(random.Random(1), 20_000):
         assert encode_long(n) == encode_varint((n << 1) ^ (n >> 63)), n
+    assert tuple(encode_varint(n << 1) for n in range(1 << 14)) == SMALL_LONGS
 
 
 def test_unrolled_reader_equals_the_reference_reader() -> None:
@@ -128,6 +130,60 @@ def test_mutated_batches_decode_as_fastavro_or_are_malformed() -> None:
         assert ours == reference, data.hex()
         agreed += 1
     assert agreed  # some mutations (inside values) stay valid and must agree
+
+
+_HEADER_NAMES = st.sampled_from(["trace-id", "content-type", "", "ü", "n" * 70])
+_HEADER_VALUES = (
+    st.none() | st.sampled_from([b"", b"x", b"t" * 16, b"y" * 70]) | st.binary(max_size=20)
+)
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(_HEADER_NAMES, _HEADER_VALUES), max_size=4).map(tuple),
+        min_size=1,
+        max_size=3,
+    ),
+    st.lists(st.integers(0, 2), min_size=1, max_size=40),
+    st.integers(0, 2**32),
+)
+def test_header_fast_paths_decode_as_fastavro_does(layouts, picks, seed) -> None:
+    """Repeated header bytes, repeated layouts (same names and value lengths, other values) and
+    irregular ones, valid or mutated: the header column reads as fastavro reads it, or MALFORMED."""
+    rnd = random.Random(seed)
+    builder = BatchBuilder()
+    for i, pick in enumerate(picks):
+        layout = layouts[pick % len(layouts)]
+        headers = tuple(  # the layout's names and value lengths, values varied now and then
+            (name, None if value is None else bytes(rnd.choice(b"ab") for _ in value))
+            for name, value in layout
+        )
+        encoded = batch_module.encode_headers(headers)
+        assert builder.try_add("t", 0, 1, i, i, None, b"v", encoded, 1 << 24)
+    valid = builder.encode()
+    assert list(records_of(decode_record_groups(valid)[0])) == _fastavro_records(valid)
+    for _ in range(20):
+        data = bytearray(valid)
+        data[rnd.randrange(len(data))] = rnd.choice([0, 2, 4, 0x20, 0x80, rnd.randrange(256)])
+        try:
+            reference = _fastavro_records(bytes(data))
+        except Exception:  # any fastavro failure: ours must then be MALFORMED
+            reference = None
+        try:
+            ours = list(records_of(decode_record_groups(bytes(data))[0]))
+        except RemoteProtocolError:
+            continue
+        assert ours == reference, bytes(data).hex()
+
+
+def test_header_layout_cache_is_bounded() -> None:
+    for n in range(300):
+        builder = BatchBuilder()
+        for i in range(3):
+            encoded = batch_module.encode_headers((("h", b"x" * n),))
+            builder.try_add("t", 0, 1, i, i, None, b"v", encoded, 1 << 24)
+        decode_record_groups(builder.encode())
+    assert len(batch_module._LAYOUTS) <= batch_module._MAX_LAYOUTS
 
 
 def test_struct_unpacker_cache_is_bounded() -> None:

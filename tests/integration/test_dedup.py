@@ -218,13 +218,14 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     records = []
     rng = random.Random(7)
     for partition in range(3):
-        offsets = list(range(per_partition)) + rng.sample(range(per_partition), 500)
-        records += [
-            raw_record(partition, o, key=b"k%d" % o, value=b"x" * 50) for o in sorted(offsets)
-        ]
+        # raw layout v2: runs of 100 offsets, 5 of them twice, 5 resends overlapping two runs
+        runs = [(first, first + 99) for first in range(0, per_partition, 100)]
+        runs += rng.sample(runs, 5)
+        runs += [(a + 50, a + 149) for a, _ in rng.sample(runs[:-6], 5)]
+        records += [run_record(partition, a, b) for a, b in sorted(runs)]
     produce_records(downstream_kafka, raw, records)
     env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, tag),
-           "MAX_OFFSETS_PER_TRIGGER": "3000", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
+           "MAX_OFFSETS_PER_TRIGGER": "30", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
     clean_topic = f"clean.{tag}.{SOURCE}"
 
     kill_once_committed(run_dedup(env), downstream_kafka, clean_topic, 9_000)
@@ -233,7 +234,7 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
 
     finish(run_dedup(env, "--until-idle", "8"))
     clean = consume_all(downstream_kafka, clean_topic, timeout=60)
-    counts = Counter((r.partition, r.key) for r in clean)
+    counts = Counter((r.partition, r.timestamp) for r in clean)
     assert [k for k, n in counts.items() if n > 1] == []
     assert len(counts) == 3 * per_partition
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from dedup.faults import FAULT_ENV, FAULT_EXIT
-from tests.integration.test_dedup import SOURCE, finish, job_env, raw_record, run_dedup
+from tests.integration.test_dedup import SOURCE, finish, job_env, run_dedup, run_record
 from tests.kafka_helpers import consume_all, produce_records
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -31,17 +31,17 @@ def fill(downstream_kafka, kafka_topic) -> str:
     rng = random.Random(11)
     records = []
     for partition in range(3):
-        offsets = list(range(PER_PARTITION)) + rng.sample(range(PER_PARTITION), 200)
-        records += [
-            raw_record(partition, o, key=b"k%d" % o, value=b"x" * 30) for o in sorted(offsets)
-        ]
+        # raw layout v2: runs of 20 offsets, 10 of them twice
+        runs = [(first, first + 19) for first in range(0, PER_PARTITION, 20)]
+        runs += rng.sample(runs, 10)
+        records += [run_record(partition, a, b) for a, b in sorted(runs)]
     produce_records(downstream_kafka, raw, records)
     return raw
 
 
 def assert_exactly_once(downstream_kafka, clean_topic: str) -> None:
     clean = consume_all(downstream_kafka, clean_topic, timeout=60)
-    counts = Counter((r.partition, r.key) for r in clean)
+    counts = Counter((r.partition, r.timestamp) for r in clean)
     assert [k for k, n in counts.items() if n > 1] == []
     assert len(counts) == 3 * PER_PARTITION
 
@@ -52,7 +52,7 @@ def test_driver_killed_between_the_kafka_commits_and_sparks_commit_log(
 ) -> None:
     raw = fill(downstream_kafka, kafka_topic)
     env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, raw),
-           "MAX_OFFSETS_PER_TRIGGER": "1500", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
+           "MAX_OFFSETS_PER_TRIGGER": "100", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
     once = tmp_path / "driver-fault"
     crashing = run_dedup({**env, FAULT_ENV: f"driver-after-commit:2:0:{once}"})
     crashing.wait(400)
@@ -77,7 +77,7 @@ def test_retried_tasks_after_a_worker_died_before_and_after_its_commit(
     faults = (f"task-before-commit:*:0:{tmp_path / 'before'},"
               f"task-after-commit:*:1:{tmp_path / 'after'}")  # fmt: skip
     env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, raw),
-           "MAX_OFFSETS_PER_TRIGGER": "1500", "PERSIST_INTERVAL_MS": "0",
+           "MAX_OFFSETS_PER_TRIGGER": "100", "PERSIST_INTERVAL_MS": "0",
            "SPARK_MASTER": "local[2,3]", FAULT_ENV: faults}  # fmt: skip
     run = run_dedup(env, "--until-idle", "6")
     finish(run)

@@ -36,7 +36,8 @@ from typing import Final
 
 from common.errors import RemoteProtocolError
 from common.raw_topic import raw_key, timestamp_type_header
-from common.wire.batch import bytes_item, decode_record_groups, encode_headers
+from common.wire.batch_decode import decode_record_groups
+from common.wire.batch_encode import bytes_item, encode_headers
 from common.wire.envelope import SMALL_LONGS, encode_long
 from common.wire.events import DropReason, Headers, RecordGroup
 

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaException, Producer
 
 from common.errors import RemoteProtocolError, ServiceError
 from common.topic_limits import TimestampWindow
-from common.wire.batch import decode_record_groups
+from common.wire.batch_decode import decode_record_groups
 from common.wire.events import RecordGroup
 from dedup.clean_topics import checked_clean_topic
 from dedup.faults import fault, fault_during

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from common.raw_run import RunBuilder
-from common.wire.batch import decode_record_groups
+from common.wire.batch_decode import decode_record_groups
 from dedup import detect
 from dedup.rows import KIND_RUN, unpack_selection
 

@@ -37,17 +37,17 @@ from cryptography.exceptions import InvalidTag
 
 from common.errors import RemoteProtocolError
 from common.wire import compression as gzip_codec
-from common.wire.batch import (
+from common.wire.batch_decode import decode_record_groups
+from common.wire.config import WireConfig
+from common.wire.control import (
     HEARTBEAT_SCHEMA,
     RESEND_MARKER_SCHEMA,
     WITHHELD_SCHEMA,
     decode_control,
-    decode_record_groups,
     heartbeat_offsets_problem,
     resend_marker_problem,
     withheld_problem,
 )
-from common.wire.config import WireConfig
 from common.wire.crypto import SessionCipher
 from common.wire.envelope import (
     CIPHER_AES_256_GCM,

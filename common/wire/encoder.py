@@ -30,19 +30,21 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from common.errors import ConfigError, LocalProtocolError, RecordTooLarge
 from common.wire import compression as gzip_codec
-from common.wire.batch import (
+from common.wire.batch_encode import (
     BYTES_ITEMS,
-    HEARTBEAT_SCHEMA,
     NULL_ITEM,
-    RESEND_MARKER_SCHEMA,
-    WITHHELD_SCHEMA,
     BatchBuilder,
     bytes_item,
-    encode_control,
     encode_headers,
-    heartbeat_offsets_problem,
 )
 from common.wire.config import WireConfig, fragment_capacity
+from common.wire.control import (
+    HEARTBEAT_SCHEMA,
+    RESEND_MARKER_SCHEMA,
+    WITHHELD_SCHEMA,
+    encode_control,
+    heartbeat_offsets_problem,
+)
 from common.wire.crypto import SessionCipher
 from common.wire.envelope import (
     CIPHER_AES_256_GCM,

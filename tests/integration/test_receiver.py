@@ -17,8 +17,9 @@ import pytest
 
 from common.raw_run import SESSION_HEADER, check_run, parse_run_key
 from common.wire import Key, KeyRing, RecordBatch, WireConfig
-from common.wire.batch import RECORD_BATCH_SCHEMA, RESEND_MARKER_SCHEMA, encode_control
+from common.wire.batch_encode import RECORD_BATCH_SCHEMA
 from common.wire.compression import compress
+from common.wire.control import RESEND_MARKER_SCHEMA, encode_control
 from common.wire.crypto import SessionCipher
 from common.wire.decoder import Decoder
 from common.wire.encoder import Encoder

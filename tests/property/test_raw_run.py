@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from common.errors import RemoteProtocolError
 from common.raw_run import RunBuilder, check_run, parse_run_key
-from common.wire.batch import RECORD_BATCH_SCHEMA, decode_record_groups
+from common.wire.batch_decode import decode_record_groups
+from common.wire.batch_encode import RECORD_BATCH_SCHEMA
 
 
 def reference(data: bytes) -> list[tuple]:

@@ -164,7 +164,7 @@ def test_a_v1_record_leaves_as_a_run_of_one_with_its_provenance_restored() -> No
     )  # fmt: skip
     out = pd.concat(list(detect.detect_group(PARAMS, ("t", 0), iter([batch]), FakeState())))
     payload = out[out["kind"] == "run"]["payload"].iloc[0]
-    from common.wire.batch import decode_record_groups  # noqa: PLC0415
+    from common.wire.batch_decode import decode_record_groups  # noqa: PLC0415
 
     (group,), _ = decode_record_groups(payload)
     assert (group.offsets, group.timestamps, group.timestamp_type) == ((4,), (-5,), 0)

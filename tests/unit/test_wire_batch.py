@@ -10,13 +10,8 @@ import pytest
 from fastavro import schemaless_reader, schemaless_writer
 
 from common.wire import Record
-from common.wire.batch import (
-    RECORD_BATCH_SCHEMA,
-    BatchBuilder,
-    decode_record_batch,
-    decode_record_groups,
-    encode_headers,
-)
+from common.wire.batch_decode import decode_record_batch, decode_record_groups
+from common.wire.batch_encode import RECORD_BATCH_SCHEMA, BatchBuilder, encode_headers
 
 
 @pytest.mark.parametrize("seed", range(20))

@@ -24,7 +24,8 @@ from common.wire import (
     WireConfig,
     fragment_capacity,
 )
-from common.wire.batch import HEARTBEAT_SCHEMA, BatchBuilder, encode_control, encode_headers
+from common.wire.batch_encode import BatchBuilder, encode_headers
+from common.wire.control import HEARTBEAT_SCHEMA, encode_control
 from common.wire.envelope import ENVELOPE_SCHEMA, HEADER_SIZE, KIND_HEARTBEAT
 from tests.wire_support import (
     KEY,

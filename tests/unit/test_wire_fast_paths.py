@@ -27,9 +27,11 @@ from common.wire import (
     Record,
     RecordTooLarge,
     WireConfig,
+    batch_encode,
 )
-from common.wire import batch as batch_module
-from common.wire.batch import RECORD_BATCH_SCHEMA, BatchBuilder, decode_record_groups
+from common.wire import batch_decode as batch_module
+from common.wire.batch_decode import decode_record_groups
+from common.wire.batch_encode import RECORD_BATCH_SCHEMA, BatchBuilder
 from common.wire.crypto import SessionCipher
 from common.wire.envelope import (
     ENVELOPE_SCHEMA,
@@ -158,7 +160,7 @@ def test_header_fast_paths_decode_as_fastavro_does(layouts, picks, seed) -> None
             (name, None if value is None else bytes(rnd.choice(b"ab") for _ in value))
             for name, value in layout
         )
-        encoded = batch_module.encode_headers(headers)
+        encoded = batch_encode.encode_headers(headers)
         assert builder.try_add("t", 0, 1, i, i, None, b"v", encoded, 1 << 24)
     valid = builder.encode()
     assert list(records_of(decode_record_groups(valid)[0])) == _fastavro_records(valid)
@@ -180,7 +182,7 @@ def test_header_layout_cache_is_bounded() -> None:
     for n in range(300):
         builder = BatchBuilder()
         for i in range(3):
-            encoded = batch_module.encode_headers((("h", b"x" * n),))
+            encoded = batch_encode.encode_headers((("h", b"x" * n),))
             builder.try_add("t", 0, 1, i, i, None, b"v", encoded, 1 << 24)
         decode_record_groups(builder.encode())
     assert len(batch_module._LAYOUTS) <= batch_module._MAX_LAYOUTS

@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from common.errors import RemoteProtocolError
 from common.wire import Decoder, Dropped, DropReason, RecordBatch, WireConfig
 from common.wire import compression as gzip_codec
-from common.wire.batch import RECORD_BATCH_SCHEMA, RESEND_MARKER_SCHEMA, encode_control
+from common.wire.batch_encode import RECORD_BATCH_SCHEMA
+from common.wire.control import RESEND_MARKER_SCHEMA, encode_control
 from common.wire.envelope import KIND_RECORD_BATCH, KIND_RESEND_MARKER
 from receiver.config import ReceiverConfig
 from receiver.kafka_sink import RawTopicSink

@@ -9,7 +9,7 @@ import pytest
 
 from common.raw_topic import CONTROL_HEADER, WITHHELD, parse_raw_key, withheld_records
 from common.wire import DropReason, Withheld
-from common.wire.batch import WITHHELD_SCHEMA, encode_control
+from common.wire.control import WITHHELD_SCHEMA, encode_control
 from common.wire.envelope import KIND_WITHHELD
 from dedup import detect, gaps
 from tests.dedup_support import FakeState, delivered

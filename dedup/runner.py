@@ -106,7 +106,7 @@ def drive(
                 if raw is not None:
                     raw.observe_progress(progress)
                 last_progress = progress
-            idle = time.monotonic() - writer.last_input_at
+            idle = writer.idle_s(time.monotonic())
             if until_idle is not None and writer.batches_seen and idle >= until_idle:
                 log.info("no input for %.1f s: stopping", until_idle)
                 stop.set()

@@ -135,6 +135,9 @@ class TransactionalBatchWriter:
         self.batches_seen = 0
         #: monotonic time of the last batch with any input row (for --until-idle)
         self.last_input_at = time.monotonic()
+        #: a batch is being computed and written now (driver thread of Spark's stream execution);
+        #: a slow batch is work, not idleness, so --until-idle never stops in the middle of one
+        self.in_batch = False
         #: the last batch's task rows (tests, bench)
         self.last_tasks: pa.Table | None = None
         #: set by ``request_stop``; ``between_batches`` is set when a batch call returns after it
@@ -195,11 +198,17 @@ class TransactionalBatchWriter:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """Write micro-batch ``batch_id`` (a DataFrame in ``dedup.job.OUTPUT_SCHEMA``)."""
+        self.in_batch = True
         try:
             self._write_batch(df, batch_id)
         finally:
+            self.in_batch = False
             if self._stop_requested.is_set():
                 self.between_batches.set()
+
+    def idle_s(self, now: float) -> float:
+        """Seconds without input (0 while a batch runs: its input is not counted until written)."""
+        return 0.0 if self.in_batch else now - self.last_input_at
 
     def _write_batch(self, df: Any, batch_id: int) -> None:
         started = time.monotonic()

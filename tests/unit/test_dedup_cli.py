@@ -11,6 +11,7 @@ from py4j.protocol import Py4JNetworkError
 
 from dedup import cli, runner
 from dedup.config import from_sources
+from dedup.writer import TransactionalBatchWriter
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
 
@@ -92,6 +93,47 @@ class GoneQuery:
 class Writer:
     last_input_at = 0.0
     batches_seen = 0
+    in_batch = False
+    idle_s = TransactionalBatchWriter.idle_s
+
+
+class Batches:
+    """A query that stays active for ``polls`` polls of the runner, then ends."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls = polls
+
+    @property
+    def isActive(self) -> bool:
+        return self.polls > 0
+
+    def awaitTermination(self, _timeout: float) -> None:
+        self.polls -= 1
+
+    def exception(self) -> None:
+        return None
+
+    lastProgress = None  # noqa: N815
+
+
+@pytest.mark.parametrize("in_batch", [True, False])
+def test_until_idle_never_stops_during_a_batch(in_batch: bool) -> None:
+    """A batch slower than --until-idle (a loaded machine, a cold cluster) is work: stopping
+    then would leave the rest of the raw topic unread by a run that was asked to drain it."""
+    writer = Writer()
+    writer.batches_seen = 1
+    writer.in_batch = in_batch  # the last input came long ago (last_input_at 0.0)
+    stop = threading.Event()
+    stopped: list[bool] = []
+
+    def graceful(_query: Any, _writer: Any) -> None:
+        stopped.append(True)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "_graceful_stop", graceful)
+        runner.drive(Batches(3), writer, None, stop, until_idle=1.0)
+    assert stop.is_set() is (not in_batch)
+    assert stopped == ([] if in_batch else [True])
 
 
 def test_stop_spark_after_a_requested_stop_with_the_jvm_gone_is_logged_at_info(

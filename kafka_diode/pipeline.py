@@ -24,8 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
-
 from common.topic_limits import created_topic_config
 from common.wire.config import WireConfig
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
@@ -33,6 +31,7 @@ from kafka_diode.processes import ManagedProcess, ProcessGroup, diode_command, w
 from kafka_diode.verify import Verdict, verify
 from kafka_diode.workload import Workload, produce
 from runtime import kafka
+from runtime.kafka import TopicSpec
 
 log = logging.getLogger(__name__)
 #: Every component's default max_record_size (the pipeline does not change it).
@@ -156,17 +155,24 @@ class Pipeline:
         n = self.spec.partitions
         largest = max(self.spec.value_size_max, self.spec.huge_size * 5 // 4)
         big = {"max.message.bytes": str(largest + 1024 * 1024)} if largest > 900_000 else {}
-        _create(self.ep.upstream, [NewTopic(t, n, 1, config=big) for t in self.ep.source_topics])
+        _create(
+            self.ep.upstream,
+            [TopicSpec(name=t, partitions=n, config=big) for t in self.ep.source_topics],
+        )
         # as docs/operations.md tells operators: raw and clean topics admit the largest record,
         # clean topics any source timestamp (common/topic_limits.py)
         raw_config = created_topic_config(DEFAULT_MAX_RECORD_SIZE, any_timestamp=False)
         clean_config = created_topic_config(DEFAULT_MAX_RECORD_SIZE, any_timestamp=True)
-        downstream = [NewTopic(self.ep.raw_topic, n, 1, config=raw_config)]
+        downstream = [TopicSpec(name=self.ep.raw_topic, partitions=n, config=raw_config)]
         downstream += [
-            NewTopic(self.ep.clean_template.replace("{topic}", t), n, 1, config=clean_config)
+            TopicSpec(
+                name=self.ep.clean_template.replace("{topic}", t), partitions=n, config=clean_config
+            )
             for t in self.ep.source_topics
         ]
-        downstream.append(NewTopic(self.ep.gap_topic, 1, 1, config={"cleanup.policy": "compact"}))
+        downstream.append(
+            TopicSpec(name=self.ep.gap_topic, partitions=1, config={"cleanup.policy": "compact"})
+        )
         _create(self.ep.downstream, downstream)
 
     def make_key(self) -> None:
@@ -460,12 +466,7 @@ def _run_to_end(proc: ManagedProcess, *, timeout: float) -> None:
         raise RuntimeError(f"{proc.name} exited with {code}:\n{proc.tail()}")
 
 
-def _create(bootstrap: str, topics: list[NewTopic]) -> None:
+def _create(bootstrap: str, topics: list[TopicSpec]) -> None:
+    """Create ``topics`` (the broker's replication factor) and wait for their leaders."""
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 4, "logger": log}
-    admin = kafka.admin(conf)
-    for name, future in admin.create_topics(topics, operation_timeout=30).items():
-        try:
-            future.result(60)
-        except Exception as exc:  # confluent-kafka raises KafkaException with an error code
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise RuntimeError(f"cannot create topic {name}: {exc}") from exc
+    kafka.ensure_topics(conf, topics, timeout=60)

@@ -551,13 +551,9 @@ def _wait_ready(bootstrap: str, deadline: float, alive: Callable[[], bool]) -> N
 def _probe(bootstrap: str, timeout: float) -> None:
     """Produce one record to the probe topic and fetch it back; raise LocalKafkaError if not."""
     # Imported here: status/stop and `--help` must not pay for loading librdkafka.
-    from confluent_kafka import (  # noqa: PLC0415
-        KafkaError,
-        KafkaException,
-        TopicPartition,
-    )
-    from confluent_kafka.cimpl import NewTopic  # noqa: PLC0415
+    from confluent_kafka import TopicPartition  # noqa: PLC0415
 
+    from common.errors import KafkaClientError  # noqa: PLC0415
     from runtime import kafka  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout
@@ -571,13 +567,12 @@ def _probe(bootstrap: str, timeout: float) -> None:
         "log_level": 4,  # no informational lines (%6|…|BGQUEUE|… when a client is destroyed)
         "socket.timeout.ms": 5000,
     }
-    admin = kafka.admin(common)
-    futures = admin.create_topics([NewTopic(PROBE_TOPIC, 1, 1)], request_timeout=timeout)
-    try:
-        futures[PROBE_TOPIC].result(timeout=timeout)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise LocalKafkaError(f"create probe topic: {exc.args[0].str()}") from exc
+    try:  # the broker's (cluster's) default replication factor
+        kafka.ensure_topics(
+            common, [kafka.TopicSpec(name=PROBE_TOPIC, partitions=1)], timeout=timeout
+        )
+    except KafkaClientError as exc:
+        raise LocalKafkaError(f"create probe topic: {exc}") from exc
     delivered: list[tuple[int, str | None]] = []
     token = uuid.uuid4().bytes
 

@@ -24,9 +24,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from common.errors import ConfigError
 from common.topic_limits import created_topic_config
 from common.wire.config import WireConfig
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
+from kafka_diode.local_kafka.cluster import MAX_NODES, LocalCluster
 from kafka_diode.processes import ManagedProcess, ProcessGroup, diode_command, wait_until
 from kafka_diode.verify import Verdict, verify
 from kafka_diode.workload import Workload, produce
@@ -84,10 +86,20 @@ class PipelineSpec:
     """Dedup PERSIST_INTERVAL_MS (trigger interval)."""
     spark_master: str = "local[2]"
     """Dedup SPARK_MASTER."""
+    brokers: int = 1
+    """Nodes of each side's own Kafka (1: a single broker; 3: a replicated cluster)."""
     run_dedup: bool = True
     """Whether to start the Spark dedup (the receiver benchmark does not need it)."""
     extra_env: tuple[tuple[str, str], ...] = ()
     """Extra environment for every component."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.brokers <= MAX_NODES:
+            raise ConfigError(
+                "--brokers",
+                f"{self.brokers} is not a node count",
+                f"use 1 or 3 (at most {MAX_NODES})",
+            )
 
 
 @dataclass
@@ -122,7 +134,7 @@ class Pipeline:
         self.work_dir = work_dir
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.group = ProcessGroup(work_dir / "logs")
-        self.brokers: list[LocalBroker] = []
+        self.brokers: list[LocalBroker | LocalCluster] = []
         self.ep = Endpoints(upstream=upstream or "", downstream=downstream or "")
         run = uuid.uuid4().hex[:8]
         self.ep.prefix = f"r{run}."
@@ -136,16 +148,27 @@ class Pipeline:
     # -- set-up ------------------------------------------------------------------------------
 
     def start_brokers(self) -> None:
-        """Start our own upstream and downstream brokers unless bootstraps were given."""
+        """Start our own upstream and downstream brokers (clusters of ``spec.brokers`` nodes)
+        unless bootstraps were given."""
         for side in ("upstream", "downstream"):
             if getattr(self.ep, side):
                 continue
-            broker = LocalBroker(
-                f"demo-{side}",
-                free_port(),
-                data_dir=self.work_dir / f"kafka-{side}",
-                partitions=self.spec.partitions,
-            )
+            broker: LocalBroker | LocalCluster
+            if self.spec.brokers > 1:
+                broker = LocalCluster(
+                    f"demo-{side}",
+                    brokers=self.spec.brokers,
+                    ports=tuple(free_port() for _ in range(self.spec.brokers)),
+                    data_dir=self.work_dir / f"kafka-{side}",
+                    partitions=self.spec.partitions,
+                )
+            else:
+                broker = LocalBroker(
+                    f"demo-{side}",
+                    free_port(),
+                    data_dir=self.work_dir / f"kafka-{side}",
+                    partitions=self.spec.partitions,
+                )
             self.brokers.append(broker)  # before start: an interrupted start is stopped too
             broker.start()
             setattr(self.ep, side, broker.bootstrap)

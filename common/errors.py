@@ -102,9 +102,12 @@ class ServiceError(DiodeError):
 class KafkaClientError(ServiceError):
     """A Kafka client call failed; ``name`` is librdkafka's error name (e.g. ``_TRANSPORT``)."""
 
-    def __init__(self, message: str, *, name: str, retriable: bool) -> None:
+    def __init__(
+        self, message: str, *, name: str, retriable: bool, topic: str | None = None
+    ) -> None:
         self.name = name
         self.retriable = retriable
+        self.topic = topic  # the topic the failed call was about (creating it), if one
         super().__init__(message)
 
 

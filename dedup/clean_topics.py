@@ -8,14 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterable
-
-from confluent_kafka import KafkaError, KafkaException
-from confluent_kafka.admin import (  # type: ignore[attr-defined]
-    AdminClient,
-    NewTopic,
-)
 
 from common.errors import KafkaClientError, ServiceError
 from common.topic_limits import (
@@ -42,12 +35,8 @@ def ensure_topics(
     compact: bool = False,
     partitions: int | None = None,
 ) -> None:
-    """Create those of ``topics`` that do not exist (clean: NEW_TOPIC_PARTITIONS; else 1)."""
-    admin = kafka.admin(base_conf(settings))
-    existing = admin.list_topics(timeout=KAFKA_TIMEOUT_S).topics
-    missing = [t for t in dict.fromkeys(topics) if t not in existing]
-    if not missing:
-        return
+    """Create those of ``topics`` that do not exist (clean: NEW_TOPIC_PARTITIONS; else 1) and
+    wait for their leaders (runtime.kafka.ensure_topics)."""
     if partitions is None:
         partitions = 1 if compact else settings.new_topic_partitions
     config = (
@@ -55,31 +44,18 @@ def ensure_topics(
         if compact
         else created_topic_config(settings.max_record_size, any_timestamp=True)
     )
-    futures = admin.create_topics(
-        [NewTopic(t, partitions, settings.new_topic_replication, config=config) for t in missing]
-    )
-    for topic, future in futures.items():
-        try:
-            future.result(KAFKA_TIMEOUT_S)
-            log.info("created topic %s (%d partitions)", topic, partitions)
-        except KafkaException as exc:
-            if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise kafka.error(exc, f"cannot create topic {topic!r}") from exc
-    # Created is not yet usable: metadata and leaders reach the brokers a moment later, and a
-    # produce or describe in between fails. Wait for every partition to have a leader.
-    deadline = time.monotonic() + KAFKA_TIMEOUT_S
-    for topic in missing:
-        while not _has_leaders(admin, topic, partitions):
-            if time.monotonic() > deadline:
-                raise ServiceError(f"topic {topic!r} was created but has no leaders yet")
-            time.sleep(0.1)
-
-
-def _has_leaders(admin: AdminClient, topic: str, partitions: int) -> bool:
-    meta = admin.list_topics(topic, timeout=KAFKA_TIMEOUT_S).topics.get(topic)
-    if meta is None or meta.error is not None or len(meta.partitions) < partitions:
-        return False
-    return all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
+    specs = [
+        kafka.TopicSpec(
+            name=t,
+            partitions=partitions,
+            replication=settings.new_topic_replication,
+            config=config,
+        )
+        for t in topics
+    ]
+    ensured = kafka.ensure_topics(base_conf(settings), specs, timeout=KAFKA_TIMEOUT_S)
+    for topic in ensured.created:
+        log.info("created topic %s (%d partitions)", topic, partitions)
 
 
 #: (bootstrap servers, clean topic, max_record_size) -> its window, per process: a Python worker

@@ -180,6 +180,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=1, help="seed of workload and link (1)")
     parser.add_argument("--partitions", type=int, default=3, help="partitions per topic (3)")
     parser.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="nodes of each side's Kafka: 1 (a single broker, fast) or 3 (a KRaft cluster with "
+        "replication factor 3 and min.insync.replicas 2, as production runs; slower) (1)",
+    )
+    parser.add_argument(
         "--rate-bytes",
         type=float,
         default=DEMO_RATE_BYTES,
@@ -269,6 +276,7 @@ def _run(args: argparse.Namespace) -> int:
         profile=args.profile,
         seed=args.seed,
         rate_bytes=args.rate_bytes,
+        brokers=args.brokers,
     )
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="kafka-diode-demo-"))
     console = Console(stderr=False)
@@ -296,7 +304,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _drive(pipeline: Pipeline, args: argparse.Namespace, console: Console) -> int:
-    console.print("starting two Kafka brokers (upstream, downstream)…")
+    if args.brokers > 1:
+        console.print(
+            f"starting two Kafka clusters of {args.brokers} nodes (upstream, downstream)…"
+        )
+    else:
+        console.print("starting two Kafka brokers (upstream, downstream)…")
     pipeline.setup()
     console.print(f"upstream {pipeline.ep.upstream}, downstream {pipeline.ep.downstream}")
     pipeline.start_components(receiver_first=True)

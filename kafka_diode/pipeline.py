@@ -24,15 +24,16 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka.admin import NewTopic  # type: ignore[attr-defined]
-
+from common.errors import ConfigError
 from common.topic_limits import created_topic_config
 from common.wire.config import WireConfig
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
+from kafka_diode.local_kafka.cluster import MAX_NODES, LocalCluster
 from kafka_diode.processes import ManagedProcess, ProcessGroup, diode_command, wait_until
 from kafka_diode.verify import Verdict, verify
 from kafka_diode.workload import Workload, produce
 from runtime import kafka
+from runtime.kafka import TopicSpec
 
 log = logging.getLogger(__name__)
 #: Every component's default max_record_size (the pipeline does not change it).
@@ -85,10 +86,20 @@ class PipelineSpec:
     """Dedup PERSIST_INTERVAL_MS (trigger interval)."""
     spark_master: str = "local[2]"
     """Dedup SPARK_MASTER."""
+    brokers: int = 1
+    """Nodes of each side's own Kafka (1: a single broker; 3: a replicated cluster)."""
     run_dedup: bool = True
     """Whether to start the Spark dedup (the receiver benchmark does not need it)."""
     extra_env: tuple[tuple[str, str], ...] = ()
     """Extra environment for every component."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.brokers <= MAX_NODES:
+            raise ConfigError(
+                "--brokers",
+                f"{self.brokers} is not a node count",
+                f"use 1 or 3 (at most {MAX_NODES})",
+            )
 
 
 @dataclass
@@ -123,7 +134,7 @@ class Pipeline:
         self.work_dir = work_dir
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.group = ProcessGroup(work_dir / "logs")
-        self.brokers: list[LocalBroker] = []
+        self.brokers: list[LocalBroker | LocalCluster] = []
         self.ep = Endpoints(upstream=upstream or "", downstream=downstream or "")
         run = uuid.uuid4().hex[:8]
         self.ep.prefix = f"r{run}."
@@ -137,16 +148,27 @@ class Pipeline:
     # -- set-up ------------------------------------------------------------------------------
 
     def start_brokers(self) -> None:
-        """Start our own upstream and downstream brokers unless bootstraps were given."""
+        """Start our own upstream and downstream brokers (clusters of ``spec.brokers`` nodes)
+        unless bootstraps were given."""
         for side in ("upstream", "downstream"):
             if getattr(self.ep, side):
                 continue
-            broker = LocalBroker(
-                f"demo-{side}",
-                free_port(),
-                data_dir=self.work_dir / f"kafka-{side}",
-                partitions=self.spec.partitions,
-            )
+            broker: LocalBroker | LocalCluster
+            if self.spec.brokers > 1:
+                broker = LocalCluster(
+                    f"demo-{side}",
+                    brokers=self.spec.brokers,
+                    ports=tuple(free_port() for _ in range(self.spec.brokers)),
+                    data_dir=self.work_dir / f"kafka-{side}",
+                    partitions=self.spec.partitions,
+                )
+            else:
+                broker = LocalBroker(
+                    f"demo-{side}",
+                    free_port(),
+                    data_dir=self.work_dir / f"kafka-{side}",
+                    partitions=self.spec.partitions,
+                )
             self.brokers.append(broker)  # before start: an interrupted start is stopped too
             broker.start()
             setattr(self.ep, side, broker.bootstrap)
@@ -156,17 +178,24 @@ class Pipeline:
         n = self.spec.partitions
         largest = max(self.spec.value_size_max, self.spec.huge_size * 5 // 4)
         big = {"max.message.bytes": str(largest + 1024 * 1024)} if largest > 900_000 else {}
-        _create(self.ep.upstream, [NewTopic(t, n, 1, config=big) for t in self.ep.source_topics])
+        _create(
+            self.ep.upstream,
+            [TopicSpec(name=t, partitions=n, config=big) for t in self.ep.source_topics],
+        )
         # as docs/operations.md tells operators: raw and clean topics admit the largest record,
         # clean topics any source timestamp (common/topic_limits.py)
         raw_config = created_topic_config(DEFAULT_MAX_RECORD_SIZE, any_timestamp=False)
         clean_config = created_topic_config(DEFAULT_MAX_RECORD_SIZE, any_timestamp=True)
-        downstream = [NewTopic(self.ep.raw_topic, n, 1, config=raw_config)]
+        downstream = [TopicSpec(name=self.ep.raw_topic, partitions=n, config=raw_config)]
         downstream += [
-            NewTopic(self.ep.clean_template.replace("{topic}", t), n, 1, config=clean_config)
+            TopicSpec(
+                name=self.ep.clean_template.replace("{topic}", t), partitions=n, config=clean_config
+            )
             for t in self.ep.source_topics
         ]
-        downstream.append(NewTopic(self.ep.gap_topic, 1, 1, config={"cleanup.policy": "compact"}))
+        downstream.append(
+            TopicSpec(name=self.ep.gap_topic, partitions=1, config={"cleanup.policy": "compact"})
+        )
         _create(self.ep.downstream, downstream)
 
     def make_key(self) -> None:
@@ -460,12 +489,7 @@ def _run_to_end(proc: ManagedProcess, *, timeout: float) -> None:
         raise RuntimeError(f"{proc.name} exited with {code}:\n{proc.tail()}")
 
 
-def _create(bootstrap: str, topics: list[NewTopic]) -> None:
+def _create(bootstrap: str, topics: list[TopicSpec]) -> None:
+    """Create ``topics`` (the broker's replication factor) and wait for their leaders."""
     conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 4, "logger": log}
-    admin = kafka.admin(conf)
-    for name, future in admin.create_topics(topics, operation_timeout=30).items():
-        try:
-            future.result(60)
-        except Exception as exc:  # confluent-kafka raises KafkaException with an error code
-            if "TOPIC_ALREADY_EXISTS" not in str(exc):
-                raise RuntimeError(f"cannot create topic {name}: {exc}") from exc
+    kafka.ensure_topics(conf, topics, timeout=60)

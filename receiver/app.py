@@ -64,7 +64,7 @@ from receiver.metrics import (
     make_registry,
 )
 from receiver.pubkey import PublicKeyGlue
-from receiver.topic_check import raw_topic_problem
+from receiver.topic_check import ensure_raw_topic, raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 from runtime import link_key, service
 
@@ -143,6 +143,11 @@ class Receiver:
         )
         if "{topic}" not in self.config.raw_topic:
             raw = self.config.raw_topic
+            try:  # before the sink's first lookup, which a broker may answer by auto-creating it
+                await loop.run_in_executor(None, ensure_raw_topic, self.config, raw)
+            except ConfigError:
+                await sink.close(0)
+                raise
             sink.checked_elsewhere.add(raw)  # below, where a problem stops the start-up
             if not await sink.wait_metadata(raw, self.config.metadata_timeout):
                 sink.checked_elsewhere.discard(raw)  # checked when it appears

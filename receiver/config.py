@@ -144,6 +144,19 @@ class ReceiverConfig:
     run_linger: float = DEFAULT_RUN_LINGER
     """Seconds a run may wait for the next record of its partition before it is written (0: runs
     end with each datagram)."""
+    create_raw_topic: bool = True
+    """Create the raw topic at start-up when it is missing (a fixed raw_topic, not a {topic}
+    template), with raw_topic_partitions, raw_topic_replication, raw_topic_min_insync_replicas
+    and the max.message.bytes the largest raw record needs; an existing topic is left as it is."""
+    raw_topic_partitions: int = 6
+    """Partitions of a raw topic the receiver creates (the dedup reads one Spark task per raw
+    partition: at least its cores)."""
+    raw_topic_replication: int = 3
+    """Replication factor of a raw topic the receiver creates (-1: the broker's
+    default.replication.factor; 1 for a single-broker test cluster)."""
+    raw_topic_min_insync_replicas: int = 2
+    """min.insync.replicas of a raw topic the receiver creates (-1: the broker's default): with
+    acks=all a write needs this many replicas, so one broker may be down without loss."""
     metadata_timeout: float = 5.0
     """Seconds one raw topic metadata lookup (partition count) may take before it is retried."""
     metadata_refresh: float = 300.0
@@ -245,6 +258,28 @@ class ReceiverConfig:
             "buffer_max_bytes",
             "is outside librdkafka's range 1 KiB..2 TiB",
             "e.g. 536870912",
+        )
+        need(
+            1 <= self.raw_topic_partitions <= 100_000,
+            "raw_topic_partitions",
+            f"{self.raw_topic_partitions} is outside 1..100000",
+            "e.g. 6",
+        )
+        for name in ("raw_topic_replication", "raw_topic_min_insync_replicas"):
+            value = getattr(self, name)
+            need(
+                value == -1 or 1 <= value <= 32,
+                name,
+                f"{value} is neither -1 (the broker's default) nor in 1..32",
+                "e.g. 3 replicas with 2 in sync; 1 and 1 for a single-broker cluster",
+            )
+        need(
+            self.raw_topic_replication == -1
+            or self.raw_topic_min_insync_replicas <= self.raw_topic_replication,
+            "raw_topic_min_insync_replicas",
+            f"{self.raw_topic_min_insync_replicas} is above raw_topic_replication "
+            f"{self.raw_topic_replication}: no write to the created topic could succeed",
+            "at most raw_topic_replication - 1, so a broker may be down",
         )
         for name in ("metadata_timeout", "metadata_refresh", "overflow_report_interval"):
             need(getattr(self, name) > 0, name, "must be positive", "e.g. the default")

@@ -1,7 +1,14 @@
-"""Does the raw topic admit what the receiver is configured to write? (Kafka I/O, blocking).
+"""The raw topic: created when missing, and does it admit what the receiver is configured to
+write? (Kafka I/O, blocking; called on an executor thread at start-up.)
 
-Read with an AdminClient ``describe_configs`` where the credentials allow it; the rule itself is
-``common.topic_limits.size_problem``. A topic whose configuration cannot be read (no
+:func:`ensure_raw_topic` creates a missing fixed raw topic (``create_raw_topic``) with the
+partitions, replication, ``min.insync.replicas`` and ``max.message.bytes`` of the settings, through
+``runtime.kafka.ensure_topics`` (as the dedup creates its topics), before anything looks the topic
+up: a producer's metadata request would otherwise let a broker with ``auto.create.topics.enable``
+create it with its defaults (one replica, about 1 MB). An existing topic is left as it is.
+
+Its limits are read with an AdminClient ``describe_configs`` where the credentials allow it; the
+rule itself is ``common.topic_limits.size_problem``. A topic whose configuration cannot be read (no
 ``DescribeConfigs`` permission, not there yet) is not a problem here: the broker still enforces
 its limit, and a record it refuses is reported as lost (``delivery_errors``, ranges logged).
 """
@@ -12,8 +19,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from common.errors import KafkaClientError
-from common.topic_limits import size_problem
+from common.errors import ConfigError, KafkaClientError
+from common.topic_limits import created_topic_config, size_problem
 from receiver.config import ReceiverConfig
 from runtime import kafka
 
@@ -38,3 +45,73 @@ def raw_topic_problem(config: ReceiverConfig, topic: str) -> str | None:
         return None
     key, size = config.raw_size_setting()
     return size_problem(topic, configs, size, key, both_sides=key == "max_record_size")
+
+
+def raw_topic_spec(config: ReceiverConfig, topic: str) -> kafka.TopicSpec:
+    """How the receiver creates ``topic``: the settings' partitions and replication, and the
+    ``max.message.bytes`` its largest raw record needs."""
+    _, size = config.raw_size_setting()
+    settings = created_topic_config(size, any_timestamp=False)
+    if config.raw_topic_min_insync_replicas != -1:
+        settings["min.insync.replicas"] = str(config.raw_topic_min_insync_replicas)
+    return kafka.TopicSpec(
+        name=topic,
+        partitions=config.raw_topic_partitions,
+        replication=config.raw_topic_replication,
+        config=settings,
+    )
+
+
+def ensure_raw_topic(config: ReceiverConfig, topic: str) -> bool:
+    """Create ``topic`` if it is missing (``create_raw_topic``); True if this call created it.
+
+    An unreachable cluster is not an error here (logged; the receiver starts and records wait in
+    its backlog, as for a broker that goes away later).
+
+    Raises:
+        ConfigError: the cluster refused to create the topic, naming the setting to change
+            (``raw_topic_replication`` for too few brokers) or what to do instead.
+    """
+    if not config.create_raw_topic:
+        return False
+    conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka}
+    spec = raw_topic_spec(config, topic)
+    try:
+        ensured = kafka.ensure_topics(
+            conf,
+            [spec],
+            timeout=max(30.0, config.metadata_timeout),
+            reach_timeout=config.metadata_timeout,
+        )
+    except KafkaClientError as exc:
+        if exc.topic is None:
+            log.warning(
+                "cannot create raw topic %s now (%s); created when it is needed", topic, exc
+            )
+            return False
+        if exc.name == "INVALID_REPLICATION_FACTOR":
+            raise ConfigError(
+                "raw_topic_replication",
+                f"{exc}",
+                "set raw_topic_replication (and raw_topic_min_insync_replicas) to at most the "
+                "cluster's broker count, e.g. 1 and 1 for a single-broker test cluster",
+            ) from exc
+        raise ConfigError(
+            "create_raw_topic",
+            f"{exc}",
+            f"create it yourself: kafka-topics --bootstrap-server HOST:PORT --create --topic "
+            f"{topic} --partitions {spec.partitions} --replication-factor "
+            f"{spec.replication} "
+            + " ".join(f"--config {k}={v}" for k, v in spec.config.items())
+            + ", or allow the receiver's principal to create topics, or set "
+            "create_raw_topic = false",
+        ) from exc
+    if ensured.created:
+        log.info(
+            "created raw topic %s: %d partitions, replication %s, %s",
+            topic,
+            spec.partitions,
+            spec.replication if spec.replication != -1 else "the broker's default",
+            ", ".join(f"{k}={v}" for k, v in spec.config.items()),
+        )
+    return bool(ensured.created)

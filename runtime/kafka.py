@@ -4,8 +4,10 @@ Every component asks here for a :func:`producer`, :func:`consumer` or :func:`adm
 the client refuses becomes a :class:`~common.errors.ConfigError` naming it, at start-up, instead
 of a bare ``KafkaException`` wherever the client happened to be built. :func:`error` maps a
 ``KafkaException``/``KafkaError`` met later to :class:`~common.errors.KafkaClientError` with
-librdkafka's error name and retriable flag. :func:`read_to_end` reads a (compacted) topic from its
-beginning to its current end, the way ``gaps`` and ``bundle`` read the gap topic.
+librdkafka's error name and retriable flag. :func:`ensure_topics` creates the topics a component
+needs and waits for their leaders (the one place that does, for every component).
+:func:`read_to_end` reads a (compacted) topic from its beginning to its current end, the way
+``gaps`` and ``bundle`` read the gap topic.
 
 Importable inside Spark executors (the dedup's writer runs there): no asyncio, no event loop.
 """
@@ -14,7 +16,8 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from confluent_kafka import (
@@ -28,6 +31,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AdminClient,
     ConfigResource,
+    NewTopic,
     ResourceType,
 )
 
@@ -73,14 +77,155 @@ def _text(exc: BaseException) -> str:
     return str(exc)
 
 
-def error(exc: KafkaException | KafkaError, doing: str) -> KafkaClientError:
-    """``exc`` (raised or reported while ``doing``) as our exception, to ``raise ... from exc``."""
+def error(
+    exc: KafkaException | KafkaError, doing: str, *, topic: str | None = None
+) -> KafkaClientError:
+    """``exc`` (raised or reported while ``doing``) as our exception, to ``raise ... from exc``;
+    ``topic``: the topic the call was about, if one."""
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
     if isinstance(err, KafkaError):
         return KafkaClientError(
-            f"{doing}: {err.str()}", name=err.name(), retriable=bool(err.retriable())
+            f"{doing}: {err.str()}",
+            name=err.name(),
+            retriable=bool(err.retriable()),
+            topic=topic,
         )
-    return KafkaClientError(f"{doing}: {exc}", name="", retriable=False)
+    return KafkaClientError(f"{doing}: {exc}", name="", retriable=False, topic=topic)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TopicSpec:
+    """A topic to create when it is missing (an existing topic is left as it is)."""
+
+    name: str
+    """The topic's name."""
+    partitions: int = -1
+    """Partitions to create it with; -1: the broker's ``num.partitions``."""
+    replication: int = -1
+    """Replication factor to create it with; -1: the broker's ``default.replication.factor``."""
+    config: Mapping[str, str] = field(default_factory=dict)
+    """Topic settings to create it with (``max.message.bytes``, ``cleanup.policy``, ...)."""
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("topic", "a topic name must not be empty", "name the topic")
+        for key, value in (("partitions", self.partitions), ("replication", self.replication)):
+            if value != -1 and value < 1:
+                raise ConfigError(
+                    f"{self.name}.{key}",
+                    f"must be at least 1 (or -1 for the broker's default), not {value}",
+                )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EnsuredTopics:
+    """What :func:`ensure_topics` found and did."""
+
+    created: tuple[str, ...]
+    """Topics this call created (in the order given)."""
+    partitions: Mapping[str, int]
+    """Partition count of every topic asked for, created or found."""
+
+
+def ensure_topics(
+    conf: Mapping[str, Any],
+    specs: Iterable[TopicSpec],
+    *,
+    timeout: float,
+    reach_timeout: float | None = None,
+) -> EnsuredTopics:
+    """Create those of ``specs`` that do not exist, and return once every partition of the
+    topics it created has a leader (created is not yet usable: metadata and leaders reach the
+    brokers a moment later, and a produce or describe in between fails).
+
+    A topic that someone else creates meanwhile (``TOPIC_ALREADY_EXISTS``) counts as found.
+    Existing topics are not changed, nor checked: their partitions are reported for the caller
+    to judge.
+
+    Args:
+        conf: client properties (``bootstrap.servers``, security).
+        specs: the topics; a name given twice is asked for once (the first spec wins).
+        timeout: seconds for the creation and for the leaders to appear.
+        reach_timeout: seconds for the first metadata answer (default: ``timeout``).
+
+    Raises:
+        ConfigError: the client refused ``conf``.
+        KafkaClientError: the cluster did not answer in time (``topic`` None), refused to create
+            a topic (``topic`` set; ``name`` says why: ``INVALID_REPLICATION_FACTOR``,
+            ``POLICY_VIOLATION``, ``TOPIC_AUTHORIZATION_FAILED``, ...), or a created topic had
+            no leader within ``timeout`` (``name`` ``_TIMED_OUT``).
+    """
+    wanted: dict[str, TopicSpec] = {}
+    for spec in specs:
+        wanted.setdefault(spec.name, spec)
+    client = admin(conf)
+    reach = timeout if reach_timeout is None else min(reach_timeout, timeout)
+    where = conf.get("bootstrap.servers", "?")
+    try:
+        metadata = client.list_topics(timeout=reach).topics
+    except KafkaException as exc:
+        raise error(exc, f"cannot reach Kafka at {where} within {reach:.0f} s") from exc
+    found = {
+        name: len(meta.partitions)
+        for name in wanted
+        if (meta := metadata.get(name)) is not None and meta.error is None
+    }
+    missing = [spec for name, spec in wanted.items() if name not in found]
+    created: list[str] = []
+    if missing:
+        futures = client.create_topics(
+            [NewTopic(s.name, s.partitions, s.replication, config=dict(s.config)) for s in missing],
+            operation_timeout=timeout,
+            request_timeout=timeout,
+        )
+        for spec in missing:
+            try:
+                futures[spec.name].result(timeout + 5)
+                created.append(spec.name)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                    continue  # created meanwhile by someone else
+                raise error(exc, f"cannot create topic {spec.name!r}", topic=spec.name) from exc
+        found.update(_wait_for_leaders(client, missing, timeout))
+    return EnsuredTopics(created=tuple(created), partitions=found)
+
+
+def _wait_for_leaders(
+    client: AdminClient, specs: Sequence[TopicSpec], timeout: float
+) -> dict[str, int]:
+    """Poll metadata until every partition of ``specs`` has a leader; their partition counts."""
+    deadline = time.monotonic() + timeout
+    waiting = {spec.name: spec for spec in specs}
+    counts: dict[str, int] = {}
+    while True:
+        try:
+            metadata = client.list_topics(timeout=max(1.0, deadline - time.monotonic())).topics
+        except KafkaException:
+            metadata = {}  # asked again until the deadline
+        for name, spec in list(waiting.items()):
+            meta = metadata.get(name)
+            if (
+                meta is not None
+                and meta.error is None
+                and meta.partitions
+                and len(meta.partitions) >= spec.partitions
+                and all(p.leader >= 0 and p.error is None for p in meta.partitions.values())
+            ):
+                counts[name] = len(meta.partitions)
+                del waiting[name]
+        if not waiting:
+            return counts
+        if time.monotonic() >= deadline:
+            names = ", ".join(waiting)
+            raise KafkaClientError(
+                f"topics {names} were created but have no leader after {timeout:.0f} s:"
+                " check the brokers' logs",
+                name="_TIMED_OUT",
+                retriable=True,
+                topic=next(iter(waiting)),
+            )
+        time.sleep(0.1)  # poll interval of a condition wait with a deadline
 
 
 def topic_config(conf: Mapping[str, Any], topic: str, timeout: float) -> dict[str, str]:

@@ -92,6 +92,47 @@ _LOG4J2_XML = """<?xml version="1.0" encoding="UTF-8"?>
 
 
 @dataclass(frozen=True, slots=True)
+class ClusterMembership:
+    """A broker's place in a local cluster (kafka_diode.local_kafka.cluster): every node is a
+    combined broker and controller, and the controllers form a static quorum."""
+
+    cluster: str
+    """The cluster's name (its nodes are ``<cluster>-1``, ``<cluster>-2``, ...)."""
+    node_id: int
+    """This node's ``node.id`` (1-based)."""
+    voters: str
+    """``controller.quorum.voters``: ``1@127.0.0.1:PORT,2@...`` (fixed for the cluster's life)."""
+    controller_port: int
+    """This node's controller port (one of the voters')."""
+    size: int
+    """Nodes in the cluster: internal topics get min(3, size) replicas, 2 in sync."""
+    cluster_id: str
+    """The KRaft cluster id every node's storage is formatted with."""
+
+    @property
+    def replication(self) -> int:
+        """Replication factor of internal and default topics."""
+        return min(3, self.size)
+
+    @property
+    def min_insync(self) -> int:
+        """``min.insync.replicas``: 2 (one broker may be down without refusing writes)."""
+        return min(2, self.replication)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ClusterMembership:
+        """Parse the ``membership`` object of a ``broker.json``."""
+        return cls(
+            cluster=str(data["cluster"]),
+            node_id=int(data["node_id"]),
+            voters=str(data["voters"]),
+            controller_port=int(data["controller_port"]),
+            size=int(data["size"]),
+            cluster_id=str(data["cluster_id"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class BrokerState:
     """What ``broker.json`` records about a started broker."""
 
@@ -113,11 +154,15 @@ class BrokerState:
     """The Apache Kafka release running."""
     started_at: float
     """Unix time the JVM was launched."""
+    membership: ClusterMembership | None = None
+    """Its place in a local cluster; None for a single-node broker."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BrokerState:
         """Parse a ``broker.json`` document (unknown keys are ignored)."""
+        member = data.get("membership")
         return cls(
+            membership=ClusterMembership.from_json(member) if member else None,
             name=str(data["name"]),
             pid=int(data["pid"]),
             port=int(data["port"]),
@@ -253,8 +298,10 @@ class LocalBroker:
         partitions: int = 1,
         heap_mb: int = DEFAULT_HEAP_MB,
         env: Mapping[str, str] | None = None,
+        membership: ClusterMembership | None = None,
     ) -> None:
         self.name = validate_name(name)
+        self.membership = membership
         self.port = validate_port(port)
         if partitions < 1:
             raise ConfigError("--partitions", f"{partitions} is not a partition count", "use >= 1")
@@ -304,6 +351,16 @@ class LocalBroker:
         Raises:
             LocalKafkaError: Java/jars unusable, port taken, or the broker did not become ready.
         """
+        self.launch(timeout)
+        return self.wait_ready(timeout)
+
+    def launch(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> BrokerState:
+        """Launch the JVM (or find it running here) without waiting for it to be usable: the
+        nodes of a cluster are all launched before any can be ready (a quorum needs a majority).
+
+        Raises:
+            LocalKafkaError: Java/jars unusable, port taken, or the name runs elsewhere.
+        """
         with _name_lock(self.name, self._env):
             existing = self.state
             if existing is not None and is_our_broker(existing.pid, self.name, self.data_dir):
@@ -313,7 +370,6 @@ class LocalBroker:
                         f"stop it first (kafka-diode local-kafka stop --name {self.name})"
                     )
                 self._state = existing
-                _wait_ready(existing.bootstrap, time.monotonic() + timeout, alive=self.is_running)
                 return existing
             other = _index_entry(self.name, self._env)
             if other is not None and Path(other) != self.data_dir:
@@ -333,6 +389,18 @@ class LocalBroker:
             state = self._launch(java, jars, previous=existing)
             self._state = state
             _write_index(self.name, self.data_dir, self._env)
+            return state
+
+    def wait_ready(self, timeout: float = DEFAULT_START_TIMEOUT_S) -> BrokerState:
+        """Wait until the launched broker accepts a produce and serves it back to a fetch;
+        stop it and raise with its log's last words if it does not in ``timeout`` seconds.
+
+        Raises:
+            LocalKafkaError: not launched, exited, or not ready in time.
+        """
+        state = self.state
+        if state is None:
+            raise LocalKafkaError(f"broker {self.name!r} was never started")
         try:
             _wait_ready(state.bootstrap, time.monotonic() + timeout, alive=self.is_running)
         except LocalKafkaError as exc:
@@ -340,6 +408,19 @@ class LocalBroker:
             raise LocalKafkaError(f"{exc}{self._log_tail()}") from exc
         log.info("broker %s ready at %s (pid %d)", self.name, state.bootstrap, state.pid)
         return state
+
+    def kill(self) -> bool:
+        """SIGKILL this broker's JVM (a crash, for failover tests); its index entry and data stay
+        for a restart. Returns False if it was not running."""
+        with _name_lock(self.name, self._env):
+            state = self.state
+            if state is None or not self.is_running():
+                return False
+            _signal(state.pid, signal.SIGKILL, self.name, self.data_dir, self._process)
+            if not _wait_gone(state.pid, self.name, self.data_dir, 10.0, self._process):
+                raise LocalKafkaError(f"broker {self.name!r} (pid {state.pid}) survived SIGKILL")
+            self._process = None
+            return True
 
     def stop(self, timeout: float = DEFAULT_STOP_TIMEOUT_S) -> bool:
         """Stop this broker: SIGTERM, wait, SIGKILL after ``timeout``. Idempotent.
@@ -353,8 +434,13 @@ class LocalBroker:
             if state is not None:
                 stopped = _terminate(state, self.data_dir, timeout, self._process)
             self._process = None
-            _remove_index(self.name, self.data_dir, self._env)
+            if self.membership is None:  # a cluster's nodes stay known until the cluster stops
+                _remove_index(self.name, self.data_dir, self._env)
             return stopped
+
+    def forget(self) -> None:
+        """Drop this broker from the name index (a stopped cluster's nodes)."""
+        _remove_index(self.name, self.data_dir, self._env)
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -362,11 +448,16 @@ class LocalBroker:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         log_dirs = self.data_dir / "kraft-logs"
-        controller_port = _controller_port(previous, self.port)
-        cluster_id = _formatted_cluster_id(log_dirs) or new_cluster_id()
+        member = self.membership
+        controller_port = (
+            member.controller_port if member is not None else _controller_port(previous, self.port)
+        )
+        cluster_id = _formatted_cluster_id(log_dirs) or (
+            member.cluster_id if member is not None else new_cluster_id()
+        )
         properties = self.data_dir / "server.properties"
         properties.write_text(
-            _server_properties(self.port, controller_port, log_dirs, self.partitions),
+            _server_properties(self.port, controller_port, log_dirs, self.partitions, member),
             encoding="utf-8",
         )
         log4j = self.data_dir / "log4j2.xml"
@@ -417,6 +508,7 @@ class LocalBroker:
             cluster_id=cluster_id,
             kafka_version=artifacts.KAFKA_VERSION,
             started_at=time.time(),
+            membership=member,
         )
         _write_json_atomic(self.data_dir / STATE_FILE, asdict(state))
         return state
@@ -486,11 +578,27 @@ def _formatted_cluster_id(log_dirs: Path) -> str | None:
 EMBEDDED_MESSAGE_MAX_BYTES = 16 * 1024 * 1024 + 64 * 1024
 
 
-def _server_properties(port: int, controller_port: int, log_dirs: Path, partitions: int) -> str:
+def _server_properties(
+    port: int,
+    controller_port: int,
+    log_dirs: Path,
+    partitions: int,
+    member: ClusterMembership | None = None,
+) -> str:
+    replicas, in_sync = (
+        ("1", "1")
+        if member is None
+        else (
+            str(member.replication),
+            str(member.min_insync),
+        )
+    )
     settings = {
         "process.roles": "broker,controller",
-        "node.id": "1",
-        "controller.quorum.voters": f"1@{HOST}:{controller_port}",
+        "node.id": "1" if member is None else str(member.node_id),
+        "controller.quorum.voters": (
+            f"1@{HOST}:{controller_port}" if member is None else member.voters
+        ),
         "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
         "controller.listener.names": "CONTROLLER",
@@ -498,17 +606,19 @@ def _server_properties(port: int, controller_port: int, log_dirs: Path, partitio
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": str(log_dirs),
         "num.partitions": str(partitions),
-        "default.replication.factor": "1",
-        "min.insync.replicas": "1",
+        # A cluster: 3 replicas, 2 in sync, everywhere (internal topics, transaction state,
+        # topics created with the default), as production clusters run.
+        "default.replication.factor": replicas,
+        "min.insync.replicas": in_sync,
         "auto.create.topics.enable": "true",
-        "offsets.topic.replication.factor": "1",
+        "offsets.topic.replication.factor": replicas,
         # Fewer internal partitions: the first consumer group and first transaction come up fast.
         "offsets.topic.num.partitions": "5",
-        "transaction.state.log.replication.factor": "1",
-        "transaction.state.log.min.isr": "1",
+        "transaction.state.log.replication.factor": replicas,
+        "transaction.state.log.min.isr": in_sync,
         "transaction.state.log.num.partitions": "5",
-        "share.coordinator.state.topic.replication.factor": "1",
-        "share.coordinator.state.topic.min.isr": "1",
+        "share.coordinator.state.topic.replication.factor": replicas,
+        "share.coordinator.state.topic.min.isr": in_sync,
         "group.initial.rebalance.delay.ms": "0",
         "num.network.threads": "2",
         "num.io.threads": "4",
@@ -551,13 +661,9 @@ def _wait_ready(bootstrap: str, deadline: float, alive: Callable[[], bool]) -> N
 def _probe(bootstrap: str, timeout: float) -> None:
     """Produce one record to the probe topic and fetch it back; raise LocalKafkaError if not."""
     # Imported here: status/stop and `--help` must not pay for loading librdkafka.
-    from confluent_kafka import (  # noqa: PLC0415
-        KafkaError,
-        KafkaException,
-        TopicPartition,
-    )
-    from confluent_kafka.cimpl import NewTopic  # noqa: PLC0415
+    from confluent_kafka import TopicPartition  # noqa: PLC0415
 
+    from common.errors import KafkaClientError  # noqa: PLC0415
     from runtime import kafka  # noqa: PLC0415
 
     deadline = time.monotonic() + timeout
@@ -571,13 +677,12 @@ def _probe(bootstrap: str, timeout: float) -> None:
         "log_level": 4,  # no informational lines (%6|…|BGQUEUE|… when a client is destroyed)
         "socket.timeout.ms": 5000,
     }
-    admin = kafka.admin(common)
-    futures = admin.create_topics([NewTopic(PROBE_TOPIC, 1, 1)], request_timeout=timeout)
-    try:
-        futures[PROBE_TOPIC].result(timeout=timeout)
-    except KafkaException as exc:
-        if exc.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-            raise LocalKafkaError(f"create probe topic: {exc.args[0].str()}") from exc
+    try:  # the broker's (cluster's) default replication factor
+        kafka.ensure_topics(
+            common, [kafka.TopicSpec(name=PROBE_TOPIC, partitions=1)], timeout=timeout
+        )
+    except KafkaClientError as exc:
+        raise LocalKafkaError(f"create probe topic: {exc}") from exc
     delivered: list[tuple[int, str | None]] = []
     token = uuid.uuid4().bytes
 
@@ -714,7 +819,8 @@ def broker_by_name(name: str, env: Mapping[str, str] | None = None) -> LocalBrok
         return None
     state = read_state(Path(data_dir))
     port = state.port if state is not None else 1
-    return LocalBroker(name, port, data_dir=data_dir, env=env)
+    membership = state.membership if state is not None else None
+    return LocalBroker(name, port, data_dir=data_dir, env=env, membership=membership)
 
 
 def list_brokers(env: Mapping[str, str] | None = None) -> list[BrokerStatus]:

@@ -13,7 +13,7 @@ import time
 from collections.abc import Sequence
 
 from common.errors import ConfigError, LocalKafkaError
-from kafka_diode.local_kafka import broker
+from kafka_diode.local_kafka import broker, cluster
 from runtime import maven as artifacts
 
 EXIT_FAILURE = 1
@@ -35,8 +35,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description=(
-            f"Run real Apache Kafka {artifacts.KAFKA_VERSION} brokers on this host (KRaft, single "
-            "node, combined broker+controller) as background processes, for tests and the demo."
+            f"Run real Apache Kafka {artifacts.KAFKA_VERSION} brokers on this host (KRaft, "
+            "combined broker+controller) as background processes, for tests and the demo: a "
+            "single-node broker, or a cluster of --brokers nodes replicated as production "
+            "clusters are."
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -47,14 +49,32 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "start",
         help="start a broker (formats storage on first start) and print its bootstrap address",
         description=(
-            "Start a broker in the background and wait until it accepts a produce and a fetch. "
-            "The last line on stdout is the bootstrap address (host:port). Starting a name that "
-            "already runs on the same port just prints its address."
+            "Start a broker (or with --brokers N a cluster of N nodes named NAME-1..NAME-N) in "
+            "the background and wait until it accepts a produce and a fetch. The last line on "
+            "stdout is the bootstrap address (host:port[,host:port...]). Starting a name that "
+            "already runs on the same port just prints its address; starting a stopped or "
+            "killed node of a known cluster by its name (NAME-2) restarts that node alone."
         ),
     )
-    start.add_argument("--name", required=True, help="broker name, used by stop and status")
     start.add_argument(
-        "--port", required=True, type=int, help="client (PLAINTEXT) port on 127.0.0.1"
+        "--name",
+        required=True,
+        help="broker, cluster or cluster node name, used by stop and status",
+    )
+    start.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="client (PLAINTEXT) port on 127.0.0.1; a cluster uses PORT..PORT+N-1 (required "
+        "unless NAME is a node of a known cluster)",
+    )
+    start.add_argument(
+        "--brokers",
+        type=int,
+        default=1,
+        help="nodes: 1 is a single-node broker (replication 1); 3 (2..9) a cluster with a "
+        "3-controller quorum, replication factor min(3, N) for internal topics, transaction "
+        "state and default topics, min.insync.replicas 2 (default: %(default)s)",
     )
     start.add_argument(
         "--data-dir",
@@ -82,10 +102,14 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
     stop = commands.add_parser(
         "stop",
-        help="stop a broker by name (SIGTERM, then SIGKILL after --timeout)",
-        description="Stop the named broker and only it; its data dir is kept for the next start.",
+        help="stop a broker, a cluster or one node of a cluster by name (SIGTERM, then SIGKILL)",
+        description=(
+            "Stop the named broker and only it; a cluster's name stops every node, a node's "
+            "name (NAME-2) only that node (start it again by the same name). Data dirs are kept "
+            "for the next start."
+        ),
     )
-    stop.add_argument("--name", required=True, help="the name given to start")
+    stop.add_argument("--name", required=True, help="the name given to start, or a node's name")
     stop.add_argument(
         "--timeout",
         type=float,
@@ -93,10 +117,23 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="seconds to wait after SIGTERM before SIGKILL (default: %(default)s)",
     )
 
+    kill = commands.add_parser(
+        "kill",
+        help="SIGKILL a broker or one node of a cluster by name (a crash, for failover tests)",
+        description=(
+            "Kill the named broker's JVM with SIGKILL, as a crash would; its data dir and name "
+            "stay, so 'start --name NAME' restarts it (a cluster node without --port)."
+        ),
+    )
+    kill.add_argument("--name", required=True, help="a broker's or a cluster node's name")
+
     commands.add_parser(
         "status",
-        help="list known brokers and whether they run",
-        description="Print a table of the brokers in the index: name, state, pid, bootstrap, dir.",
+        help="list known brokers and cluster nodes and whether they run",
+        description=(
+            "Print a table of the brokers in the index: name, state, pid, bootstrap, cluster "
+            "(with its node id), data dir."
+        ),
     )
     commands.add_parser(
         "fetch",
@@ -117,6 +154,8 @@ def main(argv: Sequence[str], prog: str = "kafka-diode local-kafka") -> int:
             return _start(args)
         if args.command == "stop":
             return _stop(args)
+        if args.command == "kill":
+            return _kill(args)
         if args.command == "status":
             return _status()
         return _fetch()
@@ -126,6 +165,24 @@ def main(argv: Sequence[str], prog: str = "kafka-diode local-kafka") -> int:
 
 
 def _start(args: argparse.Namespace) -> int:
+    if args.brokers != 1:
+        return _start_cluster(args)
+    if args.port is None:
+        node = broker.broker_by_name(args.name)
+        if node is None or node.membership is None:
+            raise ConfigError("--port", "a new broker needs its port", "give --port")
+        print(
+            f"starting node {args.name!r} of cluster {node.membership.cluster!r} ...",
+            file=sys.stderr,
+        )
+        began = time.monotonic()
+        state = node.start(timeout=args.timeout)
+        print(
+            f"node {args.name!r} ready in {time.monotonic() - began:.1f} s (pid {state.pid})",
+            file=sys.stderr,
+        )
+        print(state.bootstrap)
+        return 0
     local = broker.LocalBroker(
         args.name,
         args.port,
@@ -145,7 +202,39 @@ def _start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _start_cluster(args: argparse.Namespace) -> int:
+    local = cluster.LocalCluster(
+        args.name,
+        args.port,
+        brokers=args.brokers,
+        data_dir=args.data_dir,
+        partitions=args.partitions,
+        heap_mb=args.heap_mb,
+    )
+    print(
+        f"starting cluster {args.name!r} of {args.brokers} nodes on ports "
+        f"{', '.join(map(str, local.layout.ports))} ...",
+        file=sys.stderr,
+    )
+    began = time.monotonic()
+    local.start(timeout=args.timeout)
+    print(
+        f"cluster {args.name!r} ready in {time.monotonic() - began:.1f} s (nodes "
+        f"{', '.join(n.name for n in local.nodes)}, data {local.data_dir})",
+        file=sys.stderr,
+    )
+    print(local.bootstrap)
+    return 0
+
+
 def _stop(args: argparse.Namespace) -> int:
+    whole = cluster.cluster_by_name(args.name)
+    if whole is not None:
+        stopped = whole.stop(timeout=args.timeout)
+        print(
+            f"cluster {args.name!r} {'stopped' if stopped else 'was not running'}", file=sys.stderr
+        )
+        return 0
     local = broker.broker_by_name(args.name)
     if local is None:
         print(f"no broker named {args.name!r} is known; nothing to stop", file=sys.stderr)
@@ -155,20 +244,32 @@ def _stop(args: argparse.Namespace) -> int:
     return 0
 
 
+def _kill(args: argparse.Namespace) -> int:
+    local = broker.broker_by_name(args.name)
+    if local is None:
+        print(f"no broker named {args.name!r} is known; nothing to kill", file=sys.stderr)
+        return 0
+    killed = local.kill()
+    print(f"broker {args.name!r} {'killed' if killed else 'was not running'}", file=sys.stderr)
+    return 0
+
+
 def _status() -> int:
     rows = broker.list_brokers()
     if not rows:
         print("no local Kafka brokers known")
         return 0
-    table = [("NAME", "STATE", "PID", "BOOTSTRAP", "DATA DIR")]
+    table = [("NAME", "STATE", "PID", "BOOTSTRAP", "CLUSTER", "DATA DIR")]
     for row in rows:
         state = row.state
+        member = state.membership if state is not None else None
         table.append(
             (
                 row.name,
                 "running" if row.running else "stopped",
                 str(state.pid) if state is not None and row.running else "-",
                 state.bootstrap if state is not None else "-",
+                f"{member.cluster}#{member.node_id}" if member is not None else "-",
                 row.data_dir,
             )
         )

@@ -73,9 +73,12 @@ def _calls(tree: ast.AST) -> set[str]:
     return names
 
 
-#: Who may do what only one module does: build a Kafka client, install a signal handler.
+#: Who may do what only one module does: build a Kafka client, create a topic, install a
+#: signal handler.
 ONE_PLACE = {
     **dict.fromkeys(CLIENT_CLASSES, "runtime/kafka.py"),
+    # creating topics and waiting for their leaders: runtime.kafka.ensure_topics
+    "NewTopic": "runtime/kafka.py",
     "add_signal_handler": "runtime/service.py",
 }
 #: Not a service's stop policy: the receiver's worker parent forwards signals to its children;

@@ -98,6 +98,20 @@ def test_a_raw_topic_smaller_than_a_run_is_a_problem_naming_run_max_bytes(
             "listen_ports",
         ),
         ({"allow_cleartext": True, "run_max_bytes": 100}, "run_max_bytes"),
+        ({"allow_cleartext": True, "raw_topic_partitions": 0}, "raw_topic_partitions"),
+        ({"allow_cleartext": True, "raw_topic_replication": 0}, "raw_topic_replication"),
+        (
+            {"allow_cleartext": True, "raw_topic_min_insync_replicas": -3},
+            "raw_topic_min_insync_replicas",
+        ),
+        (
+            {
+                "allow_cleartext": True,
+                "raw_topic_replication": 1,
+                "raw_topic_min_insync_replicas": 2,
+            },
+            "raw_topic_min_insync_replicas",
+        ),
         ({"allow_cleartext": True, "run_max_bytes": 2_000_000_000}, "run_max_bytes"),
         ({"allow_cleartext": True, "run_linger": -0.1}, "run_linger"),
         ({"allow_cleartext": True, "run_linger": 60}, "run_linger"),
@@ -177,3 +191,25 @@ def test_workers_are_laid_out_port_by_port() -> None:
     assert [w.listen_port for w in workers] == [9470, 9470, 9480, 9480, 9490, 9490]
     assert {(w.listen_ports, w.sockets, w.worker_processes) for w in workers} == {((), 1, False)}
     assert [w.metrics_port for w in workers] == list(range(9600, 9606))
+
+
+def test_the_raw_topic_is_created_with_the_settings_and_the_size_its_records_need() -> None:
+    from receiver import topic_check  # noqa: PLC0415
+
+    cfg = _build(
+        file_values={
+            "allow_cleartext": True,
+            "raw_topic_partitions": 12,
+            "raw_topic_replication": 3,
+            "raw_topic_min_insync_replicas": 2,
+            "max_record_size": 10_000,
+            "run_max_bytes": 900_000,
+        }
+    )
+    spec = topic_check.raw_topic_spec(cfg, "raw")
+    assert (spec.name, spec.partitions, spec.replication) == ("raw", 12, 3)
+    assert dict(spec.config) == {"max.message.bytes": "904096", "min.insync.replicas": "2"}
+    broker_default = _build(
+        file_values={"allow_cleartext": True, "raw_topic_min_insync_replicas": -1}
+    )
+    assert "min.insync.replicas" not in topic_check.raw_topic_spec(broker_default, "raw").config

@@ -46,3 +46,23 @@ def test_reading_a_topic_when_no_broker_answers_is_a_service_error() -> None:
             timeout=1.0,
             purpose="test",
         )
+
+
+@pytest.mark.parametrize(
+    ("changes", "key"),
+    [
+        ({"partitions": 0}, "t.partitions"),
+        ({"replication": -2}, "t.replication"),
+        ({"name": ""}, "topic"),
+    ],
+)
+def test_a_topic_spec_names_the_invalid_key(changes: dict[str, object], key: str) -> None:
+    fields: dict[str, object] = {"name": "t", **changes}
+    with pytest.raises(ConfigError) as info:
+        kafka.TopicSpec(**fields)  # type: ignore[arg-type]
+    assert info.value.key == key
+
+
+def test_a_topic_spec_defaults_to_the_brokers_partitions_and_replication() -> None:
+    spec = kafka.TopicSpec(name="t")
+    assert (spec.partitions, spec.replication, dict(spec.config)) == (-1, -1, {})

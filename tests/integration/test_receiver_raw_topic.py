@@ -1,0 +1,106 @@
+"""The receiver makes its raw topic (issue 25 item 4): a missing fixed raw topic is created at
+start-up with the partitions, replication, min.insync.replicas and max.message.bytes of its
+settings, and records reach it; too few brokers for the replication stops the start-up naming
+``raw_topic_replication``; ``create_raw_topic = false`` leaves it alone. (An existing topic that
+is too narrow still stops the start-up: tests/integration/test_receiver_limits.py.)"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
+
+from common.topic_limits import record_limit
+from common.wire import WireConfig
+from common.wire.encoder import Encoder
+from runtime import kafka
+from tests.integration.receiver_process import ReceiverProcess, write_key_file
+from tests.kafka_helpers import consume_all, random_name, wait_until
+
+pytestmark = pytest.mark.kafka
+
+
+def _topics(bootstrap: str) -> dict[str, Any]:
+    return dict(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).topics)
+
+
+def test_a_missing_raw_topic_is_created_with_the_settings_and_carries_records(
+    downstream_kafka: Any, tmp_path: Path
+) -> None:
+    raw_topic = random_name("raw-made")
+    key_file = tmp_path / "keys.json"
+    ring = write_key_file(key_file)
+    extra = [
+        "--raw-topic-partitions", "5",
+        "--raw-topic-replication", "1",
+        "--raw-topic-min-insync-replicas", "1",
+    ]  # fmt: skip
+    with ReceiverProcess(
+        downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file, extra=extra
+    ) as rx:
+        meta = _topics(downstream_kafka.bootstrap)[raw_topic]
+        assert len(meta.partitions) == 5
+        assert all(len(p.replicas) == 1 for p in meta.partitions.values())
+        conf = kafka.topic_config({"bootstrap.servers": downstream_kafka.bootstrap}, raw_topic, 10)
+        assert conf["max.message.bytes"] == str(record_limit(WireConfig().max_record_size))
+        assert conf["min.insync.replicas"] == "1"
+        assert f"created raw topic {raw_topic}: 5 partitions" in rx.log()
+
+        encoder = Encoder(WireConfig(linger=0), ring, session_id=os.urandom(16))
+        datagrams = []
+        for offset in range(20):
+            datagrams += encoder.add("src", 3, offset, 1_700_000_000_000, 1, b"k", b"v", (), 0.0)
+        datagrams += encoder.flush()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for d in datagrams:
+                sock.sendto(d.data, ("127.0.0.1", rx.port))
+        wait_until(lambda: rx.metric("delivered_records_total") >= 20, 60, message="delivered")
+        assert rx.terminate() == 0
+    records = consume_all(
+        downstream_kafka, raw_topic, expected_count=20, timeout=60, expand_runs=True
+    )
+    assert {r.partition for r in records} == {3}  # source partition 3 mod 5
+    assert sorted(r.key for r in records) == sorted(f"src:3:{o}".encode() for o in range(20))
+
+    # a second start finds it and creates nothing
+    with ReceiverProcess(
+        downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file, extra=extra
+    ) as again:
+        assert "created raw topic" not in again.log()
+
+
+def test_more_replicas_than_brokers_stop_the_start_up_naming_the_setting(
+    downstream_kafka: Any, tmp_path: Path
+) -> None:
+    raw_topic = random_name("raw-rf")
+    key_file = tmp_path / "keys.json"
+    write_key_file(key_file)
+    rx = ReceiverProcess(downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file)
+    with pytest.raises(RuntimeError, match="receiver exited 2"):
+        rx.start()  # the defaults: 3 replicas on a single-broker cluster
+    log = rx.log()
+    assert "raw_topic_replication" in log
+    assert "single-broker" in log
+    assert "Traceback" not in log
+    assert raw_topic not in _topics(downstream_kafka.bootstrap)
+
+
+def test_create_raw_topic_false_leaves_a_missing_topic_alone(
+    downstream_kafka: Any, tmp_path: Path
+) -> None:
+    raw_topic = random_name("raw-nocreate")
+    key_file = tmp_path / "keys.json"
+    write_key_file(key_file)
+    with ReceiverProcess(
+        downstream_kafka.bootstrap,
+        raw_topic,
+        tmp_path,
+        key_file=key_file,
+        extra=["--create-raw-topic", "false"],
+    ) as rx:
+        assert rx.alive()
+        assert "created raw topic" not in rx.log()

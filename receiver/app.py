@@ -63,7 +63,7 @@ from receiver.metrics import (
     ReceiverStats,
     make_registry,
 )
-from receiver.pubkey import PublicKeyGlue
+from receiver.pubkey_glue import PublicKeyGlue
 from receiver.topic_check import raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 from runtime import link_key, service
@@ -98,7 +98,7 @@ class Receiver:
             self._key_watch = link_key.KeyFileWatch(config.key_file, self._keyring, seen=seen)
         wire = config.wire_config()
         self._pk: PublicKeyGlue | None = None
-        if config.receiver_key_file is not None:  # public-key mode (receiver/pubkey.py)
+        if config.receiver_key_file is not None:  # public-key mode (receiver/pubkey_glue.py)
             self._pk = PublicKeyGlue(config, wire)
         self._decoder = self._pk.decoder if self._pk else Decoder(wire, self._keyring)
         # FEC needs no setting: repairs say everything on the wire (docs/receiver.md, "FEC").

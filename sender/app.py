@@ -45,11 +45,11 @@ from common.wire.announce import KeyAnnouncer
 from runtime import link_key
 from sender.config import SenderConfig, load_keyring
 from sender.kafka_source import KafkaSource
+from sender.key_announcer import announce_loop
 from sender.metrics import SenderMetrics
-from sender.pipeline import SendPipeline
-from sender.pubkey import announce_loop
 from sender.record_filter import SEND, WITHHOLD, RecordFilter
 from sender.send_path import backlog_bound, open_send_path
+from sender.send_pipeline import SendPipeline
 from sender.transport import UdpSender
 
 log = logging.getLogger(__name__)

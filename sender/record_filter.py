@@ -1,6 +1,6 @@
 """The content filter in a running sender (glue): rules from config and file, reload, counts.
 
-The decisions are ``sender.content_filter``'s (pure); this module reads ``filter_file``, swaps in
+The decisions are ``sender.filter_rules``'s (pure); this module reads ``filter_file``, swaps in
 a new filter when the file changes (a file that no longer parses keeps the filter in force:
 withholding everything because of a typo, or sending everything, would both surprise the
 operator at 3 a.m.; the failure is logged and counted instead), and counts what was withheld by
@@ -17,7 +17,7 @@ from common.errors import ConfigError
 from common.logging import RateLimitedLog
 from runtime.link_key import mtime
 from sender.config import SenderConfig
-from sender.content_filter import ContentFilter, Rule, Verdict, parse_rules_text
+from sender.filter_rules import ContentFilter, Rule, Verdict, parse_rules_text
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from common.wire.pubkey import (
 )
 from common.wire.pubkey_decoder import KeyLearned
 from receiver.config import ReceiverConfig
-from receiver.pubkey import PublicKeyGlue
+from receiver.pubkey_glue import PublicKeyGlue
 from tests.pubkey_support import RECEIVER_PAIR, SENDER, STRANGER, T0_MS, announcement, public
 from tests.wire_support import drain
 

@@ -27,7 +27,7 @@ from common.wire.pubkey import (
 
 if TYPE_CHECKING:
     from sender.config import SenderConfig
-    from sender.pipeline import SendPipeline
+    from sender.send_pipeline import SendPipeline
 
 log = logging.getLogger(__name__)
 

@@ -39,7 +39,6 @@ import sys
 import time
 from collections.abc import Callable
 
-from common import metrics as common_metrics
 from common.errors import ConfigError, KeyRingError
 from common.logging import RateLimitedLog
 from common.wire import (
@@ -66,7 +65,7 @@ from receiver.metrics import (
 from receiver.pubkey_glue import PublicKeyGlue
 from receiver.topic_check import raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
-from runtime import link_key, service
+from runtime import key_files, link_key, metrics_http, service
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +93,7 @@ class Receiver:
         self._key_watch: link_key.KeyFileWatch | None = None
         if config.key_file is not None:
             seen = link_key.mtime(config.key_file)  # before reading: a change meanwhile reloads
-            self._keyring = KeyRing.from_file(config.key_file)
+            self._keyring = key_files.read_keyring(config.key_file)
             self._key_watch = link_key.KeyFileWatch(config.key_file, self._keyring, seen=seen)
         wire = config.wire_config()
         self._pk: PublicKeyGlue | None = None
@@ -164,7 +163,7 @@ class Receiver:
                 drainer.start(loop)
             # Only now: a /metrics that answers means the sockets are bound and read (a
             # supervisor or test that waits for it may start sending at once).
-            common_metrics.serve(
+            metrics_http.serve(
                 make_registry(self.stats, gauges),
                 self.config.metrics_port,
                 self.config.metrics_addr,

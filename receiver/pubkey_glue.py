@@ -16,9 +16,10 @@ from pathlib import Path
 from common.errors import ConfigError, KeyRingError
 from common.wire.announce import AnnouncementVerifier
 from common.wire.config import WireConfig
-from common.wire.pubkey import format_fingerprint, load_receiver_keys, load_trusted
+from common.wire.pubkey import format_fingerprint
 from common.wire.pubkey_decoder import KeyLearned, KeyRetired, PublicKeyDecoder
 from receiver.config import ReceiverConfig
+from runtime.key_files import load_receiver_keys, load_trusted
 
 log = logging.getLogger(__name__)
 

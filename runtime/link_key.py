@@ -14,6 +14,7 @@ from pathlib import Path
 
 from common.errors import ConfigError, KeyRingError
 from common.wire import Key, KeyRing, derive_key
+from runtime import key_files
 
 
 def load(
@@ -31,7 +32,7 @@ def load(
                 "key_file", f"{key_file} does not exist", missing_fix or "run 'kafka-diode keygen'"
             )
         try:
-            ring = KeyRing.from_file(key_file)
+            ring = key_files.read_keyring(key_file)
         except OSError as exc:
             raise ConfigError("key_file", f"{key_file} is unreadable: {exc.strerror}") from exc
         except (KeyRingError, ValueError) as exc:
@@ -83,6 +84,6 @@ class KeyFileWatch:
             KeyRingError: the file is unreadable or malformed; the live ring is left unchanged.
         """
         self._seen = mtime(self.path)
-        ring = KeyRing.from_file(self.path)
+        ring = key_files.read_keyring(self.path)
         self.ring.replace(ring)
         return ring

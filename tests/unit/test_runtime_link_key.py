@@ -9,13 +9,13 @@ import pytest
 
 from common.errors import ConfigError, KeyRingError
 from common.wire import Key, KeyRing
-from runtime import link_key
+from runtime import key_files, link_key
 
 
 def _ring_file(path: Path) -> KeyRing:
     key = Key.generate()
     ring = KeyRing([key], active=key.key_id)
-    ring.write(path, overwrite=True)
+    key_files.write_keyring(ring, path, overwrite=True)
     return ring
 
 
@@ -61,7 +61,7 @@ def test_the_watch_swaps_keys_in_place_and_keeps_the_ring_on_a_broken_file(
 ) -> None:
     path = tmp_path / "link.key"
     first = _ring_file(path)
-    live = KeyRing.from_file(path)
+    live = key_files.read_keyring(path)
     watch = link_key.KeyFileWatch(path, live)
     assert not watch.changed()
     second = _ring_file(path)

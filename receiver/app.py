@@ -39,7 +39,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from common.errors import ConfigError, KeyRingError
+from common.errors import ConfigError
 from common.logging import RateLimitedLog
 from common.wire import (
     Dropped,
@@ -65,7 +65,7 @@ from receiver.metrics import (
 from receiver.pubkey_glue import PublicKeyGlue
 from receiver.topic_check import raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
-from runtime import key_files, link_key, metrics_http, service
+from runtime import file_watch, key_files, link_key, metrics_http, service
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ class Receiver:
         self._keyring: KeyRing | None = None
         self._key_watch: link_key.KeyFileWatch | None = None
         if config.key_file is not None:
-            seen = link_key.mtime(config.key_file)  # before reading: a change meanwhile reloads
+            seen = file_watch.mtime(config.key_file)  # before reading: a change meanwhile reloads
             self._keyring = key_files.read_keyring(config.key_file)
             self._key_watch = link_key.KeyFileWatch(config.key_file, self._keyring, seen=seen)
         wire = config.wire_config()
@@ -417,16 +417,10 @@ class Receiver:
         if self._key_watch is None:
             log.info("%s: no key file configured, nothing to reload", why)
             return
-        try:
-            ring = self._key_watch.reload()
-        except KeyRingError as exc:
+        if self._key_watch.reload(why):
+            self.stats.keyring_reloads += 1
+        else:
             self.stats.keyring_reload_errors += 1
-            log.error(  # noqa: TRY400  the reason is in the message; a traceback adds nothing
-                "%s: key ring NOT reloaded, the previous one stays in use: %s", why, exc
-            )
-            return
-        self.stats.keyring_reloads += 1
-        log.info("%s: key ring reloaded, %d keys", why, len(ring))
 
 
 def run(

@@ -3,7 +3,7 @@
 10 million offsets with 1 % random single-offset gaps go through one PartitionDetector in batches
 of 100k (default config: WINDOW_SIZE 65536, MAX_WINDOWS 1024, so nothing is evicted). Reports the
 serialized state per offset (bitmap alone, and the whole state after two scans have reported every
-gap) against DESIGN.md §7's worst case of 0.125 B/offset, plus throughput in offsets/s, with the
+gap) against docs/gaps.md's worst case of 0.125 B/offset, plus throughput in offsets/s, with the
 same-run baseline of pyroaring's own bulk insert of the same arrays. Last line: one JSON object.
 
     .venv/bin/python bench/gaps_memory.py [--offsets N] [--loss 0.01] [--dup 0.1]

@@ -143,7 +143,7 @@ def encode_streams(
 
 
 def message_ports(datagrams: list[bytes], count: int) -> list[int]:
-    """Port index per datagram: round-robin per message (sender/pipeline.py's rule)."""
+    """Port index per datagram: round-robin per message (sender/send_pipeline.py's rule)."""
     out = []
     target = count - 1
     for data in datagrams:

@@ -45,6 +45,7 @@ from confluent_kafka.cimpl import NewTopic
 from common import settings
 from common.wire import Key, KeyRing
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
+from runtime import key_files
 from sender.app import SenderApp
 from sender.config import SenderConfig
 
@@ -236,7 +237,7 @@ def main() -> int:
         try:
             key = Key.generate()
             key_file = Path(tmp) / "key.json"
-            KeyRing([key], active=key.key_id).write(key_file)
+            key_files.write_keyring(KeyRing([key], active=key.key_id), key_file)
             sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             sink.bind(("127.0.0.1", 0))
             port = sink.getsockname()[1]

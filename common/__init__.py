@@ -1,5 +1,5 @@
 """Shared, pure pieces of kafka-diode: the wire protocol, errors, configuration helpers.
 
 Nothing in this package opens a socket, talks to Kafka or Spark, starts an event loop or reads the
-clock by itself (STYLE.md §1); ``tests/unit/test_purity.py`` enforces the import rule.
+clock by itself (docs/design.md, "A sans-IO core"); ``tests/unit/test_purity.py`` enforces it.
 """

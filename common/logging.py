@@ -1,7 +1,7 @@
 """Logging set-up shared by every command, and a rate limiter for hot-path warnings.
 
 Libraries log through ``logging.getLogger(__name__)`` with lazy ``%`` arguments; only a CLI calls
-``configure`` (STYLE.md §22). ``RateLimitedLog`` keeps a flood of hostile datagrams from turning
+``configure``. ``RateLimitedLog`` keeps a flood of hostile datagrams from turning
 into a flood of log lines: it lets ``burst`` messages per key through per ``period`` seconds and
 counts the rest, reporting the suppressed count with the next message that passes.
 """

@@ -16,6 +16,10 @@ NAMESPACE = "kafka_diode"
 
 
 def serve(registry: CollectorRegistry, port: int, addr: str = "127.0.0.1") -> None:
-    """Serve ``registry`` at ``http://addr:port/metrics`` from a daemon thread (port 0: off)."""
+    """Deprecated: use ``runtime.metrics_http.serve`` (serving is I/O, and ``common`` does none).
+
+    Kept only for ``dedup/runner.py`` until the dedup imports the runtime one
+    (``tests/unit/test_purity.py`` lists it as the one known exception of its kind).
+    """
     if port:
         start_http_server(port, addr=addr, registry=registry)

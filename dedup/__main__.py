@@ -1,7 +1,7 @@
-"""``python -m dedup`` runs the component's command."""
+"""``python -m dedup`` runs ``kafka-diode dedup`` (its own CLI, not the dispatcher)."""
 
 import sys
 
-from kafka_diode.cli import main
+from dedup.cli import main
 
-sys.exit(main(["dedup", *sys.argv[1:]]))
+sys.exit(main(sys.argv[1:], prog="kafka-diode dedup"))

@@ -30,6 +30,7 @@ from common.wire.keyring import (
     format_key_id,
 )
 from kafka_diode import keygen_pubkey
+from runtime import key_files
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -100,7 +101,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode keygen") -> int:
     try:
         if args.add and args.force:
             raise KeyRingError("--add and --force exclude each other")
-        ring = KeyRing.from_file(args.out) if args.add else KeyRing()
+        ring = key_files.read_keyring(args.out) if args.add else KeyRing()
         mode, owner = 0o600, None
         if args.add:
             mode, owner = _keep_access(args.out)
@@ -119,7 +120,9 @@ def main(argv: Sequence[str], prog: str = "kafka-diode keygen") -> int:
         else:
             key = Key.generate(created=created)
         ring.add(key, activate=True)
-        ring.write(args.out, overwrite=args.add or args.force, mode=mode, owner=owner)
+        key_files.write_keyring(
+            ring, args.out, overwrite=args.add or args.force, mode=mode, owner=owner
+        )
     except KeyRingError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return 1

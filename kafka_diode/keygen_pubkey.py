@@ -31,14 +31,11 @@ from common.wire.pubkey import (
     ReceiverKeys,
     SigningKey,
     format_fingerprint,
-    load_public_keys,
-    load_receiver_keys,
-    load_signing_key,
     public_keys_document,
     receiver_keys_document,
     signing_key_document,
-    write_key_file,
 )
+from runtime.key_files import load_public_keys, load_receiver_keys, load_signing_key, write_key_file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,4 @@
-"""Check the promise (DESIGN.md §1) record by record, from the topics alone.
+"""Check the promise (docs/design.md, first paragraph) record by record, from the topics alone.
 
 Reads the upstream topics, the clean topic(s) and the gap topic and sorts every upstream record into
 exactly one bucket:

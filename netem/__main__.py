@@ -1,7 +1,7 @@
-"""``python -m netem`` runs the component's command."""
+"""``python -m netem`` runs ``kafka-diode netem`` (its own CLI, not the dispatcher)."""
 
 import sys
 
-from kafka_diode.cli import main
+from netem.cli import main
 
-sys.exit(main(["netem", *sys.argv[1:]]))
+sys.exit(main(sys.argv[1:], prog="kafka-diode netem"))

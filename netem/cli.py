@@ -21,12 +21,13 @@ from typing import Any, Literal
 from common import logging as diode_logging
 from common import settings
 from common.errors import ConfigError, ServiceError
-from common.metrics import CollectorRegistry, serve
+from common.metrics import CollectorRegistry
 from netem.kind_loss import KindLoss
 from netem.profile import NAMED_PROFILES, Profile, resolve
 from netem.relay import Relay, parse_address
 from netem.tc import NetemUnavailableError, TcNetem
 from runtime import service
+from runtime.metrics_http import serve
 
 ENV_PREFIX = "DIODE_NETEM_"
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2

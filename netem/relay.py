@@ -5,9 +5,9 @@ Guarantee: every datagram the relay reads from its socket is submitted to the pu
 the same arrival order a run forwards exactly the same datagrams (a failing chaos run repeats).
 Datagrams the relay never read (kernel buffer overflow) are invisible to it; a large ``SO_RCVBUF``
 (``SO_RCVBUFFORCE`` as root) and draining the socket on every readiness event keep those rare
-(FACTS.md: the default ``DatagramProtocol`` loses packets at high rates, ``recv_into`` in a loop
-does not). Send errors (nothing listening at the far end, full send buffer) are counted, never
-raised.
+(docs/design.md, "Receiver: sockets and buffering": the default ``DatagramProtocol`` loses
+packets at high rates, ``recv_into`` in a loop does not). Send errors (nothing listening at the
+far end, full send buffer) are counted, never raised.
 
 Glue only: one reader callback drains the socket into the impairer, then sends what is due and
 arms one ``loop.call_at`` timer at ``next_deadline()``.

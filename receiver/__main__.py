@@ -1,7 +1,7 @@
-"""``python -m receiver`` runs the component's command."""
+"""``python -m receiver`` runs ``kafka-diode receive`` (its own CLI, not the dispatcher)."""
 
 import sys
 
-from kafka_diode.cli import main
+from receiver.cli import main
 
-sys.exit(main(["receive", *sys.argv[1:]]))
+sys.exit(main(sys.argv[1:], prog="kafka-diode receive"))

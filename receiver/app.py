@@ -39,8 +39,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from common import metrics as common_metrics
-from common.errors import ConfigError, KeyRingError
+from common.errors import ConfigError
 from common.logging import RateLimitedLog
 from common.wire import (
     Dropped,
@@ -63,10 +62,10 @@ from receiver.metrics import (
     ReceiverStats,
     make_registry,
 )
-from receiver.pubkey import PublicKeyGlue
+from receiver.pubkey_glue import PublicKeyGlue
 from receiver.topic_check import ensure_raw_topic, raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
-from runtime import link_key, service
+from runtime import file_watch, key_files, link_key, metrics_http, service
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +92,12 @@ class Receiver:
         self._keyring: KeyRing | None = None
         self._key_watch: link_key.KeyFileWatch | None = None
         if config.key_file is not None:
-            seen = link_key.mtime(config.key_file)  # before reading: a change meanwhile reloads
-            self._keyring = KeyRing.from_file(config.key_file)
+            seen = file_watch.mtime(config.key_file)  # before reading: a change meanwhile reloads
+            self._keyring = key_files.read_keyring(config.key_file)
             self._key_watch = link_key.KeyFileWatch(config.key_file, self._keyring, seen=seen)
         wire = config.wire_config()
         self._pk: PublicKeyGlue | None = None
-        if config.receiver_key_file is not None:  # public-key mode (receiver/pubkey.py)
+        if config.receiver_key_file is not None:  # public-key mode (receiver/pubkey_glue.py)
             self._pk = PublicKeyGlue(config, wire)
         self._decoder = self._pk.decoder if self._pk else Decoder(wire, self._keyring)
         # FEC needs no setting: repairs say everything on the wire (docs/receiver.md, "FEC").
@@ -169,7 +168,7 @@ class Receiver:
                 drainer.start(loop)
             # Only now: a /metrics that answers means the sockets are bound and read (a
             # supervisor or test that waits for it may start sending at once).
-            common_metrics.serve(
+            metrics_http.serve(
                 make_registry(self.stats, gauges),
                 self.config.metrics_port,
                 self.config.metrics_addr,
@@ -423,16 +422,10 @@ class Receiver:
         if self._key_watch is None:
             log.info("%s: no key file configured, nothing to reload", why)
             return
-        try:
-            ring = self._key_watch.reload()
-        except KeyRingError as exc:
+        if self._key_watch.reload(why):
+            self.stats.keyring_reloads += 1
+        else:
             self.stats.keyring_reload_errors += 1
-            log.error(  # noqa: TRY400  the reason is in the message; a traceback adds nothing
-                "%s: key ring NOT reloaded, the previous one stays in use: %s", why, exc
-            )
-            return
-        self.stats.keyring_reloads += 1
-        log.info("%s: key ring reloaded, %d keys", why, len(ring))
 
 
 def run(

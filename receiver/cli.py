@@ -78,7 +78,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode receive") -> int:
 
             link_key.load(key_file=config.key_file, password=None, salt="")
         if config.receiver_key_file is not None:
-            from receiver.pubkey import load_verifier  # noqa: PLC0415  keep --help light
+            from receiver.pubkey_glue import load_verifier  # noqa: PLC0415  keep --help light
 
             load_verifier(config)
     except (ConfigError, KeyRingError) as exc:

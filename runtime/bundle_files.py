@@ -61,7 +61,7 @@ class BundleKeyConfig:
         Raises:
             ConfigError: unreadable or malformed signing key file.
         """
-        from common.wire.pubkey import load_signing_key  # noqa: PLC0415  keeps --help light
+        from runtime.key_files import load_signing_key  # noqa: PLC0415  keeps --help light
 
         if self.signing_key_file is None:
             return None

@@ -4,16 +4,18 @@ A link key ring comes from a key file (``kafka-diode keygen``) or from a passwor
 (scrypt). :func:`load` turns either into a :class:`~common.wire.KeyRing`, refusing a bad one with
 a :class:`~common.errors.ConfigError` naming ``key_file``, ``password`` or ``salt``.
 :class:`KeyFileWatch` re-reads a key file into the live ring when asked (SIGHUP) or when the
-file's modification time changes, and never replaces a working ring with a broken one.
+file's modification time changes, and never replaces a working ring with a broken one (the rule
+every watched file follows: ``runtime.file_watch``).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from common.errors import ConfigError, KeyRingError
 from common.wire import Key, KeyRing, derive_key
+from runtime import key_files
+from runtime.file_watch import FileReloader
 
 
 def load(
@@ -31,7 +33,7 @@ def load(
                 "key_file", f"{key_file} does not exist", missing_fix or "run 'kafka-diode keygen'"
             )
         try:
-            ring = KeyRing.from_file(key_file)
+            ring = key_files.read_keyring(key_file)
         except OSError as exc:
             raise ConfigError("key_file", f"{key_file} is unreadable: {exc.strerror}") from exc
         except (KeyRingError, ValueError) as exc:
@@ -53,36 +55,26 @@ def load(
     return None
 
 
-def mtime(path: Path) -> int | None:
-    """Modification time of ``path`` in ns, None when it cannot be read."""
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
-
-
-class KeyFileWatch:
-    """One key file and the live ring loaded from it."""
+class KeyFileWatch(FileReloader[KeyRing]):
+    """One key file and the live ring loaded from it; ``reload`` swaps the file's keys into the
+    ring in place (encoders and decoders consult it per datagram), keeping it on any error."""
 
     def __init__(self, path: Path, ring: KeyRing, *, seen: int | None = None) -> None:
         """``seen``: the file's mtime taken before ``ring`` was read from it (so a change in
         between reloads); by default taken now."""
         self.path = path
         self.ring = ring
-        self._seen = seen if seen is not None else mtime(path)
+        super().__init__(
+            [path],
+            lambda: key_files.read_keyring(path),
+            self._swap,
+            what="key ring",
+            kept="the previous one stays in use",
+            errors=(KeyRingError,),
+            seen=None if seen is None else [seen],
+        )
 
-    def changed(self) -> bool:
-        """The file's modification time differs from the one last loaded (or seen)."""
-        now = mtime(self.path)
-        return now is not None and now != self._seen
-
-    def reload(self) -> KeyRing:
-        """Re-read the file and swap its keys into the live ring in place; returns the new ring.
-
-        Raises:
-            KeyRingError: the file is unreadable or malformed; the live ring is left unchanged.
-        """
-        self._seen = mtime(self.path)
-        ring = KeyRing.from_file(self.path)
-        self.ring.replace(ring)
-        return ring
+    def _swap(self, fresh: KeyRing) -> str:
+        old = self.ring.active.key_id
+        self.ring.replace(fresh)
+        return f", {len(fresh)} keys, active key {fresh.active.key_id:08x} (was {old:08x})"

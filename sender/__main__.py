@@ -1,7 +1,7 @@
-"""``python -m sender`` runs the component's command."""
+"""``python -m sender`` runs ``kafka-diode send`` (its own CLI, not the dispatcher)."""
 
 import sys
 
-from kafka_diode.cli import main
+from sender.cli import main
 
-sys.exit(main(["send", *sys.argv[1:]]))
+sys.exit(main(sys.argv[1:], prog="kafka-diode send"))

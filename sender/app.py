@@ -38,18 +38,18 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message
 
-from common.errors import KeyRingError, LocalProtocolError
+from common.errors import LocalProtocolError
 from common.logging import RateLimitedLog
 from common.wire import Encoder, KeyRing, RecordTooLarge
 from common.wire.announce import KeyAnnouncer
-from runtime import link_key
+from runtime import file_watch, link_key
 from sender.config import SenderConfig, load_keyring
 from sender.kafka_source import KafkaSource
+from sender.key_announcer import announce_loop
 from sender.metrics import SenderMetrics
-from sender.pipeline import SendPipeline
-from sender.pubkey import announce_loop
 from sender.record_filter import SEND, WITHHOLD, RecordFilter
 from sender.send_path import backlog_bound, open_send_path
+from sender.send_pipeline import SendPipeline
 from sender.transport import UdpSender
 
 log = logging.getLogger(__name__)
@@ -153,7 +153,7 @@ class SenderApp:
             self.record_filter = RecordFilter(cfg)
             self.metrics.enable_filter()
         # Taken before reading the file: a change meanwhile reloads.
-        key_seen = link_key.mtime(cfg.key_file) if cfg.key_file is not None else None
+        key_seen = file_watch.mtime(cfg.key_file) if cfg.key_file is not None else None
         shared = None
         if cfg.signing_key_file is None:  # shared-key (or cleartext) mode
             shared = self._keyring if self._keyring is not None else load_keyring(cfg)
@@ -497,24 +497,11 @@ class SenderApp:
         if watch is None:
             log.info("%s: no key file configured, nothing to reload", why)
             return False
-        old = watch.ring.active.key_id
-        try:
-            ring = watch.reload()
-        except KeyRingError as exc:
-            self.errors["keyring_reload"] = self.errors.get("keyring_reload", 0) + 1
-            log.error(  # noqa: TRY400  the reason is in the message; a traceback adds nothing
-                "%s: key ring NOT reloaded, the previous one stays in use: %s", why, exc
-            )
-            return False
-        self.keyring_reloads += 1
-        log.info(
-            "%s: key ring reloaded, %d keys, active key %08x (was %08x)",
-            why,
-            len(ring),
-            ring.active.key_id,
-            old,
-        )
-        return True
+        if watch.reload(why):
+            self.keyring_reloads += 1
+            return True
+        self.errors["keyring_reload"] = self.errors.get("keyring_reload", 0) + 1
+        return False
 
     def reload(self, why: str = "SIGHUP") -> None:
         """SIGHUP: re-read the key file and the content filter's rules file (each when set)."""

@@ -20,8 +20,8 @@ from pathlib import Path
 from common import logging as diode_logging
 from common import settings
 from common.errors import ConfigError, DiodeError
-from common.metrics import serve
 from runtime import service
+from runtime.metrics_http import serve
 from sender.chain_plan import plan_problems, summary
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 from sender.pacing_advice import pacing_warning

@@ -21,7 +21,7 @@ from common.errors import ConfigError
 from common.wire.announce import AnnounceConfig
 from common.wire.config import DEFAULT_DATAGRAM_SIZE, WireConfig
 from common.wire.fec import FecConfig, FecEncoder
-from sender.content_filter import Rule, parse_rule
+from sender.filter_rules import Rule, parse_rule
 from sender.pacing import PacingConfig
 from sender.transport import parse_address
 

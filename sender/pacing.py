@@ -15,8 +15,8 @@ tokens (not idle), that lateness is credited back up to ``catch_up_seconds`` ins
 off at ``burst``, or the average would fall below ``rate`` whenever the loop is slow. Every copy
 of a redundant datagram is paced like any other datagram.
 
-Pure (STYLE.md §1): the caller passes ``now`` (seconds, monotonic); nothing here sleeps or reads a
-clock, so tests drive it with a fake clock.
+Pure (docs/design.md, "A sans-IO core"): the caller passes ``now`` (seconds, monotonic); nothing
+here sleeps or reads a clock, so tests drive it with a fake clock.
 """
 
 from __future__ import annotations

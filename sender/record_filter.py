@@ -1,11 +1,11 @@
 """The content filter in a running sender (glue): rules from config and file, reload, counts.
 
-The decisions are ``sender.content_filter``'s (pure); this module reads ``filter_file``, swaps in
-a new filter when the file changes (a file that no longer parses keeps the filter in force:
-withholding everything because of a typo, or sending everything, would both surprise the
-operator at 3 a.m.; the failure is logged and counted instead), and counts what was withheld by
-verdict. Used by live sending (``sender/app.py``) and resend (``sender/resend_job.py``) alike,
-so a resend withholds exactly what live sending would.
+The decisions are ``sender.filter_rules``'s (pure); this module reads ``filter_file``, swaps in
+a new filter when the file changes (``runtime.file_watch``: a file that no longer parses keeps
+the filter in force; withholding everything because of a typo, or sending everything, would both
+surprise the operator at 3 a.m.; the failure is logged and counted instead), and counts what was
+withheld by verdict. Used by live sending (``sender/app.py``) and resend
+(``sender/resend_job.py``) alike, so a resend withholds exactly what live sending would.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 from common.errors import ConfigError
 from common.logging import RateLimitedLog
-from runtime.link_key import mtime
+from runtime.file_watch import FileReloader
 from sender.config import SenderConfig
-from sender.content_filter import ContentFilter, Rule, Verdict, parse_rules_text
+from sender.filter_rules import ContentFilter, Rule, Verdict, parse_rules_text
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,19 @@ class RecordFilter:
     def __init__(self, config: SenderConfig) -> None:
         """Raises ConfigError as ``build_filter`` (call only when ``config.filtering``)."""
         self._config = config
-        self._seen = mtime(config.filter_file) if config.filter_file is not None else None
+        self.file = FileReloader(
+            () if config.filter_file is None else (config.filter_file,),
+            lambda: _compose(config),
+            self._swap,
+            what="content filter",
+            kept="the rules in force stay",
+            errors=(ConfigError,),
+        )
+        """The rules file, watched (``runtime.file_watch``); ``reload`` also re-reads the
+        inline rules."""
         self.filter = _compose(config)
         self.withheld: dict[str, int] = dict.fromkeys(LABELS.values(), 0)
         """Records withheld, by verdict label (``deny_rule``, ``deny_default``, ``error``)."""
-        self.reloads = 0
-        self.reload_errors = 0
         self._ratelog = RateLimitedLog(log)
         log.info("content filter: %s", self.filter.describe())
 
@@ -106,27 +113,24 @@ class RecordFilter:
         )
         return SKIP
 
+    @property
+    def reloads(self) -> int:
+        """Reloads that took effect."""
+        return self.file.reloads
+
+    @property
+    def reload_errors(self) -> int:
+        """Reloads that failed (the rules in force stayed)."""
+        return self.file.reload_errors
+
     def changed(self) -> bool:
         """The rules file's modification time differs from the one last loaded."""
-        path = self._config.filter_file
-        if path is None:
-            return False
-        now = mtime(path)
-        return now is not None and now != self._seen
+        return self.file.changed()
 
     def reload(self, why: str) -> bool:
         """Re-read the rules; the filter in force stays on any error. True when swapped."""
-        if self._config.filter_file is not None:
-            self._seen = mtime(self._config.filter_file)
-        try:
-            built = _compose(self._config)
-        except ConfigError as exc:
-            self.reload_errors += 1
-            log.error(  # noqa: TRY400  the reason is the message; no traceback wanted
-                "%s: content filter NOT reloaded, the rules in force stay: %s", why, exc
-            )
-            return False
+        return self.file.reload(why)
+
+    def _swap(self, built: ContentFilter) -> str:
         self.filter = built
-        self.reloads += 1
-        log.info("%s: content filter reloaded: %s", why, built.describe())
-        return True
+        return f": {built.describe()}"

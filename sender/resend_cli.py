@@ -34,8 +34,8 @@ from common.errors import (
     DiodeError,
 )
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
+from sender.key_announcer import load_bundle_trust
 from sender.pacing_advice import pacing_warning
-from sender.pubkey import load_bundle_trust
 from sender.record_filter import build_filter
 from sender.resend import (
     DEFAULT_MAX_SKIP,

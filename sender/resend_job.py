@@ -37,7 +37,7 @@ from common.errors import (
 )
 from runtime import service
 from sender.config import SenderConfig
-from sender.pubkey import announce_loop
+from sender.key_announcer import announce_loop
 from sender.record_filter import SEND, WITHHOLD, RecordFilter
 from sender.resend import (
     DEFAULT_MAX_SKIP,
@@ -53,7 +53,7 @@ if TYPE_CHECKING:
     from confluent_kafka import Consumer, Message
 
     from common.wire import KeyRing
-    from sender.pipeline import SendPipeline
+    from sender.send_pipeline import SendPipeline
 
 log = logging.getLogger(__name__)
 

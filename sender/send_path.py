@@ -15,9 +15,9 @@ from common.wire import Encoder, KeyRing
 from common.wire.announce import KeyAnnouncer
 from common.wire.reed_solomon import ACCELERATION
 from sender.config import SenderConfig
+from sender.key_announcer import load_announcer, wall_ms
 from sender.pacing import Pacer
-from sender.pipeline import SendPipeline
-from sender.pubkey import load_announcer, wall_ms
+from sender.send_pipeline import SendPipeline
 from sender.transport import UdpSender
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,7 @@ def open_send_path(
     Raises:
         ConfigError: signing or receiver key file, target or bind address unusable.
     """
-    announcer = load_announcer(cfg, session_id)  # public-key mode (sender/pubkey.py)
+    announcer = load_announcer(cfg, session_id)  # public-key mode (sender/key_announcer.py)
     first = announcer.start(clock(), wall_ms()) if announcer is not None else []
     if announcer is not None:
         keyring = announcer.keyring

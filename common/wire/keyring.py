@@ -20,18 +20,17 @@ mode without access for others)::
                "kdf": {"name": "scrypt", "salt": "<hex>", "n": 131072, "r": 8, "p": 1}}]}
 
 ``kdf`` is present only for keys derived from a password and records how (the password is never
-stored). Key material is never part of a ``repr`` and never logged.
+stored). Key material is never part of a ``repr`` and never logged. The file is read and written
+by ``runtime/key_files.py`` (``read_keyring``, ``write_keyring``); this module only turns the
+document into a ring and back.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final
 
 from cryptography.hazmat.primitives.kdf.scrypt import Scrypt
@@ -220,24 +219,7 @@ class KeyRing:
         self._active = other._active
         self.generation += 1
 
-    # -- key file -------------------------------------------------------------------------------
-
-    @classmethod
-    def from_file(cls, path: str | os.PathLike[str]) -> KeyRing:
-        """Load a key file (format in the module docstring).
-
-        Raises:
-            KeyRingError: unreadable file, not the format, bad key material or ids.
-        """
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise KeyRingError(f"cannot read key file {path}: {exc}") from exc
-        try:
-            doc = json.loads(text)
-        except ValueError as exc:
-            raise KeyRingError(f"key file {path} is not JSON: {exc.__class__.__name__}") from exc
-        return cls.from_dict(doc, source=str(path))
+    # -- key file document (read and written by runtime/key_files.py) ---------------------------
 
     @classmethod
     def from_dict(cls, doc: Any, *, source: str = "key ring") -> KeyRing:
@@ -298,94 +280,3 @@ class KeyRing:
             doc["active"] = format_key_id(self._active)
         doc["keys"] = keys
         return doc
-
-    def write(
-        self,
-        path: str | os.PathLike[str],
-        *,
-        overwrite: bool = False,
-        mode: int = 0o600,
-        owner: tuple[int, int] | None = None,
-    ) -> None:
-        """Write the key file atomically (a temporary file renamed over ``path``).
-
-        Args:
-            path: the key file.
-            overwrite: replace an existing file.
-            mode: permission bits; only owner and group bits are allowed (default 0600).
-            owner: ``(uid, gid)`` to give the file, e.g. those of the file being replaced, so a
-                service user keeps access (needs root, or the same owner and one of its groups).
-
-        Raises:
-            KeyRingError: the file exists and ``overwrite`` is false, ``mode`` grants access to
-                others (or special bits), the owner cannot be set, or the file cannot be written.
-                On any error the existing file is left as it was.
-        """
-        target = Path(path)
-        if mode & ~0o770:
-            raise KeyRingError(
-                f"refusing to write key file {target} with mode {mode:04o}: key files must not be "
-                "accessible to other users (use owner and group bits only, e.g. 0600 or 0640)"
-            )
-        if target.exists() and not overwrite:
-            raise KeyRingError(f"{target} exists; refusing to overwrite it")
-        write_json_atomically(target, self.to_dict(), mode=mode, overwrite=overwrite, owner=owner)
-
-
-def _set_owner(fd: int, owner: tuple[int, int] | None, target: Path) -> None:
-    """Give the open file ``fd`` the ``(uid, gid)`` ``owner`` (no-op when already so).
-
-    Raises:
-        KeyRingError: not permitted (another user's file while not root).
-    """
-    if owner is None:
-        return
-    st = os.fstat(fd)
-    if (st.st_uid, st.st_gid) == owner:
-        return
-    try:
-        os.fchown(fd, *owner)
-    except PermissionError as exc:
-        raise KeyRingError(
-            f"cannot give the new {target} the owner uid {owner[0]} gid {owner[1]} of the file "
-            f"it replaces ({exc.strerror}); run as root or as that user so the service keeps "
-            "access; nothing was changed"
-        ) from exc
-
-
-def write_json_atomically(
-    target: Path,
-    doc: dict[str, Any],
-    *,
-    mode: int,
-    overwrite: bool,
-    owner: tuple[int, int] | None = None,
-) -> None:
-    """Write ``doc`` as JSON to ``target`` atomically (temporary file, fsync, rename), created
-    0600 and only then given ``owner`` and ``mode``: key material is never readable by anyone
-    else, not even for a moment. Shared by key rings and the public-key mode's key files.
-
-    Raises:
-        KeyRingError: ``target`` appeared meanwhile and ``overwrite`` is false, the owner cannot
-            be set, or the file cannot be written. On any error an existing file is left as it
-            was.
-    """
-    text = json.dumps(doc, indent=2) + "\n"
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent or ".")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                os.fchmod(fd, 0o600)  # mkstemp's mode, stated: nothing is ever wider
-                _set_owner(fd, owner, target)
-                os.fchmod(fd, mode)
-                fh.write(text)
-                fh.flush()
-                os.fsync(fh.fileno())
-            if not overwrite and target.exists():
-                raise KeyRingError(f"{target} appeared meanwhile; refusing to overwrite it")
-            Path(tmp).replace(target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError as exc:
-        raise KeyRingError(f"cannot write key file {target}: {exc}") from exc

@@ -29,18 +29,16 @@ Files (JSON; private files are written with mode 0600 atomically, public files 0
 A public file lists one or more keys, so the same format is a receiver public key (the sender uses
 its first key) and a trusted-sender list (every key is trusted). A stated fingerprint must match
 the key: a file damaged in transit is refused, not half-trusted. A signing key file holds one key.
-Pure: no clock, no sockets; files are read and written only by the functions that say so.
+Pure: no clock, no sockets, no files. This module parses and builds the documents;
+``runtime/key_files.py`` reads them from files and writes them (atomically, with those modes).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
-import json
-import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Final, Literal
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -53,7 +51,6 @@ from cryptography.hazmat.primitives.serialization import (
 )
 
 from common.errors import KeyRingError
-from common.wire.keyring import write_json_atomically
 
 KeyType = Literal["x25519-receiver", "ed25519-signing"]
 RECEIVER: Final = "x25519-receiver"
@@ -65,7 +62,6 @@ PUBLIC_FILE_VERSION: Final = 1
 #: Most keys one file may list (a trusted-sender list, a receiver's pairs): bounds what a reload
 #: reads, far above any real deployment.
 MAX_KEYS_PER_FILE: Final = 1024
-_MAX_FILE_BYTES: Final = 1 << 20
 _LABELS: Final = {
     RECEIVER: b"kafka-diode receiver key v1\x00",
     SIGNING: b"kafka-diode signing key v1\x00",
@@ -238,21 +234,7 @@ class TrustedKeys:
         return self._keys.get(fp)
 
 
-# -- files ----------------------------------------------------------------------------------------
-
-
-def _read_json(path: str | os.PathLike[str]) -> Any:
-    try:
-        with Path(path).open("rb") as fh:
-            data = fh.read(_MAX_FILE_BYTES + 1)
-    except OSError as exc:
-        raise KeyRingError(f"cannot read key file {path}: {exc.strerror or exc}") from exc
-    if len(data) > _MAX_FILE_BYTES:
-        raise KeyRingError(f"{path} is over {_MAX_FILE_BYTES} bytes: not a key file")
-    try:
-        return json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise KeyRingError(f"key file {path} is not JSON: {exc.__class__.__name__}") from exc
+# -- documents ------------------------------------------------------------------------------------
 
 
 def _hex32(entry: dict[str, Any], name: str, where: str) -> bytes:
@@ -291,14 +273,14 @@ def _check_stated(entry: dict[str, Any], fp: bytes, where: str) -> None:
         )
 
 
-def load_public_keys(path: str | os.PathLike[str], key_type: KeyType) -> list[PublicKey]:
-    """Read a public key file of ``key_type`` (format in the module docstring).
+def public_keys_from_document(doc: Any, key_type: KeyType, where: str) -> list[PublicKey]:
+    """The keys of a public key file's parsed JSON ``doc`` of ``key_type`` (format in the module
+    docstring); ``where`` names the file in errors.
 
     Raises:
-        KeyRingError: unreadable, not the format, another key type, or a fingerprint mismatch.
+        KeyRingError: not the format, another key type, or a fingerprint mismatch.
     """
-    where = str(path)
-    found, entries = _entries(_read_json(path), "kafka_diode_public_keys", 1, where)
+    found, entries = _entries(doc, "kafka_diode_public_keys", 1, where)
     if found != key_type:
         raise KeyRingError(f"{where} holds {found} keys; this setting needs {key_type} keys")
     out = []
@@ -311,33 +293,15 @@ def load_public_keys(path: str | os.PathLike[str], key_type: KeyType) -> list[Pu
     return out
 
 
-def load_trusted(path: str | os.PathLike[str]) -> TrustedKeys:
-    """A trusted-signer list (a public key file of signing keys).
+def receiver_keys_from_document(doc: Any, where: str) -> ReceiverKeys:
+    """The receiver's private key file (one or more X25519 pairs), from its parsed JSON ``doc``;
+    ``where`` names the file in errors.
 
     Raises:
-        KeyRingError: as ``load_public_keys``.
+        KeyRingError: not the format, a public half that does not match its private key, or a
+            fingerprint mismatch.
     """
-    return TrustedKeys(load_public_keys(path, SIGNING))
-
-
-def load_receiver_public(path: str | os.PathLike[str]) -> PublicKey:
-    """The receiver public key a sender seals to (the file's first key).
-
-    Raises:
-        KeyRingError: as ``load_public_keys``.
-    """
-    return load_public_keys(path, RECEIVER)[0]
-
-
-def load_receiver_keys(path: str | os.PathLike[str]) -> ReceiverKeys:
-    """The receiver's private key file (one or more X25519 pairs).
-
-    Raises:
-        KeyRingError: unreadable, not the format, a public half that does not match its private
-            key, or a fingerprint mismatch.
-    """
-    where = str(path)
-    found, entries = _entries(_read_json(path), "kafka_diode_private_key", 1, where)
+    found, entries = _entries(doc, "kafka_diode_private_key", 1, where)
     if found != RECEIVER:
         raise KeyRingError(f"{where} is a {found} file; this setting needs {RECEIVER} keys")
     keys = ReceiverKeys()
@@ -356,14 +320,13 @@ def load_receiver_keys(path: str | os.PathLike[str]) -> ReceiverKeys:
     return keys
 
 
-def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
-    """A signing key file (one Ed25519 key).
+def signing_key_from_document(doc: Any, where: str) -> SigningKey:
+    """A signing key file (one Ed25519 key), from its parsed JSON ``doc``; ``where`` names the
+    file in errors.
 
     Raises:
-        KeyRingError: unreadable, not the format, more than one key, or a mismatch.
+        KeyRingError: not the format, more than one key, or a mismatch.
     """
-    where = str(path)
-    doc = _read_json(path)
     found, entries = _entries(doc, "kafka_diode_private_key", 1, where)
     if found != SIGNING or len(entries) != 1:
         raise KeyRingError(f"{where}: not a signing key file (want one {SIGNING} key)")
@@ -432,18 +395,3 @@ def public_keys_document(key_type: KeyType, keys: Iterable[PublicKey]) -> dict[s
             for k in keys
         ],
     }
-
-
-def write_key_file(
-    path: str | os.PathLike[str], doc: dict[str, Any], *, private: bool, overwrite: bool = False
-) -> None:
-    """Write ``doc`` atomically: mode 0600 for a private file, 0644 for a public one.
-
-    Raises:
-        KeyRingError: the file exists and ``overwrite`` is false, or it cannot be written. On any
-            error an existing file is left as it was.
-    """
-    target = Path(path)
-    if target.exists() and not overwrite:
-        raise KeyRingError(f"{target} exists; refusing to overwrite it")
-    write_json_atomically(target, doc, mode=0o600 if private else 0o644, overwrite=overwrite)

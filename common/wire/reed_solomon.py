@@ -21,7 +21,8 @@ library is missing or fails the self-test at load (its bytes must equal zfec's o
 so a library built for another field never goes unnoticed), :class:`RepairEncoder` uses zfec.
 :data:`ACCELERATION` says which one runs (logged by the sender at start).
 
-Pure (STYLE.md §1): no I/O; the one side effect is loading a shared library at import.
+Pure (docs/design.md, "A sans-IO core"): no I/O; the one side effect is loading a shared library
+at import.
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.wire import Key, KeyRing
+from runtime import key_files
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -38,7 +39,7 @@ def free_tcp_port() -> int:
 
 def write_key_file(path: Path) -> KeyRing:
     ring = KeyRing([Key.generate()])
-    ring.write(path)
+    key_files.write_keyring(ring, path)
     return ring
 
 

@@ -26,6 +26,7 @@ from common import bundle as b
 from common.gap_record import GapReport, GapState, gap_key, gap_value
 from common.wire import Decoder, Key, KeyRing, RecordBatch, ResendMarker, WireConfig
 from dedup import bundle_cli
+from runtime import key_files
 from sender import resend_cli
 from tests.kafka_helpers import Record, create_topic, produce_records
 
@@ -36,7 +37,7 @@ pytestmark = pytest.mark.kafka
 def ring(tmp_path: Path) -> tuple[Path, KeyRing]:
     keyring = KeyRing([Key.generate()])
     path = tmp_path / "link.key"
-    keyring.write(path)
+    key_files.write_keyring(keyring, path)
     return path, keyring
 
 

@@ -31,8 +31,8 @@ from common.wire.pubkey import (
     public_keys_document,
     receiver_keys_document,
     signing_key_document,
-    write_key_file,
 )
+from runtime.key_files import write_key_file
 from tests.integration.receiver_process import ROOT, ReceiverProcess, free_udp_port
 from tests.kafka_helpers import consume_all, produce_records, wait_until
 

@@ -24,10 +24,10 @@ from common.wire.pubkey import (
     TrustedKeys,
     public_keys_document,
     signing_key_document,
-    write_key_file,
 )
 from common.wire.pubkey_decoder import KeyLearned, PublicKeyDecoder
 from dedup import bundle_cli
+from runtime.key_files import write_key_file
 from sender import resend_cli
 from tests.kafka_helpers import Record, create_topic, produce_records
 

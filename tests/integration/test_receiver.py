@@ -35,6 +35,7 @@ from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from receiver.config import ReceiverConfig
 from receiver.kafka_sink import RawTopicSink
 from receiver.metrics import ReceiverStats
+from runtime import key_files
 from tests import kafka_helpers
 from tests.integration.receiver_process import ReceiverProcess, write_key_file
 from tests.kafka_helpers import consume_all, wait_until
@@ -493,7 +494,9 @@ def test_sighup_reloads_the_key_ring(downstream_kafka, kafka_topic, tmp_path):
         link = Link(rx.port, KeyRing([new_key]))
         link.send(link.encode(make_records("k", 50)))
         wait_until(lambda: rx.drops().get("unknown_key", 0) > 0, 30, message="unknown key")
-        KeyRing([*old, new_key], active=new_key.key_id).write(key_file, overwrite=True)
+        key_files.write_keyring(
+            KeyRing([*old, new_key], active=new_key.key_id), key_file, overwrite=True
+        )
         rx.proc.send_signal(signal.SIGHUP)
         wait_until(lambda: rx.metric("keyring_reloads_total") >= 1, 30, message="reloaded")
         link.send(link.encode(make_records("k", 50, start=50)))

@@ -23,7 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.wire import Encoder, WireConfig
 from sender.pacing import Pacer, PacingConfig
-from sender.pipeline import SendPipeline
+from sender.send_pipeline import SendPipeline
 from sender.transport import UdpSender
 from tests.integration.receiver_process import (
     ROOT,

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from common import settings
 from common.wire import Decoder, Heartbeat, Key, KeyRing, RecordBatch, WireConfig
+from runtime import key_files
 from sender.app import SenderApp
 from sender.config import SenderConfig
 from tests.kafka_helpers import Record, produce_records, wait_until
@@ -138,7 +139,7 @@ def test_every_record_arrives_with_every_field_and_offsets_are_committed(
     key = Key.generate()
     keys = KeyRing([key], active=key.key_id)
     key_file = tmp_path / "key.json"
-    keys.write(key_file)
+    key_files.write_keyring(keys, key_file)
     rx = Receiver(keys)
     cfg = sender_config(
         upstream_kafka, topic, group_id, rx.port, key_file=str(key_file), start_position="earliest"
@@ -354,8 +355,8 @@ def test_key_file_change_is_picked_up_while_sending(
     topic = kafka_topic(upstream_kafka, partitions=2)
     key_file = tmp_path / "link.key"
     old = Key.generate()
-    KeyRing([old], active=old.key_id).write(key_file)
-    rx_ring = KeyRing.from_file(key_file)
+    key_files.write_keyring(KeyRing([old], active=old.key_id), key_file)
+    rx_ring = key_files.read_keyring(key_file)
     rx = Receiver(rx_ring)
     cfg = sender_config(
         upstream_kafka,
@@ -379,7 +380,7 @@ def test_key_file_change_is_picked_up_while_sending(
             await _until(app, lambda: len(rx.records) >= 200)
             sequence_at_rotation = app.pipeline.encoder.next_sequence
             new_id.append(await asyncio.to_thread(_keygen_add, key_file))
-            rx_ring.replace(KeyRing.from_file(key_file))  # the receiver holds both keys
+            rx_ring.replace(key_files.read_keyring(key_file))  # the receiver holds both keys
             await _until(app, lambda: app.keyring_reloads >= 1)
             after = await asyncio.to_thread(
                 produce_records, upstream_kafka, topic, [b"after-%d" % i for i in range(200)]
@@ -429,8 +430,8 @@ def test_sighup_reloads_the_key_file_of_a_running_sender(
     topic = kafka_topic(upstream_kafka, partitions=1)
     key_file = tmp_path / "link.key"
     old = Key.generate()
-    KeyRing([old], active=old.key_id).write(key_file)
-    rx_ring = KeyRing.from_file(key_file)
+    key_files.write_keyring(KeyRing([old], active=old.key_id), key_file)
+    rx_ring = key_files.read_keyring(key_file)
     rx = Receiver(rx_ring)
     produce_records(upstream_kafka, topic, [b"before-%d" % i for i in range(50)])
     log_path = tmp_path / "sender.log"
@@ -439,7 +440,7 @@ def test_sighup_reloads_the_key_file_of_a_running_sender(
     try:
         wait_until(lambda: (rx.drain(), len(rx.records) >= 50)[1], 60, 0.02, "first records")
         new = _keygen_add(key_file)
-        rx_ring.replace(KeyRing.from_file(key_file))
+        rx_ring.replace(key_files.read_keyring(key_file))
         proc.send_signal(signal.SIGHUP)
         wait_until(
             lambda: "key ring reloaded" in log_path.read_text(errors="replace"),

@@ -22,7 +22,7 @@ from common.wire import (
     WireConfig,
 )
 from sender.pacing import Pacer, PacingConfig
-from sender.pipeline import PUMP_EVERY, SendPipeline
+from sender.send_pipeline import PUMP_EVERY, SendPipeline
 from sender.transport import UdpSender
 
 WIRE = WireConfig(max_datagram_size=1452, linger=0.002)

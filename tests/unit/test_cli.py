@@ -1,4 +1,4 @@
-"""The ``kafka-diode`` dispatcher, tested in-process (STYLE.md §23)."""
+"""The ``kafka-diode`` dispatcher, tested in-process."""
 
 import pytest
 

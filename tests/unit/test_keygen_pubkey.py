@@ -5,14 +5,14 @@ from __future__ import annotations
 import os
 import stat
 
-from common.wire.pubkey import (
-    format_fingerprint,
+from common.wire.pubkey import format_fingerprint
+from kafka_diode.keygen import main
+from runtime.key_files import (
     load_receiver_keys,
     load_receiver_public,
     load_signing_key,
     load_trusted,
 )
-from kafka_diode.keygen import main
 
 
 def _mode(path) -> int:

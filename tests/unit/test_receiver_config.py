@@ -13,6 +13,7 @@ from common.errors import ConfigError
 from common.wire import Key, KeyRing
 from receiver import cli
 from receiver.config import ENV_PREFIX, ReceiverConfig
+from runtime import key_files
 
 
 def _build(file_values=None, env=None, flags=None) -> ReceiverConfig:
@@ -150,7 +151,7 @@ def test_every_field_is_documented() -> None:
 
 def test_check_config_prints_json(tmp_path: Path, capsys, monkeypatch) -> None:
     key_file = tmp_path / "keys.json"
-    KeyRing([Key.generate()]).write(key_file)
+    key_files.write_keyring(KeyRing([Key.generate()]), key_file)
     toml = tmp_path / "r.toml"
     toml.write_text(f'key_file = "{key_file}"\nraw_topic = "raw"\n[kafka]\n"sasl.password" = "x"\n')
     monkeypatch.delenv("DIODE_RECEIVER_LISTEN_PORT", raising=False)

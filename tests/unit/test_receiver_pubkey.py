@@ -15,11 +15,11 @@ from common.wire.pubkey import (
     ReceiverKeys,
     public_keys_document,
     receiver_keys_document,
-    write_key_file,
 )
 from common.wire.pubkey_decoder import KeyLearned
 from receiver.config import ReceiverConfig
-from receiver.pubkey import PublicKeyGlue
+from receiver.pubkey_glue import PublicKeyGlue
+from runtime.key_files import write_key_file
 from tests.pubkey_support import RECEIVER_PAIR, SENDER, STRANGER, T0_MS, announcement, public
 from tests.wire_support import drain
 

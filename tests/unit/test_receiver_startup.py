@@ -41,7 +41,7 @@ def test_metrics_are_served_only_after_the_sockets_are_bound(
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
             sock.sendto(b"not a diode datagram", receiver.addresses[0])
 
-    monkeypatch.setattr(receiver_app.common_metrics, "serve", serve)
+    monkeypatch.setattr(receiver_app.metrics_http, "serve", serve)
 
     async def main() -> None:
         stop = asyncio.Event()

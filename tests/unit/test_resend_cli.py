@@ -19,7 +19,7 @@ from common.wire import Key, KeyRing
 from dedup import bundle_cli
 from dedup.bundle_create import BundleConfig
 from kafka_diode import cli as dispatcher
-from runtime import bundle_files
+from runtime import bundle_files, key_files
 from sender import resend_cli
 
 NOWHERE = "127.0.0.1:1"
@@ -29,7 +29,7 @@ NOWHERE = "127.0.0.1:1"
 def ring(tmp_path: Path) -> tuple[Path, KeyRing]:
     keyring = KeyRing([Key.generate()])
     path = tmp_path / "link.key"
-    keyring.write(path)
+    key_files.write_keyring(keyring, path)
     return path, keyring
 
 
@@ -121,7 +121,7 @@ def test_wrong_key_is_refused(
     _, keyring = ring
     path = _bundle_file(tmp_path, keyring)
     other = tmp_path / "other.key"
-    KeyRing([Key.generate()]).write(other)
+    key_files.write_keyring(KeyRing([Key.generate()]), other)
     assert _show(path, other) == bundle_cli.EXIT_BAD_BUNDLE
     assert "not in this key ring" in capsys.readouterr().err
 

@@ -8,6 +8,7 @@ import pytest
 from common import settings
 from common.errors import ConfigError
 from common.wire import Key, KeyRing
+from runtime import key_files
 from sender import cli
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 
@@ -107,7 +108,7 @@ def test_key_file_missing_unreadable_or_malformed_names_key_file(tmp_path) -> No
 def test_key_file_and_password_load(tmp_path) -> None:
     key = Key.generate()
     path = tmp_path / "k.json"
-    KeyRing([key], active=key.key_id).write(path)
+    key_files.write_keyring(KeyRing([key], active=key.key_id), path)
     ring = load_keyring(make(insecure_cleartext=False, key_file=str(path)))
     assert ring is not None
     assert ring.active.key_id == key.key_id

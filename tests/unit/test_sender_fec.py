@@ -20,7 +20,7 @@ from common.wire import Encoder, WireConfig
 from common.wire.fec import FecConfig, FecEncoder, is_repair
 from sender.config import SenderConfig
 from sender.pacing import Pacer, PacingConfig
-from sender.pipeline import SendPipeline
+from sender.send_pipeline import SendPipeline
 from sender.transport import UdpSender
 from tests.fec_support import FecLink
 from tests.wire_support import SESSION, ring

@@ -14,6 +14,7 @@ import pytest
 from common.errors import ConfigError, KeyRingError
 from common.wire import Key, KeyRing, WireConfig, derive_key, format_key_id, fragment_capacity
 from kafka_diode import keygen
+from runtime import key_files
 
 
 def test_key_id_is_derived_and_material_never_printed() -> None:
@@ -49,13 +50,13 @@ def test_ring_add_activate_remove_replace() -> None:
 def test_key_file_round_trip_mode_and_no_overwrite(tmp_path) -> None:
     path = tmp_path / "keys.json"
     ring = KeyRing([Key.generate(), Key.generate()])
-    ring.write(path)
+    key_files.write_keyring(ring, path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    loaded = KeyRing.from_file(path)
+    loaded = key_files.read_keyring(path)
     assert loaded.ids == ring.ids
     assert loaded.active.material == ring.active.material
     with pytest.raises(KeyRingError, match="refusing"):
-        ring.write(path)
+        key_files.write_keyring(ring, path)
 
 
 @pytest.mark.parametrize(
@@ -74,12 +75,12 @@ def test_bad_key_files(tmp_path, doc) -> None:
     path = tmp_path / "k.json"
     path.write_text(json.dumps(doc))
     with pytest.raises(KeyRingError):
-        KeyRing.from_file(path)
+        key_files.read_keyring(path)
     path.write_text("{not json")
     with pytest.raises(KeyRingError):
-        KeyRing.from_file(path)
+        key_files.read_keyring(path)
     with pytest.raises(KeyRingError):
-        KeyRing.from_file(tmp_path / "missing.json")
+        key_files.read_keyring(tmp_path / "missing.json")
 
 
 def test_password_derivation_is_deterministic() -> None:
@@ -101,16 +102,16 @@ def test_keygen_writes_0600_refuses_overwrite_and_adds(tmp_path, capsys) -> None
     assert keygen.main(["--out", str(path)]) == 0
     first = capsys.readouterr().out.strip()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
-    assert KeyRing.from_file(path).ids == (int(first, 16),)
+    assert key_files.read_keyring(path).ids == (int(first, 16),)
     assert keygen.main(["--out", str(path)]) == 1
     assert "exists" in capsys.readouterr().err
     assert keygen.main(["--out", str(path), "--add"]) == 0
     second = capsys.readouterr().out.strip()
-    ring = KeyRing.from_file(path)
+    ring = key_files.read_keyring(path)
     assert [format_key_id(i) for i in ring.ids] == [first, second]
     assert format_key_id(ring.active.key_id) == second
     assert keygen.main(["--out", str(path), "--force"]) == 0
-    assert len(KeyRing.from_file(path)) == 1
+    assert len(key_files.read_keyring(path)) == 1
 
 
 def test_keygen_password_same_salt_same_key(tmp_path, capsys, monkeypatch) -> None:
@@ -172,7 +173,7 @@ def test_keygen_add_keeps_the_owner_group_and_mode_of_the_key_file(tmp_path, cap
     st = path.stat()
     assert stat.S_IMODE(st.st_mode) == 0o640
     assert (st.st_uid, st.st_gid) == owner
-    assert len(KeyRing.from_file(path)) == 2
+    assert len(key_files.read_keyring(path)) == 2
     assert not [p for p in tmp_path.iterdir() if p.name != "ring.json"]  # no temporary left
 
 
@@ -193,11 +194,11 @@ def test_keygen_add_refuses_a_key_file_others_can_read_and_changes_nothing(
 def test_key_ring_write_refuses_modes_for_others_and_unpermitted_owners(tmp_path) -> None:
     ring = KeyRing([Key.generate()])
     with pytest.raises(KeyRingError, match="other users"):
-        ring.write(tmp_path / "a.json", mode=0o644)
+        key_files.write_keyring(ring, tmp_path / "a.json", mode=0o644)
     assert not (tmp_path / "a.json").exists()
     if os.geteuid() != 0:
         with pytest.raises(KeyRingError, match="nothing was changed"):
-            ring.write(tmp_path / "b.json", owner=(0, 0))
+            key_files.write_keyring(ring, tmp_path / "b.json", owner=(0, 0))
         assert list(tmp_path.iterdir()) == []
 
 
@@ -212,7 +213,7 @@ def test_keygen_add_by_a_user_who_cannot_keep_the_owner_changes_nothing(capsys) 
 def _keygen_as_nobody(workdir: Path, capsys) -> None:
     os.chmod(workdir, 0o777)
     path = workdir / "ring.json"
-    KeyRing([Key.generate()]).write(path, mode=0o640, owner=(54321, 65534))
+    key_files.write_keyring(KeyRing([Key.generate()]), path, mode=0o640, owner=(54321, 65534))
     before = path.read_bytes()
     groups = os.getgroups()
     os.setgroups([])

@@ -26,16 +26,18 @@ from common.wire.pubkey import (
     ReceiverKeys,
     SigningKey,
     format_fingerprint,
+    public_keys_document,
+    receiver_keys_document,
+    signing_key_document,
+)
+from common.wire.pubkey_decoder import KeyLearned, KeyRetired, PublicKeyReceiveConfig
+from runtime.key_files import (
     load_receiver_keys,
     load_receiver_public,
     load_signing_key,
     load_trusted,
-    public_keys_document,
-    receiver_keys_document,
-    signing_key_document,
     write_key_file,
 )
-from common.wire.pubkey_decoder import KeyLearned, KeyRetired, PublicKeyReceiveConfig
 from tests.pubkey_support import (
     OTHER_PAIR,
     RECEIVER_PAIR,

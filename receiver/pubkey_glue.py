@@ -2,23 +2,24 @@
 
 The decoding is ``common.wire.pubkey_decoder`` (pure). This module loads the receiver's key pairs
 and the trusted-sender list, reloads either when its modification time changes (or on SIGHUP)
-without a restart — a file that fails to load leaves the previous keys in use — ties the
-decoder's monotonic clock to the wall clock each second, and logs learned and retired keys.
+without a restart (``runtime.file_watch``: a file that fails to load leaves the previous keys in
+use), ties the decoder's monotonic clock to the wall clock each second, and logs learned and
+retired keys.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import time
-from pathlib import Path
 
 from common.errors import ConfigError, KeyRingError
 from common.wire.announce import AnnouncementVerifier
 from common.wire.config import WireConfig
-from common.wire.pubkey import format_fingerprint, load_receiver_keys, load_trusted
+from common.wire.pubkey import format_fingerprint
 from common.wire.pubkey_decoder import KeyLearned, KeyRetired, PublicKeyDecoder
 from receiver.config import ReceiverConfig
+from runtime.file_watch import FileReloader
+from runtime.key_files import load_receiver_keys, load_trusted
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +49,6 @@ def load_verifier(config: ReceiverConfig) -> AnnouncementVerifier:
     )
 
 
-def _mtime(path: Path) -> int | None:
-    try:
-        return os.stat(path).st_mtime_ns
-    except OSError:
-        return None
-
-
 class PublicKeyGlue:
     """Owns the decoder's verifier files: loading, reloading, clock sync, event logging."""
 
@@ -62,15 +56,19 @@ class PublicKeyGlue:
         assert config.receiver_key_file is not None
         assert config.trusted_senders_file is not None
         self._config = config
-        self._paths = (config.receiver_key_file, config.trusted_senders_file)
-        self._mtimes = tuple(_mtime(p) for p in self._paths)
+        self._files = FileReloader(
+            (config.receiver_key_file, config.trusted_senders_file),
+            lambda: load_verifier(config),
+            self._swap,
+            what="public-key files",
+            kept="the previous keys stay",
+            errors=(ConfigError,),
+        )
         self.verifier = load_verifier(config)
         self.decoder = PublicKeyDecoder(wire, self.verifier, config.pubkey_config())
         self.decoder.sync_clock(time.time() * 1000.0, time.monotonic())
         self.keys_learned = 0
         self.keys_retired = 0
-        self.reloads = 0
-        self.reload_errors = 0
         log.info(
             "public-key mode: %d receiver key(s) %s, %d trusted sender(s) %s",
             len(self.verifier.receiver_keys),
@@ -87,29 +85,28 @@ class PublicKeyGlue:
         self.decoder.sync_clock(wall_ms, now)
         if not check_files:
             return
-        mtimes = tuple(_mtime(p) for p in self._paths)
-        if mtimes != self._mtimes and None not in mtimes:
-            self.reload("key file changed")
+        self._files.check("key file changed")
+
+    @property
+    def reloads(self) -> int:
+        """Reloads of the key files that took effect."""
+        return self._files.reloads
+
+    @property
+    def reload_errors(self) -> int:
+        """Reloads that failed (the previous keys stayed)."""
+        return self._files.reload_errors
 
     def reload(self, why: str) -> bool:
         """Re-read both files; keep the keys in use when either fails to load."""
-        self._mtimes = tuple(_mtime(p) for p in self._paths)
-        try:
-            fresh = load_verifier(self._config)
-        except ConfigError as exc:
-            self.reload_errors += 1
-            log.error("%s: public-key files NOT reloaded, the previous keys stay: %s", why, exc)  # noqa: TRY400  the reason is the message
-            return False
+        return self._files.reload(why)
+
+    def _swap(self, fresh: AnnouncementVerifier) -> str:
         self.verifier.receiver_keys = fresh.receiver_keys
         self.verifier.trusted = fresh.trusted
-        self.reloads += 1
-        log.info(
-            "%s: public-key files reloaded: %d receiver key(s), %d trusted sender(s)",
-            why,
-            len(fresh.receiver_keys),
-            len(fresh.trusted),
+        return (
+            f": {len(fresh.receiver_keys)} receiver key(s), {len(fresh.trusted)} trusted sender(s)"
         )
-        return True
 
     def on_event(self, event: KeyLearned | KeyRetired) -> None:
         """Count and log a learned or retired session key."""

@@ -9,7 +9,7 @@ import pytest
 
 from common.errors import ConfigError
 from sender.config import SenderConfig
-from sender.content_filter import ContentFilter, Verdict, parse_rule, parse_rules_text
+from sender.filter_rules import ContentFilter, Verdict, parse_rule, parse_rules_text
 from sender.record_filter import SEND, SKIP, WITHHOLD, RecordFilter, build_filter
 
 #: Catastrophic backtracking on a run of x's: never finishes in any useful time.

@@ -17,17 +17,12 @@ from typing import TYPE_CHECKING
 
 from common.errors import ConfigError, KeyRingError
 from common.wire.announce import KeyAnnouncer
-from common.wire.pubkey import (
-    TrustedKeys,
-    format_fingerprint,
-    load_receiver_public,
-    load_signing_key,
-    load_trusted,
-)
+from common.wire.pubkey import TrustedKeys, format_fingerprint
+from runtime.key_files import load_receiver_public, load_signing_key, load_trusted
 
 if TYPE_CHECKING:
     from sender.config import SenderConfig
-    from sender.pipeline import SendPipeline
+    from sender.send_pipeline import SendPipeline
 
 log = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ Announcement overhead: CPU to make one (seal + sign), to verify a new one (signa
 to take a byte-identical repeat, and the link share of repeats at the default interval. The
 last line is one JSON object.
 
-    .venv/bin/python bench/pubkey.py [--records 60000] [--rounds 9]
+    .venv/bin/python bench/pubkey_mode.py [--records 60000] [--rounds 9]
 """
 
 from __future__ import annotations

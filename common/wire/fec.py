@@ -160,14 +160,16 @@ class FecConfig:
     overhead: float
     """Repair datagrams per 100 source datagrams (``--fec-overhead``); > 0 (0 means no FEC and
     no ``FecEncoder`` at all)."""
-    block_size: int = 32
+    block_size: int = 160
     """Source datagrams per block at most (k). Larger blocks ride out more loss at the same
     overhead, but the Reed-Solomon cost per datagram grows with the repairs per block
-    (docs/sender.md, "Forward error correction")."""
+    (docs/sender.md, "Forward error correction"). The default (with ``interleave`` 4) is chosen
+    from common/wire/fec_odds.py: at 20 % overhead fewer than one failed block per 10^9 source
+    datagrams at 5 % random loss and at 2 % Gilbert-Elliott loss in bursts of 5."""
     block_latency: float = 0.2
     """Seconds after its first source a block closes even when not full, so a slow stream gets
     its repairs promptly; at most 1 s, half the time a receiver keeps sources for a block."""
-    interleave: int = 1
+    interleave: int = 4
     """Blocks filled round-robin per stream: a burst of B consecutive losses costs each block
     about B / interleave sources."""
     streams: int = 1

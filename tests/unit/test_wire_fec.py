@@ -374,7 +374,7 @@ def test_config_errors_name_the_key(changes: dict[str, object], key: str) -> Non
 
 
 def test_repairs_round_up_and_overhead_bytes_cover_the_bitmap() -> None:
-    cfg = FecConfig(overhead=20, block_size=64)
+    cfg = FecConfig(overhead=20, block_size=64, interleave=1)
     assert [cfg.repairs_for(k) for k in (1, 5, 10, 64)] == [1, 1, 2, 13]
     assert cfg.max_span == 128
     assert cfg.overhead_bytes == HEADER_SIZE + 3 + 16 + FEC_HEADER.size + 2 + 16

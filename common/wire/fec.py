@@ -37,6 +37,7 @@ a clock: ``now`` is passed in.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 import struct
@@ -90,6 +91,10 @@ _SEQ: Final = struct.Struct(">Q")
 _MIN_DATAGRAM: Final = HEADER_SIZE + 1
 _ZEROS: Final = memoryview(bytes(0xFFFF))
 _CODEC_CACHE: Final = 64
+#: Upper bounds of the decoder's ``margin_used`` histogram: the share of a block's m repairs its
+#: losses used (0: nothing lost, 1: every repair needed; a failed block is above 1). Quarters,
+#: so the KafkaDiodeFecMarginLow alert can ask "how many blocks used more than half".
+MARGIN_BUCKETS: Final = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def repair_overhead(max_span: int) -> int:
@@ -544,6 +549,12 @@ class FecDecoder:
         """Source datagrams rebuilt (handed back for the normal decode path)."""
         self.blocks_unrecoverable = 0
         """Blocks with lost sources that too few repairs reached (timed out or evicted)."""
+        self.margin_used = [0] * (len(MARGIN_BUCKETS) + 1)
+        """Decided blocks by the share of their m repairs the losses used, one count per
+        ``MARGIN_BUCKETS`` bound (share <= bound, above the previous) plus one for failed blocks
+        (share > 1): how close the link runs to its FEC's limit (docs/operations.md)."""
+        self.margin_used_sum = 0.0
+        """Sum of those shares (the histogram's ``_sum``)."""
 
     @property
     def drops(self) -> Mapping[FecDropReason, int]:
@@ -579,8 +590,7 @@ class FecDecoder:
             block = next(iter(self._pending.values()))
             if block.created > limit:
                 break
-            self._forget(block)
-            self.blocks_unrecoverable += 1
+            self._give_up(block)
         self._trim_sources(now)
 
     # -- sources ---------------------------------------------------------------------------
@@ -637,6 +647,28 @@ class FecDecoder:
     def _drop(self, reason: FecDropReason, detail: str) -> None:
         self._drops[reason] += 1
         self._drop_log.append((reason, detail))
+
+    def _give_up(self, block: _Pending) -> None:
+        """Forget a block that cannot be rebuilt (timed out, evicted, or inconsistent)."""
+        self._forget(block)
+        self.blocks_unrecoverable += 1
+        session, have = block.key[0], self._sources
+        missing = sum(session + _SEQ.pack(s) not in have for s in block.sequences)
+        self._observe(block, missing, failed=True)
+
+    def _observe(self, block: _Pending, missing: int, *, failed: bool) -> None:
+        """Count a decided block in ``margin_used``. Its losses are the missing sources plus
+        the repairs known lost: at a rebuild, those below the highest repair index received
+        (repairs leave in index order; later ones are not waited for); for a failed block
+        every repair that never came, and at least m + 1 (its sources may have aged out of the
+        buffer, and an inconsistent block failed whatever it lost)."""
+        if failed:
+            lost = max(block.m + 1, missing + block.m - len(block.repairs))
+        else:
+            lost = missing + max(block.repairs, default=-1) + 1 - len(block.repairs)
+        share = lost / block.m
+        self.margin_used_sum += share
+        self.margin_used[bisect.bisect_left(MARGIN_BUCKETS, share)] += 1
 
     def _receive(self, data: bytes, now: float) -> list[bytes]:
         bad = FecDropReason.MALFORMED
@@ -719,8 +751,7 @@ class FecDecoder:
 
     def _evict(self) -> None:
         oldest = next(iter(self._pending.values()))
-        self._forget(oldest)
-        self.blocks_unrecoverable += 1
+        self._give_up(oldest)
         self._drop(FecDropReason.OVERFLOW, f"block at {oldest.key[1]} evicted")
 
     def _open(self, data: bytes, pos: int, session: bytes, sequence: int, key_id: int) -> bytes:
@@ -762,6 +793,7 @@ class FecDecoder:
         if not missing:
             self._forget(block)
             self.blocks_complete += 1
+            self._observe(block, 0, failed=False)
             return []
         if len(block.repairs) < len(missing):
             for i in missing:
@@ -775,8 +807,7 @@ class FecDecoder:
             datagram = have.get(key)
             if datagram is not None:
                 if len(datagram) > size - 2:
-                    self._forget(block)
-                    self.blocks_unrecoverable += 1
+                    self._give_up(block)
                     self._drop(FecDropReason.MISMATCH, f"source {s} longer than the symbol")
                     return []
                 symbols.append(_symbol(datagram, size))
@@ -797,12 +828,12 @@ class FecDecoder:
                 or datagram[8:24] != session
                 or _SEQ.unpack_from(datagram, 24)[0] != block.sequences[i]
             ):
-                self._forget(block)
-                self.blocks_unrecoverable += 1
+                self._give_up(block)
                 self._drop(FecDropReason.MISMATCH, f"block at {block.key[1]} rebuilt garbage")
                 return []
             out.append(datagram)
         self._forget(block)
         self.blocks_recovered += 1
         self.datagrams_reconstructed += len(out)
+        self._observe(block, len(missing), failed=False)
         return out

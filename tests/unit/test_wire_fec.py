@@ -402,3 +402,29 @@ def test_sources_age_out_as_new_ones_arrive_without_any_timer() -> None:
         fec.add_source(d, i * 0.1)
     kept = fec.buffered_source_bytes
     assert 0 < kept <= 11 * max(len(d) for d in sources)  # about the last second's worth
+
+
+def test_margin_used_counts_each_decided_block_by_the_share_of_repairs_its_losses_took() -> None:
+    """The receiver's fec_margin_used histogram (KafkaDiodeFecMarginLow): losses of sources and
+    of repairs both use the margin; a failed block lands above 1."""
+    cfg = fec_config()  # blocks of 16 sources, 4 repairs
+    _, wire = encode_with_repairs(cfg, RECORDS)
+    blocks = _blocks(wire)
+    assert len(blocks) >= 4
+    assert all(len(r) == 4 for _, r in blocks[:4])
+    link = FecLink(FecLimits(block_timeout=1.0))
+    plans = [
+        (0, 0),  # nothing lost: share 0
+        (1, 0),  # one source: 1/4
+        (1, 1),  # one source and repair 0 (seen missing once repair 1 arrives): 2/4
+        (3, 2),  # three sources, repairs 0 and 1: 3 missing, 2 repairs left, fails (> 1)
+    ]
+    for (sources, repairs), (lost_sources, lost_repairs) in zip(blocks, plans, strict=False):
+        for d in sources[lost_sources:] + repairs[lost_repairs:]:
+            link.receive(d)
+    link.timer(10.0)  # the failed block times out
+    fec = link.fec
+    assert (fec.blocks_complete, fec.blocks_recovered, fec.blocks_unrecoverable) == (1, 2, 1)
+    # buckets: <= 0, <= 0.25, <= 0.5, <= 0.75, <= 1, above 1
+    assert fec.margin_used == [1, 1, 1, 0, 0, 1]
+    assert fec.margin_used_sum == pytest.approx(0 + 0.25 + 0.5 + 5 / 4)

@@ -3,19 +3,21 @@
 Theory of operation (normative text: docs/protocol.md §13).
 
 Sender (:class:`FecEncoder`). Every datagram the wire ``Encoder`` emitted (already encrypted and
-authenticated, header and all) is a **source datagram**. Per *stream* (one stream per target
-port, so a block's datagrams and its repairs reach the same receiver socket) the source datagrams
-are dealt round-robin into ``interleave`` open blocks. A block closes when it holds
-``block_size`` sources, when the next source would stretch it over more than ``max_span``
-sequence numbers, or ``block_latency`` seconds after its first source (``poll``), so a slow
-stream never holds repairs back for long. Closing a block pads every source to the same
-**symbol** (``uint16 length || datagram || zeros``), computes ``m = ceil(k * overhead / 100)``
-repair symbols with zfec's systematic Reed-Solomon code over GF(2^8) (common/wire/reed_solomon.py:
-the same bytes by ISA-L's SIMD arithmetic when the library is installed), and wraps each in a
-**repair datagram**: an ordinary envelope of kind 4 whose AES-256-GCM payload names the block
-(lowest source sequence, k, m, repair index, symbol size, a bitmap of the member sequences) and
-carries the symbol. Sources go out unchanged: with FEC on or off they are the same bytes, and a
-receiver that knows nothing of kind 4 drops the repairs as ``unknown_kind`` and works as before.
+authenticated, header and all) is a **source datagram**. Per *stream* (one stream per target port,
+so a block's datagrams and its repairs reach the same receiver socket) the source datagrams are
+dealt round-robin into ``interleave`` open blocks. A block closes when it holds ``block_size``
+sources, when the next source would stretch it over more than ``max_span`` sequence numbers, or
+``block_latency`` seconds after its first source (``poll``), so a slow stream never holds repairs
+back for long; such an early close takes the stream's whole round and deals its sources afresh into
+as few blocks as ``block_size`` allows (a slow stream would otherwise be split into ``interleave``
+small, weak blocks). Closing a block pads every source to the same **symbol** (``uint16 length ||
+datagram || zeros``), computes ``m = ceil(k * overhead / 100)`` repair symbols with zfec's
+systematic Reed-Solomon code over GF(2^8) (common/wire/reed_solomon.py: the same bytes by ISA-L's
+SIMD arithmetic when the library is installed), and wraps each in a **repair datagram**: an
+ordinary envelope of kind 4 whose AES-256-GCM payload names the block (lowest source sequence, k,
+m, repair index, symbol size, a bitmap of the member sequences) and carries the symbol. Sources go
+out unchanged: with FEC on or off they are the same bytes, and a receiver that knows nothing of
+kind 4 drops the repairs as ``unknown_kind`` and works as before.
 
 Why over the finished datagrams (ciphertext), not the plaintext records: what the receiver
 rebuilds is a datagram, byte for byte, and it goes through the normal decode path, so AES-GCM
@@ -370,11 +372,43 @@ class FecEncoder:
     def _close_where(self, due: Callable[[_OpenBlock], bool]) -> list[tuple[int, bytes]]:
         out: list[tuple[int, bytes]] = []
         for stream, slots in enumerate(self._open):
-            for i, block in enumerate(slots):
-                if block is not None and due(block):
-                    slots[i] = None
-                    self._ready[stream].append(self._close(block))
+            if any(b is not None and due(b) for b in slots):
+                # The round closes early (a slow stream, or a flush): its open blocks are not
+                # full, so deal their sources afresh into as few blocks as ``block_size``
+                # allows; a slow stream then gets one block of everything the latency bound
+                # let in instead of ``interleave`` small ones (docs/sender.md, slow streams).
+                # Closing a block before its own deadline is always allowed.
+                opened = [b for b in slots if b is not None]
+                slots[:] = [None] * len(slots)
+                ready = self._ready[stream]
+                if not ready:
+                    self._ready_since[stream] = min(b.opened for b in opened)
+                ready.extend(self._close(b) for b in self._regroup(opened))
             out.extend((stream, r) for r in self._release(stream))
+        return out
+
+    def _regroup(self, blocks: list[_OpenBlock]) -> list[_OpenBlock]:
+        """The sources of ``blocks`` dealt round-robin, in sequence order, into
+        ``ceil(n / block_size)`` blocks (the original blocks when that would stretch one over
+        more than ``max_span`` sequences)."""
+        if len(blocks) < 2:
+            return blocks
+        members = sorted(
+            (s, d) for b in blocks for s, d in zip(b.sequences, b.datagrams, strict=True)
+        )
+        if members[-1][0] - members[0][0] >= self._max_span:
+            return blocks
+        count = -(-len(members) // self._block_size)
+        opened = min(b.opened for b in blocks)
+        out: list[_OpenBlock] = []
+        for i in range(count):
+            part = members[i::count]
+            block = _OpenBlock(blocks[0].stream, opened, part[0][0])
+            block.last = part[-1][0]
+            block.sequences = [s for s, _ in part]
+            block.datagrams = [d for _, d in part]
+            block.longest = max(len(d) for d in block.datagrams)
+            out.append(block)
         return out
 
     def _close(self, block: _OpenBlock) -> list[bytes]:

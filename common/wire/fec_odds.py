@@ -196,3 +196,21 @@ def margin_used_tail(k: int, m: int, loss: float, share: float) -> float:
     datagrams): how often the receiver's ``fec_margin_used`` histogram exceeds ``share`` on a
     link at that loss (the alert's calibration, docs/operations.md)."""
     return binomial_tail(k + m, loss, math.floor(share * m))
+
+
+def blocks_at_rate(
+    rate: float, block_size: int, interleave: int, latency: float
+) -> tuple[int, int]:
+    """(sources per block, blocks per round) of a stream carrying ``rate`` source datagrams/s.
+
+    A round (``interleave`` blocks) fills in ``block_size x interleave / rate`` seconds; when
+    that is longer than ``latency`` the round closes early with ``rate x latency`` sources,
+    dealt afresh into ``ceil(n / block_size)`` blocks (``FecEncoder``): that many blocks of
+    ``n / count`` sources, members ``count`` apart.
+    """
+    per_round = block_size * interleave
+    n = min(per_round, max(1, math.floor(rate * latency)))
+    if n == per_round:
+        return block_size, interleave
+    count = -(-n // block_size)
+    return n // count, count

@@ -14,6 +14,7 @@ from common.wire.fec_odds import (
     binomial_tail,
     block_failure_burst,
     block_failure_random,
+    blocks_at_rate,
     failed_per_million_burst,
     failed_per_million_random,
     margin_used_tail,
@@ -135,3 +136,13 @@ def test_margin_tail_is_the_binomial_tail_at_a_share_of_m() -> None:
     assert margin_used_tail(32, 7, 0.05, 1.0) == pytest.approx(block_failure_random(32, 7, 0.05))
     assert margin_used_tail(160, 32, 0.05, 0.5) == pytest.approx(binomial_tail(192, 0.05, 16))
     assert math.isclose(margin_used_tail(160, 32, 0.0, 0.5), 0.0)
+
+
+def test_slow_streams_get_the_blocks_the_encoder_regroups_them_into() -> None:
+    assert blocks_at_rate(10_000, 160, 4, 0.2) == (160, 4)  # a round fills in 64 ms
+    assert blocks_at_rate(3200, 160, 4, 0.2) == (160, 4)
+    assert blocks_at_rate(1000, 160, 4, 0.2) == (100, 2)  # 200 sources: 2 blocks of 100
+    assert blocks_at_rate(100, 160, 4, 0.2) == (20, 1)
+    assert blocks_at_rate(1, 160, 4, 0.2) == (1, 1)
+    # regrouping is what keeps slow streams as safe as with the old default: 20 + 4 either way
+    assert blocks_at_rate(100, 32, 1, 0.2) == (20, 1)

@@ -149,6 +149,7 @@ async def run_sender(
     broker_pid: int | None,
     fec_overhead: float = 0.0,
     datagram_size: int = 1452,
+    fec_blocks: tuple[int, int] | None = None,
 ) -> dict[str, float]:
     cfg = settings.build(
         SenderConfig,
@@ -162,6 +163,11 @@ async def run_sender(
             "compression": compression,
             "fec_overhead": fec_overhead,
             "max_datagram_size": datagram_size,
+            **(
+                {"fec_block_size": fec_blocks[0], "fec_interleave": fec_blocks[1]}
+                if fec_blocks
+                else {}
+            ),
         },
     )
     app = SenderApp(cfg)
@@ -204,6 +210,15 @@ async def run_sender(
     return out
 
 
+def fec_case(spec: str) -> tuple[float, tuple[int, int] | None]:
+    """``P`` or ``P:KxD`` (overhead, and block size x interleave) of ``--fec``."""
+    overhead, _, blocks = spec.partition(":")
+    if not blocks:
+        return float(overhead), None
+    k, _, d = blocks.partition("x")
+    return float(overhead), (int(k), int(d))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=300_000)
@@ -215,7 +230,8 @@ def main() -> int:
         "--fec",
         default="",
         help="also run compression none with these FEC overheads, comma-separated (e.g. 0,10,20; "
-        "rounds interleaved --fec-rounds times, best kept)",
+        "P:KxD sets block size K and interleave D, e.g. 20:32x1; else the defaults; rounds "
+        "interleaved --fec-rounds times, best kept)",
     )
     parser.add_argument("--fec-rounds", type=int, default=2)
     parser.add_argument("--datagram-size", type=int, default=1452, help="for the --fec cases")
@@ -266,8 +282,9 @@ def main() -> int:
                                 "none",
                                 port,
                                 broker_pid,
-                                float(overhead),
+                                fec_case(overhead)[0],
                                 args.datagram_size,
+                                fec_case(overhead)[1],
                             )
                         )
                     old = fec_best.get(overhead)
@@ -275,7 +292,7 @@ def main() -> int:
                         fec_best[overhead] = case
             for overhead, case in fec_best.items():
                 for name in ("records_per_s", "cpu_s_per_1m", "loop_records_per_cpu_s"):
-                    results[f"sender_fec{overhead}_{name}"] = case[name]
+                    results[f"sender_fec{overhead.replace(':', '_')}_{name}"] = case[name]
             sink.close()
         finally:
             if broker is not None:

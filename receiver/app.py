@@ -139,6 +139,7 @@ class Receiver:
             held_datagrams=lambda: self._pk.decoder.held if self._pk else 0,
             sockets=lambda: [(d.port, d.datagrams, d.kernel_drops) for d in self._drainers],
             fec=self._fec_counters,
+            fec_margin=lambda: (list(self.fec.margin_used), self.fec.margin_used_sum),
         )
         if "{topic}" not in self.config.raw_topic:
             raw = self.config.raw_topic

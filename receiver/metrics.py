@@ -13,11 +13,17 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from common.metrics import NAMESPACE, CollectorRegistry
 from common.wire.events import DropReason
+from common.wire.fec import MARGIN_BUCKETS
 
 PREFIX = f"{NAMESPACE}_receiver"
 DOWNSTREAM_OVERFLOW = "downstream_overflow"
@@ -105,6 +111,11 @@ class Gauges:
     """Per socket of this process, in order: (local port, datagrams read, kernel drops)."""
     fec: Callable[[], dict[str, int]] = dict
     """FEC counters by name (``FecDecoder``: blocks_complete, blocks_recovered, ...)."""
+    fec_margin: Callable[[], tuple[list[int], float]] = lambda: (
+        [0] * (len(MARGIN_BUCKETS) + 1),
+        0.0,
+    )
+    """``FecDecoder.margin_used`` (counts per bucket, not cumulative) and ``margin_used_sum``."""
 
 
 class ReceiverCollector(Collector):
@@ -188,6 +199,7 @@ class ReceiverCollector(Collector):
             yield CounterMetricFamily(
                 f"{PREFIX}_fec_{name}", _FEC_DOCS.get(name, f"FEC {name}."), value=value
             )
+        yield _margin_histogram(*g.fec_margin())
         for name, doc, fn in (
             (
                 "reassemblies_in_flight",
@@ -240,6 +252,23 @@ class ReceiverCollector(Collector):
             drops_by_socket.add_metric([str(index), str(port)], dropped)
         yield datagrams
         yield drops_by_socket
+
+
+def _margin_histogram(counts: list[int], total: float) -> HistogramMetricFamily:
+    """The FEC margin histogram, exported from the start (all zero without FEC) so the
+    KafkaDiodeFecMarginLow rule and dashboards see the series before the first block."""
+    buckets: list[tuple[str, float]] = []
+    running = 0
+    for bound, count in zip((*MARGIN_BUCKETS, float("inf")), counts, strict=True):
+        running += count
+        buckets.append(("+Inf" if bound == float("inf") else f"{bound:g}", running))
+    return HistogramMetricFamily(
+        f"{PREFIX}_fec_margin_used",
+        "FEC blocks decided, by the share of their repairs their losses used (1: every repair "
+        "needed; above 1: failed, its records become gaps).",
+        buckets=buckets,
+        sum_value=total,
+    )
 
 
 def make_registry(stats: ReceiverStats, gauges: Gauges) -> CollectorRegistry:

@@ -99,5 +99,6 @@ def records(n: int, *, size: int = 200, topic: str = "t") -> list[Record]:
 
 
 def fec_config(**changes: object) -> FecConfig:
-    base = FecConfig(overhead=20, block_size=16)
+    # explicit interleave: these tests count blocks of consecutive sources (the default is 4)
+    base = FecConfig(overhead=20, block_size=16, interleave=1)
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from tests.kafka_helpers import consume_all, wait_until
 pytestmark = pytest.mark.kafka
 
 RECORDS = 1500
-FEC = FecConfig(overhead=30, block_size=16)
+FEC = FecConfig(overhead=30, block_size=16, interleave=1)  # the losses below are per block
 
 
 def _build(ring: KeyRing, session: bytes) -> tuple[list[bytes], list[bytes], FecEncoder]:

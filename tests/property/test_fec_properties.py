@@ -37,7 +37,7 @@ def _split(wire: list[bytes]) -> list[list[bytes]]:
 def test_any_k_symbols_of_a_block_rebuild_every_record(
     n: int, size: int, overhead: int, block_size: int, data: st.DataObject
 ) -> None:
-    cfg = FecConfig(overhead=overhead, block_size=block_size)
+    cfg = FecConfig(overhead=overhead, block_size=block_size, interleave=1)  # consecutive blocks
     recs = records(n, size=size)
     _, wire = encode_with_repairs(cfg, recs)
     link = FecLink()

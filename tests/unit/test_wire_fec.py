@@ -374,7 +374,7 @@ def test_config_errors_name_the_key(changes: dict[str, object], key: str) -> Non
 
 
 def test_repairs_round_up_and_overhead_bytes_cover_the_bitmap() -> None:
-    cfg = FecConfig(overhead=20, block_size=64)
+    cfg = FecConfig(overhead=20, block_size=64, interleave=1)
     assert [cfg.repairs_for(k) for k in (1, 5, 10, 64)] == [1, 1, 2, 13]
     assert cfg.max_span == 128
     assert cfg.overhead_bytes == HEADER_SIZE + 3 + 16 + FEC_HEADER.size + 2 + 16
@@ -402,3 +402,70 @@ def test_sources_age_out_as_new_ones_arrive_without_any_timer() -> None:
         fec.add_source(d, i * 0.1)
     kept = fec.buffered_source_bytes
     assert 0 < kept <= 11 * max(len(d) for d in sources)  # about the last second's worth
+
+
+def test_margin_used_counts_each_decided_block_by_the_share_of_repairs_its_losses_took() -> None:
+    """The receiver's fec_margin_used histogram (KafkaDiodeFecMarginLow): losses of sources and
+    of repairs both use the margin; a failed block lands above 1."""
+    cfg = fec_config()  # blocks of 16 sources, 4 repairs
+    _, wire = encode_with_repairs(cfg, RECORDS)
+    blocks = _blocks(wire)
+    assert len(blocks) >= 4
+    assert all(len(r) == 4 for _, r in blocks[:4])
+    link = FecLink(FecLimits(block_timeout=1.0))
+    plans = [
+        (0, 0),  # nothing lost: share 0
+        (1, 0),  # one source: 1/4
+        (1, 1),  # one source and repair 0 (seen missing once repair 1 arrives): 2/4
+        (3, 2),  # three sources, repairs 0 and 1: 3 missing, 2 repairs left, fails (> 1)
+    ]
+    for (sources, repairs), (lost_sources, lost_repairs) in zip(blocks, plans, strict=False):
+        for d in sources[lost_sources:] + repairs[lost_repairs:]:
+            link.receive(d)
+    link.timer(10.0)  # the failed block times out
+    fec = link.fec
+    assert (fec.blocks_complete, fec.blocks_recovered, fec.blocks_unrecoverable) == (1, 2, 1)
+    # buckets: <= 0, <= 0.25, <= 0.5, <= 0.75, <= 1, above 1
+    assert fec.margin_used == [1, 1, 1, 0, 0, 1]
+    assert fec.margin_used_sum == pytest.approx(0 + 0.25 + 0.5 + 5 / 4)
+
+
+@pytest.mark.parametrize(("sources", "blocks"), [(20, 1), (160, 1), (200, 2), (500, 4)])
+def test_a_round_closed_by_the_latency_bound_is_dealt_into_as_few_blocks_as_fit(
+    sources: int, blocks: int
+) -> None:
+    """A slow stream: the default interleave 4 would split what the latency bound lets in into
+    four small blocks (20 sources: 5 + 1 repair each, ~6,600 failed per million at 5 % loss);
+    dealt afresh it is one block of 20 + 4 (~300). The rebuilt blocks decode like any other."""
+    cfg = FecConfig(overhead=20, block_size=160, interleave=4)
+    encoder, fec = sender(cfg)
+    wire: list[bytes] = []
+    n = 0
+    for i in range(10 * sources):
+        for d in encoder.add("t", 0, i, 0, 1, None, bytes(600), (), 0.0):
+            n += 1
+            wire.append(d.data)
+            assert fec.add(d.data, 0, 0.0) == []  # nothing fills: 4 blocks of 160 wait
+        if n == sources:
+            break
+    assert n == sources
+    repairs = [r for _, r in fec.poll(cfg.block_latency)]
+    assert fec.blocks == blocks
+    per_block = -(-sources // blocks)
+    assert len(repairs) == sum(
+        cfg.repairs_for(len(range(b, sources, blocks))) for b in range(blocks)
+    )
+    # every block may lose as many sources as it has repairs: drop the first m of each block
+    # (sources are dealt round-robin: source i is in block i mod blocks)
+    m = cfg.repairs_for(sources // blocks)
+    lost = {i for i in range(sources) if i // blocks < m}
+    link = FecLink()
+    for i, d in enumerate(wire):
+        if i not in lost:
+            link.receive(d)
+    for r in repairs:
+        link.receive(r)
+    assert link.fec.datagrams_reconstructed == len(lost)
+    assert link.fec.blocks_recovered == blocks
+    assert len({o for _, _, o in link.offsets}) == sources
+    assert per_block <= cfg.block_size

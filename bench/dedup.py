@@ -105,9 +105,10 @@ def plan(records: int, topics: int, run_records: int, seed: int = 1) -> list[Uni
     return out
 
 
-def prefill(bootstrap: str, topic: str, units: list[Unit], layout: str) -> int:
-    """Write ``units`` as ``layout`` (records: v1, runs: v2) raw records; returns the number of
-    source records written (copies included)."""
+def prefill(bootstrap: str, topic: str, units: list[Unit], layout: str, now: int) -> int:
+    """Write ``units`` as ``layout`` (records: v1, runs: v2) raw records, source timestamps from
+    ``now`` (ms; the same for both layouts, so their clean topics compare record for record);
+    returns the number of source records written (copies included)."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     config = {"max.message.bytes": str(64 << 20)}
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)]).values():
@@ -122,7 +123,6 @@ def prefill(bootstrap: str, topic: str, units: list[Unit], layout: str) -> int:
             "compression.type": "lz4",
         }
     )
-    now = int(time.time() * 1000)
     session = b"ab" * 16
     written = 0
 
@@ -438,6 +438,20 @@ def clean_and_gaps(bootstrap: str, tag: str, name: str, topics: int) -> tuple[Co
     return clean, gaps
 
 
+def differences(layouts: tuple[str, ...], a: tuple[Counter, dict], b: tuple[Counter, dict]) -> dict:
+    """What tells the two layouts' outputs apart: counts, and a few entries only one side has."""
+    only_a, only_b = a[0] - b[0], b[0] - a[0]
+    gap_keys = set(a[1]) ^ {k for k, v in b[1].items() if a[1].get(k) == v}
+    return {
+        "clean_records": {layouts[0]: sum(a[0].values()), layouts[1]: sum(b[0].values())},
+        f"clean_only_{layouts[0]}": len(only_a),
+        f"clean_only_{layouts[1]}": len(only_b),
+        "clean_samples": [repr(k)[:160] for k in [*list(only_a)[:3], *list(only_b)[:3]]],
+        "gaps": {layouts[0]: len(a[1]), layouts[1]: len(b[1])},
+        "gap_samples": [(repr(k)[:80], a[1].get(k), b[1].get(k)) for k in sorted(gap_keys)[:4]],
+    }
+
+
 def measure(args: argparse.Namespace, bootstrap: str) -> int:
     """Prefill both layouts, run the queries in one SparkSession, print the JSON line."""
     tag = f"bench{int(time.time())}"
@@ -446,8 +460,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
     t0 = time.monotonic()
     layouts = ("records", "runs") if args.only == "both" else (args.only,)
     written = {}
+    now = int(time.time() * 1000)
     for layout in sorted({*layouts, "records"}):
-        written[layout] = prefill(bootstrap, f"{tag}.{layout}", units, layout)
+        written[layout] = prefill(bootstrap, f"{tag}.{layout}", units, layout, now)
     raw_records = {"records": written["records"], "runs": len(units)}
     prefill_s = time.monotonic() - t0
     tmp = Path(tempfile.mkdtemp(prefix="bench-dedup-ck-"))
@@ -536,6 +551,8 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         a, b = (clean_and_gaps(bootstrap, tag, f"dedup_{x}", args.topics) for x in layouts)
         out["clean_identical"] = a[0] == b[0]
         out["gaps_identical"] = a[1] == b[1]
+        if not out["clean_identical"] or not out["gaps_identical"]:
+            out["differences"] = differences(layouts, a, b)
         out["clean_records"] = sum(a[0].values())
         out["clean_duplicates"] = sum(n - 1 for n in a[0].values() if n > 1)
     print(json.dumps(out))

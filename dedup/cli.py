@@ -63,7 +63,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "--until-idle",
         type=float,
         metavar="SECONDS",
-        help="stop after this many seconds without input, never during a batch (tests, demo)",
+        help="stop after this many seconds with nothing left to read, not mid-batch (tests, demo)",
     )
     run.add_argument(
         "--max-batches", type=int, metavar="N", help="stop after N micro-batches (tests, demo)"

@@ -112,6 +112,22 @@ def positions_from_progress(
     return out
 
 
+def reads_behind(progress: Mapping[str, Any]) -> bool:
+    """Whether a micro-batch ended short of what its sources held when it was planned (a batch
+    bounded by ``maxOffsetsPerTrigger`` in a backlog): more input is there to read."""
+    for source in progress.get("sources") or ():
+        try:
+            ends = _offsets(source.get("endOffset"))
+            latest = _offsets(source.get("latestOffset"))
+        except (ValueError, TypeError, AttributeError):
+            continue
+        for topic, parts in latest.items():
+            for partition, last in parts.items():
+                if last > ends.get(topic, {}).get(partition, last):
+                    return True
+    return False
+
+
 class ExpiryCounter:
     """Counts records deleted before they were read, each offset at most once.
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from common import settings
 from dedup.config import DedupConfig
+from dedup.raw_position import reads_behind
 from runtime import service
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ def drive(
     signals the JVM too), the stop succeeded: exit 0. Gone without a request: exit 1.
     """
     last_progress: Any = None
+    behind = False  # the last batch left input unread (a bounded batch in a backlog)
     try:
         while query.isActive:
             query.awaitTermination(0.5)
@@ -106,7 +108,10 @@ def drive(
                 if raw is not None:
                     raw.observe_progress(progress)
                 last_progress = progress
-            idle = writer.idle_s(time.monotonic())
+                behind = reads_behind(progress)
+            # idle only with nothing left to read: between two batches of a backlog a loaded
+            # driver can plan for longer than --until-idle
+            idle = 0.0 if behind else writer.idle_s(time.monotonic())
             if until_idle is not None and writer.batches_seen and idle >= until_idle:
                 log.info("no input for %.1f s: stopping", until_idle)
                 stop.set()

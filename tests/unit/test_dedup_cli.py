@@ -100,8 +100,9 @@ class Writer:
 class Batches:
     """A query that stays active for ``polls`` polls of the runner, then ends."""
 
-    def __init__(self, polls: int) -> None:
+    def __init__(self, polls: int, progress: dict[str, Any] | None = None) -> None:
         self.polls = polls
+        self.lastProgress = progress
 
     @property
     def isActive(self) -> bool:
@@ -112,8 +113,6 @@ class Batches:
 
     def exception(self) -> None:
         return None
-
-    lastProgress = None  # noqa: N815
 
 
 @pytest.mark.parametrize("in_batch", [True, False])
@@ -134,6 +133,39 @@ def test_until_idle_never_stops_during_a_batch(in_batch: bool) -> None:
         runner.drive(Batches(3), writer, None, stop, until_idle=1.0)
     assert stop.is_set() is (not in_batch)
     assert stopped == ([] if in_batch else [True])
+
+
+def _progress(end: int, latest: int) -> dict[str, Any]:
+    return {
+        "id": "q",
+        "batchId": 3,
+        "sources": [
+            {
+                "description": "KafkaV2[Subscribe[raw]]",
+                "endOffset": {"raw": {"0": end, "1": 7}},
+                "latestOffset": {"raw": {"0": latest, "1": 7}},
+            }
+        ],
+    }
+
+
+@pytest.mark.parametrize(("latest", "stops"), [(5_000, False), (2_000, True)])
+def test_until_idle_waits_while_the_last_batch_left_input_unread(latest: int, stops: bool) -> None:
+    """Between two bounded batches of a backlog, a loaded driver can plan for longer than
+    --until-idle: that is not idleness while the last batch ended short of the log end."""
+    writer = Writer()
+    writer.batches_seen = 1
+    stop = threading.Event()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "_graceful_stop", lambda _q, _w: None)
+        query = Batches(3, _progress(2_000, latest))
+
+        class Metrics:
+            def observe_progress(self, _progress: object) -> None:
+                pass
+
+        runner.drive(query, writer, Metrics(), stop, until_idle=1.0)
+    assert stop.is_set() is stops
 
 
 def test_stop_spark_after_a_requested_stop_with_the_jvm_gone_is_logged_at_info(

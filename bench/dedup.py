@@ -204,30 +204,47 @@ def thread_cpu_s() -> dict[str, float]:
     return out
 
 
-def tree_cpu_s() -> float:
+def tree_cpu() -> dict[str, float]:
     """CPU seconds (user + system) of this process and its descendants alive now (the JVM, the
-    Python workers, which Spark reuses; not a broker we started): robust to other load."""
+    Python workers, which Spark reuses; not a broker we started), by kind: ``driver`` (this
+    Python process), ``jvm`` (Spark's JVM: driver and executor in local mode), ``workers``
+    (Python workers: the stateful step and the write tasks). Robust to other load."""
     parents: dict[int, int] = {}
     cpu: dict[int, float] = {}
+    comm: dict[int, str] = {}
     tick = os.sysconf("SC_CLK_TCK")
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                fields = f.read().rpartition(")")[2].split()
+                text = f.read()
         except OSError:
             continue
+        fields = text.rpartition(")")[2].split()
         parents[int(entry)] = int(fields[1])
         cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-    me, total = os.getpid(), 0.0
+        comm[int(entry)] = text[text.index("(") + 1 : text.rindex(")")]
+    me = os.getpid()
+    out = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
     for pid, seconds in cpu.items():
         walk = pid
         while walk not in (0, 1, me) and walk in parents:
             walk = parents[walk]
         if walk == me and not _is_broker(pid):
-            total += seconds
-    return total
+            kind = "driver" if pid == me else "jvm" if comm[pid] == "java" else "workers"
+            out[kind] += seconds
+    return out
+
+
+def tree_cpu_s() -> float:
+    """The sum of ``tree_cpu``."""
+    return sum(tree_cpu().values())
+
+
+def cpu_split_per_million(before: dict[str, float], total: int) -> dict[str, float]:
+    """CPU seconds per million records since ``before``, by kind (``tree_cpu``)."""
+    return {k: round((v - before[k]) * 1e6 / total, 1) for k, v in tree_cpu().items()}
 
 
 def _is_broker(pid: int) -> bool:
@@ -257,7 +274,8 @@ def steady(progresses) -> dict:
 
 def run_query(spark, config, writer, total: int, transform=None) -> tuple[float, dict]:
     """Seconds to read ``total`` rows, and where the micro-batches' time went (query progress)."""
-    cpu_before = tree_cpu_s()
+    split_before = tree_cpu()
+    cpu_before = sum(split_before.values())
     driver_before = time.process_time()
     start = time.monotonic()
     query = job.start_query(spark, config, writer, transform=transform)
@@ -268,6 +286,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
             query.awaitTermination(0.2)
         seconds = time.monotonic() - start
         cpu_s = tree_cpu_s() - cpu_before
+        split = cpu_split_per_million(split_before, total)
         driver_s = time.process_time() - driver_before
         # The last batch's progress is posted after its foreachBatch returned: wait for it.
         last_id = writer.last.batch_id if writer.last is not None else -1
@@ -294,6 +313,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         profile["driver_python_cpu_s_per_million"] = round(driver_s * 1e6 / total, 2)
         profile["cpu_s"] = round(cpu_s, 1)
         profile["cpu_s_per_million"] = round(cpu_s * 1e6 / total, 1)
+        profile["cpu_s_per_million_by_process"] = split
         return seconds, profile
     finally:
         query.stop()
@@ -311,7 +331,8 @@ def run_sink_passthrough(
     max_offsets: int,
 ):
     """Spark's Kafka source -> Spark's Kafka sink, records unchanged: seconds and CPU profile."""
-    cpu_before = tree_cpu_s()
+    split_before = tree_cpu()
+    cpu_before = sum(split_before.values())
     start = time.monotonic()
     reader = (
         spark.readStream.format("kafka")
@@ -347,6 +368,7 @@ def run_sink_passthrough(
                 seen[progress["batchId"]] = progress.get("numInputRows") or 0
         seconds = time.monotonic() - start
         cpu_s = tree_cpu_s() - cpu_before
+        split = cpu_split_per_million(split_before, total)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(
             [p for p in query.recentProgress if p.get("numInputRows")]
@@ -355,6 +377,7 @@ def run_sink_passthrough(
         return seconds, {
             "cpu_s": round(cpu_s, 1),
             "cpu_s_per_million": round(cpu_s * 1e6 / total, 1),
+            "cpu_s_per_million_by_process": split,
             "batches_with_input": sum(1 for n in seen.values() if n),
             **steady(query.recentProgress),
         }

@@ -134,9 +134,16 @@ def _all_set(span: int) -> bytes:
     return _bitmap(list(range(span)), span)
 
 
-def _offsets(bitmap: bytes, span: int) -> list[int] | None:
-    """Set bit offsets of a member bitmap, or None when bits beyond ``span`` are set."""
-    out = [(i << 3) | b for i, byte in enumerate(bitmap) if byte for b in range(8) if byte >> b & 1]
+@functools.lru_cache(maxsize=_CODEC_CACHE)
+def _offsets(bitmap: bytes, span: int) -> tuple[int, ...] | None:
+    """Set bit offsets of a member bitmap, or None when bits beyond ``span`` are set.
+
+    Cached: every repair of a block carries the same bitmap, and interleaved blocks share their
+    pattern (every D-th bit), so the bit loop (up to 2048 steps) runs about once per pattern
+    instead of once per repair."""
+    out = tuple(
+        (i << 3) | b for i, byte in enumerate(bitmap) if byte for b in range(8) if byte >> b & 1
+    )
     if out and out[-1] >= span:
         return None
     return out
@@ -516,7 +523,10 @@ class FecLimits:
 
 
 class _Pending:
-    __slots__ = ("bytes", "created", "k", "key", "m", "repairs", "sequences", "size", "span")
+    __slots__ = (
+        "bitmap", "bytes", "created", "k", "key", "keys", "m", "repairs", "sequences", "size",
+        "span",
+    )  # fmt: skip
 
     def __init__(  # noqa: PLR0917  private
         self,
@@ -525,6 +535,7 @@ class _Pending:
         m: int,
         size: int,
         span: int,
+        bitmap: bytes,
         sequences: tuple[int, ...],
         created: float,
     ) -> None:
@@ -533,7 +544,11 @@ class _Pending:
         self.m = m
         self.size = size
         self.span = span
+        self.bitmap = bitmap
+        """The member bitmap as received: later repairs must carry the same bytes."""
         self.sequences = sequences
+        self.keys = [key[0] + _SEQ.pack(s) for s in sequences]
+        """The members' source-buffer keys (session id || sequence), built once per block."""
         self.created = created
         self.repairs: dict[int, bytes] = {}
         self.bytes = 0
@@ -686,8 +701,8 @@ class FecDecoder:
         """Forget a block that cannot be rebuilt (timed out, evicted, or inconsistent)."""
         self._forget(block)
         self.blocks_unrecoverable += 1
-        session, have = block.key[0], self._sources
-        missing = sum(session + _SEQ.pack(s) not in have for s in block.sequences)
+        have = self._sources
+        missing = sum(k not in have for k in block.keys)
         self._observe(block, missing, failed=True)
 
     def _observe(self, block: _Pending, missing: int, *, failed: bool) -> None:
@@ -756,21 +771,23 @@ class FecDecoder:
         start = FEC_HEADER.size + (span + 7) // 8
         if len(plaintext) != start + size:
             raise _Reject(bad, "symbol length disagrees with symbol size")
-        offsets = _offsets(plaintext[FEC_HEADER.size : start], span)
+        bitmap = plaintext[FEC_HEADER.size : start]
+        offsets = _offsets(bitmap, span)
         if offsets is None or len(offsets) != k or offsets[0] != 0 or offsets[-1] != span - 1:
             raise _Reject(bad, "member bitmap disagrees with k and span")
         key = (session, first)
         if key in self._finished:
             self.repairs_unused += 1
             return []
-        sequences = tuple(first + o for o in offsets)
         block = self._pending.get(key)
         if block is None:
-            block = _Pending(key, k, m, size, span, sequences, now)
+            sequences = tuple(first + o for o in offsets)
+            block = _Pending(key, k, m, size, span, bitmap, sequences, now)
             self._pending[key] = block
             if len(self._pending) > self._limits.max_pending_blocks:
                 self._evict()
-        elif (block.k, block.m, block.size, block.sequences) != (k, m, size, sequences):
+        elif (block.k, block.m, block.size, block.span, block.bitmap) != (k, m, size, span, bitmap):
+            # same first sequence and span: equal bitmaps are equal member sets
             raise _Reject(FecDropReason.MISMATCH, f"repair disagrees with block at {first}")
         if rindex in block.repairs:
             return []
@@ -812,9 +829,9 @@ class FecDecoder:
     def _forget(self, block: _Pending) -> None:
         self._pending.pop(block.key, None)
         self._pending_bytes -= block.bytes
-        session = block.key[0]
-        for s in block.sequences:
-            self._waiting.pop(session + _SEQ.pack(s), None)
+        if self._waiting:
+            for k in block.keys:
+                self._waiting.pop(k, None)
         self._finished[block.key] = None
         if len(self._finished) > 4 * self._limits.max_pending_blocks:
             self._finished.popitem(last=False)
@@ -822,7 +839,7 @@ class FecDecoder:
     def _attempt(self, block: _Pending) -> list[bytes]:
         session = block.key[0]
         have = self._sources
-        keys = [session + _SEQ.pack(s) for s in block.sequences]
+        keys = block.keys
         missing = [i for i, key in enumerate(keys) if key not in have]
         if not missing:
             self._forget(block)

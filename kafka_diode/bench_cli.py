@@ -25,7 +25,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "receiver": ("receiver.py", "the receiver process: datagrams -> raw topic"),
     "dedup": ("dedup.py", "the Spark dedup job: raw -> clean + gaps"),
     "gaps": ("gaps_memory.py", "gap detector state size and throughput"),
-    "relay": ("relay.py", "the netem userspace relay"),
+    "relay": ("netem_relay.py", "the netem userspace relay"),
 }
 
 NOT_AVAILABLE = 2

@@ -14,9 +14,16 @@ for the life of the process, across revocations), so the far side can report the
 session's first records too (docs/protocol.md §5).
 
 Keys: the key file is reloaded on SIGHUP (``reload_keys``) and when its mtime changes (checked
-every ``key_check_interval``); the encoder uses the ring's active key from its next message on,
-in the same session (sequence numbers continue; docs/protocol.md §7.2 says why that is safe). A
-file that fails to load leaves the previous ring in use.
+every ``key_check_interval``; the content filter's rules file likewise every
+``filter_check_interval``: ``runtime.file_watch``); the encoder uses the ring's active key from its
+next message on, in the same session (sequence numbers continue; docs/protocol.md §7.2 says why
+that is safe). A file that fails to load leaves the previous ring in use.
+
+What this module holds is wiring and lifecycle, plus the consume loop. The parts it wires: the
+send path (``sender/send_path.py``: socket, encoder, ``SendPipeline``, keys), the Kafka source,
+the heartbeat's content and schedule (``sender/heartbeat.py``, pure), the stall watchdog
+(``sender/stall_watch.py``), the watched files (``runtime/file_watch.py``), the key announcer
+(``sender/key_announcer.py``) and the metrics.
 
 ``stop()`` (SIGTERM) stops consuming, processes the batch in hand, flushes the encoder, sends
 everything (bounded by ``shutdown_timeout``), sends a last heartbeat, commits, closes the
@@ -40,9 +47,10 @@ from confluent_kafka import KafkaError, Message
 
 from common.errors import LocalProtocolError
 from common.logging import RateLimitedLog
-from common.wire import Encoder, KeyRing, RecordTooLarge
+from common.wire import KeyRing, RecordTooLarge
 from common.wire.announce import KeyAnnouncer
 from runtime import file_watch, link_key
+from sender import heartbeat, stall_watch
 from sender.config import SenderConfig, load_keyring
 from sender.kafka_source import KafkaSource
 from sender.key_announcer import announce_loop
@@ -77,8 +85,6 @@ class SenderApp:
         self.started_at_ms = int(time.time() * 1000)
         self.source: KafkaSource | None = None
         self.pipeline: SendPipeline | None = None
-        self._encoder: Encoder | None = None
-        """The session's encoder (the send path's; the pipeline only schedules what it makes)."""
         self._udp: UdpSender | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._consume_task: asyncio.Task[None] | None = None
@@ -96,17 +102,15 @@ class SenderApp:
         self.heartbeats = 0
         self.commits = 0
         self.errors: dict[str, int] = {}
-        """Errors by kind counted here (``record_too_large``, ``message``); see ``all_errors``."""
+        """Errors by kind counted here (``record_too_large``, ``bad_record``, consume errors);
+        see ``all_errors``."""
         self.low_offsets: dict[tuple[str, int], int] = {}
         """Per partition, the lowest offset read and handed to the encoder in this process (kept
         for the process's life, also after a revocation): the heartbeats' ``low_offsets``."""
         self.keyring: KeyRing | None = None
         """The ring the encoder uses (``None`` in cleartext); ``reload_keys`` swaps it in place."""
-        self.keyring_reloads = 0
         self._key_watch: link_key.KeyFileWatch | None = None
-        self.stalled = False
-        """True while the stall check finds the consumer lagging with nothing read or sent."""
-        self.stalls = 0
+        self._stalls: stall_watch.StallWatch | None = None
         self._reopen_wanted = False
         self.announcer: KeyAnnouncer | None = None
         """Public-key mode: the session-key schedule (owns ``keyring``); None otherwise."""
@@ -116,6 +120,21 @@ class SenderApp:
         """Records read and left to the other chains (``chain_mode = share``)."""
         self.record_filter: RecordFilter | None = None
         """The content filter in force (docs/sender.md, "Content filter"); None without one."""
+
+    @property
+    def keyring_reloads(self) -> int:
+        """Key file reloads that took effect."""
+        return self._key_watch.reloads if self._key_watch is not None else 0
+
+    @property
+    def stalled(self) -> bool:
+        """True while the stall check finds the consumer lagging with nothing read or sent."""
+        return self._stalls is not None and self._stalls.stalled
+
+    @property
+    def stalls(self) -> int:
+        """Stalls found so far (each re-created the consumer)."""
+        return self._stalls.stalls if self._stalls is not None else 0
 
     @property
     def max_backlog_bytes(self) -> int:
@@ -167,14 +186,15 @@ class SenderApp:
             on_pressure=self._on_pressure,
         )
         keyring, announcer = path.keyring, path.announcer
-        self._encoder = path.encoder
         self.keyring, self.announcer, self._udp = keyring, announcer, path.udp
         if cfg.key_file is not None and keyring is not None:
             self._key_watch = link_key.KeyFileWatch(cfg.key_file, keyring, seen=key_seen)
         self.pipeline = pipeline = path.pipeline
-        self.source = KafkaSource(cfg, loop=loop, committable=lambda: dict(pipeline.sent_high))
+        self.source = source = KafkaSource(
+            cfg, loop=loop, committable=lambda: dict(pipeline.sent_high)
+        )
         try:
-            await self.source.start()
+            await source.start()
         except BaseException:
             await self._close_resources()
             raise
@@ -191,13 +211,31 @@ class SenderApp:
         self._spawn(self._heartbeat_loop(), "heartbeat")
         self._spawn(self._commit_loop(), "commit")
         if cfg.stall_timeout > 0:
-            self._spawn(self._stall_loop(cfg.stall_timeout), "stall-check")
+            self._stalls = stall_watch.StallWatch(cfg.stall_timeout, self._clock())
+            self._spawn(
+                stall_watch.watch(
+                    self._stalls,
+                    progress=self._progress,
+                    lag=lambda: source.lag(fresh=True),
+                    on_stall=self._on_stall,
+                    clock=self._clock,
+                ),
+                "stall-check",
+            )
         if announcer is not None:
             self._spawn(announce_loop(announcer, pipeline, self._clock), "announce")
-        if cfg.key_file is not None and cfg.key_check_interval > 0 and keyring is not None:
-            self._spawn(self._key_check_loop(cfg.key_check_interval), "key-check")
-        if cfg.filter_file is not None and cfg.filter_check_interval > 0:
-            self._spawn(self._filter_check_loop(cfg.filter_check_interval), "filter-check")
+        if self._key_watch is not None and cfg.key_check_interval > 0:
+            self._spawn(
+                file_watch.poll(self._key_watch, cfg.key_check_interval, "key file changed"),
+                "key-check",
+            )
+        if self.record_filter is not None and cfg.filter_check_interval > 0 and cfg.filter_file:
+            self._spawn(
+                file_watch.poll(
+                    self.record_filter.file, cfg.filter_check_interval, "filter file changed"
+                ),
+                "filter-check",
+            )
 
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[None]:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro, name=name)
@@ -324,23 +362,19 @@ class SenderApp:
                 self._process(batch, pipeline)
 
     def _process(self, batch: Sequence[Any], pipeline: SendPipeline) -> None:
-        # The hot loop (docs/benchmarks.md, "Sender"): records go straight into the encoder (no
-        # per-record pipeline call), the clock is read once per emitted datagram instead of per
-        # record (``now`` only sets the linger deadline, and an older ``now`` only makes it
-        # earlier), and the pipeline sends in bursts (``submit``/``settle``).
-        assert self._encoder is not None  # set by start(), with the pipeline
-        add = self._encoder.add
-        withhold = self._encoder.withhold
+        # The hot loop (docs/benchmarks.md, "Sender"): one burst of the pipeline's entrance per
+        # consumer batch (``begin``, ``record``/``withhold`` per record, ``settle``), so the
+        # clock is read once per emitted datagram and the pipeline sends in bursts.
+        record = pipeline.record
+        withhold = pipeline.withhold
         decide = self.record_filter.decide if self.record_filter is not None else None
         share = self._chain_share
-        submit = pipeline.submit
-        clock = self._clock
-        now = clock()
         low = self.low_offsets
         nbytes = 0
         good = 0
         run_topic: str | None = None
         run_partition = -1
+        pipeline.begin()
         try:
             for msg in batch:
                 if msg.error() is not None:
@@ -371,11 +405,9 @@ class SenderApp:
                         else decide(topic, partition, offset, key, value, headers)
                     )
                     if verdict == SEND:
-                        out = add(
-                            topic, partition, offset, ts, ts_type, key, value, headers or (), now
-                        )
+                        record(topic, partition, offset, ts, ts_type, key, value, headers)
                     elif verdict == WITHHOLD:
-                        out = withhold(topic, partition, offset, now)
+                        withhold(topic, partition, offset)
                     else:
                         continue  # a filter error: counted and logged, becomes a gap
                 except RecordTooLarge as exc:
@@ -384,9 +416,6 @@ class SenderApp:
                 except LocalProtocolError as exc:
                     self._bad_record(msg, exc)
                     continue
-                if out:
-                    submit(out)
-                    now = clock()
                 good += 1
                 if value is not None:
                     nbytes += len(value)
@@ -430,7 +459,7 @@ class SenderApp:
             exc,
         )
 
-    # -- heartbeats, commits, metrics -----------------------------------------------------------
+    # -- heartbeats (what they say and when: sender/heartbeat.py) ------------------------------
 
     def counters(self) -> dict[str, int]:
         """The counters a heartbeat carries."""
@@ -450,38 +479,31 @@ class SenderApp:
         pipeline = self.pipeline
         if pipeline is None:
             return
-        assigned = self.source.assignment() if self.source is not None else set()
-        high = tuple(
-            (topic, partition, offset)
-            for (topic, partition), offset in sorted(pipeline.sent_high.items())
-            if (topic, partition) in assigned or self._stopping
+        pipeline.heartbeat(
+            heartbeat.assemble(
+                sender_id=self.config.sender_id,
+                started_at_ms=self.started_at_ms,
+                sent_at_ms=int(time.time() * 1000),
+                sent_high=pipeline.sent_high,
+                low_offsets=self.low_offsets,
+                assigned=self.source.assignment() if self.source is not None else set(),
+                final=self._stopping,
+                counters=self.counters(),
+            )
         )
-        # Every sent offset was read first, so each partition of ``high`` has a low <= its high.
-        low = tuple(
-            (topic, partition, self.low_offsets[topic, partition]) for topic, partition, _ in high
-        )
-        assert self._encoder is not None
-        datagrams = self._encoder.heartbeat(
-            sender_id=self.config.sender_id,
-            started_at_ms=self.started_at_ms,
-            sent_at_ms=int(time.time() * 1000),
-            high_offsets=high,
-            low_offsets=low,
-            counters=tuple(sorted(self.counters().items())),
-        )
-        pipeline.enqueue(datagrams)
         self.heartbeats += 1
 
     async def _heartbeat_loop(self) -> None:
+        schedule = heartbeat.HeartbeatSchedule(self.config.heartbeat_interval)
         while True:
             pipeline = self.pipeline
-            # A heartbeat still waiting for the pacer would be overtaken by this newer one
-            # anyway: skip the tick, so heartbeats never queue up on a slow link.
-            if pipeline is None or not pipeline.scheduler.control_pending:
+            if schedule.tick(
+                self._clock(), control_pending=pipeline.control_pending if pipeline else 0
+            ):
                 self._send_heartbeat()
-            await asyncio.sleep(self.config.heartbeat_interval)
+            await asyncio.sleep(schedule.delay(self._clock()))
 
-    # -- keys -------------------------------------------------------------------------------------
+    # -- keys and the rules file (SIGHUP; the periodic checks are runtime.file_watch.poll) ------
 
     def reload_keys(self, why: str = "SIGHUP") -> bool:
         """Re-read the key file and swap the ring in place; keep the old ring on failure.
@@ -497,11 +519,7 @@ class SenderApp:
         if watch is None:
             log.info("%s: no key file configured, nothing to reload", why)
             return False
-        if watch.reload(why):
-            self.keyring_reloads += 1
-            return True
-        self.errors["keyring_reload"] = self.errors.get("keyring_reload", 0) + 1
-        return False
+        return watch.reload(why)
 
     def reload(self, why: str = "SIGHUP") -> None:
         """SIGHUP: re-read the key file and the content filter's rules file (each when set)."""
@@ -510,17 +528,7 @@ class SenderApp:
         if self.record_filter is not None:
             self.record_filter.reload(why)
 
-    async def _filter_check_loop(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            if self.record_filter is not None and self.record_filter.changed():
-                self.record_filter.reload("filter file changed")
-
-    async def _key_check_loop(self, interval: float) -> None:
-        while True:
-            await asyncio.sleep(interval)
-            if self._key_watch is not None and self._key_watch.changed():
-                self.reload_keys("key file changed")
+    # -- commits and metrics ----------------------------------------------------------------------
 
     async def _commit(self) -> bool:
         if self.source is None or self.pipeline is None:
@@ -543,48 +551,25 @@ class SenderApp:
                     self.metrics.set_lag(await self.source.lag())
                 self.sync_metrics()
 
-    async def _stall_loop(self, limit: float) -> None:
-        """A sender that silently stops reading is the worst failure a diode can have (issue
-        #14): when nothing was read or sent for ``limit`` seconds while the broker holds records
-        this consumer has not read, say so (metric, ERROR log) and re-create the consumer."""
-        progress = (-1, -1)
-        since = self._clock()
-        while True:
-            await asyncio.sleep(min(5.0, limit / 4))
-            pipeline, source = self.pipeline, self.source
-            if pipeline is None or source is None:
-                continue
-            now = self._clock()
-            current = (self.records_read, pipeline.records_sent)
-            if current != progress:
-                progress, since = current, now
-                self.stalled = False
-                continue
-            if now - since < limit:
-                continue
-            lag = {tp: n for tp, n in (await source.lag(fresh=True)).items() if n > 0}
-            if not lag:
-                self.stalled = False
-                since = now
-                continue
-            self.stalled = True
-            self.stalls += 1
-            log.error(
-                "sender stalled: nothing read or sent for %.0f s while %d records wait in %s; "
-                "re-creating the Kafka consumer",
-                now - since,
-                sum(lag.values()),
-                ", ".join(f"{t}/{p}" for t, p in sorted(lag)),
-            )
-            self._reopen_wanted = True
-            if self._pressure is not None:
-                self._pressure.set()
-            since = now  # give the new consumer a whole limit before the next verdict
-            self.sync_metrics()
+    # -- the stall watchdog's hooks ------------------------------------------------------------
+
+    def _progress(self) -> tuple[int, int] | None:
+        if self.pipeline is None or self.source is None:
+            return None
+        return (self.records_read, self.pipeline.records_sent)
+
+    def _on_stall(self, _stall: stall_watch.Stall) -> None:
+        """Re-create the Kafka consumer (the consume loop does it between batches)."""
+        self._reopen_wanted = True
+        if self._pressure is not None:
+            self._pressure.set()
+        self.sync_metrics()
 
     def all_errors(self) -> dict[str, int]:
         """Every error counter by kind: ours, the source's and the socket's."""
         out = dict(self.errors)
+        if self._key_watch is not None and self._key_watch.reload_errors:
+            out["keyring_reload"] = self._key_watch.reload_errors
         if self.source is not None:
             for kind, n in self.source.errors.items():
                 out[kind] = out.get(kind, 0) + n

@@ -2,7 +2,7 @@
 
 The schedule is ``common.wire.announce.KeyAnnouncer`` (pure). Here: load the signing key and the
 receiver's public key (``ConfigError`` naming the key when unusable), and a task that asks the
-announcer what is due and queues it as a control datagram (``SendPipeline.enqueue``, to every
+announcer what is due and queues it as a control datagram (``SendPipeline.announcements``, to every
 target port), which the send scheduler sends ahead of the data within the replay window's margin.
 Used by the live sender and by resend: each session announces its own keys.
 """
@@ -87,7 +87,7 @@ async def announce_loop(
         await asyncio.sleep(max(0.001, min(_MAX_SLEEP, announcer.next_deadline() - clock())))
         out = announcer.poll(clock(), wall_ms(), pipeline.bytes_sent)
         if out:
-            pipeline.enqueue(out)
+            pipeline.announcements(out)
         if announcer.epoch != epoch:
             epoch = announcer.epoch
             log.info(

@@ -317,14 +317,14 @@ class ResendJob:
                 clock=time.monotonic,
                 on_pressure=on_pressure,
             )
-            udp, encoder, announcer = path.udp, path.encoder, path.announcer
+            udp, announcer = path.udp, path.announcer
             self.pipeline = pipeline = path.pipeline
             log.info(
                 "resend %s session %s: %d records from %d partitions -> %s",
                 self.bundle_id, self.session_id.hex(), self.total_to_read, len(self.plans),
                 ", ".join(f"{h}:{p}" for h, p in cfg.targets()),
             )  # fmt: skip
-            pipeline.enqueue(self._marker(encoder, "start", 0))
+            self._marker(pipeline, "start", 0)
             announcing = (
                 asyncio.ensure_future(announce_loop(announcer, pipeline, time.monotonic))
                 if announcer is not None
@@ -347,7 +347,7 @@ class ResendJob:
                         await reading  # re-raises a reading failure
                     timeout = cfg.shutdown_timeout if self.interrupted else 7 * 24 * 3600.0
                     drained = await pipeline.drain(timeout)
-                    pipeline.enqueue(self._marker(encoder, "end", pipeline.records_sent))
+                    self._marker(pipeline, "end", pipeline.records_sent)
                     drained = await pipeline.drain(cfg.shutdown_timeout) and drained
                     self.complete = drained and not self.interrupted
                     if not drained:
@@ -366,15 +366,13 @@ class ResendJob:
             await loop.run_in_executor(executor, reader.close)
             executor.shutdown(wait=False)
 
-    def _marker(self, encoder: Any, phase: str, records_sent: int) -> list[Any]:
-        return list(
-            encoder.resend_marker(
-                bundle_id=self.bundle_id,
-                phase=phase,
-                ranges=marker_ranges(self.plans),
-                records_sent=records_sent,
-                sent_at_ms=int(time.time() * 1000),
-            )
+    def _marker(self, pipeline: SendPipeline, phase: str, records_sent: int) -> None:
+        pipeline.resend_marker(
+            bundle_id=self.bundle_id,
+            phase=phase,
+            ranges=marker_ranges(self.plans),
+            records_sent=records_sent,
+            sent_at_ms=int(time.time() * 1000),
         )
 
     async def _read_all(
@@ -403,7 +401,11 @@ class ResendJob:
                             )
                         continue
                     idle_since = time.monotonic()
-                    position = self._add_batch(batch, outcome, last, position, pipeline)
+                    pipeline.begin()
+                    try:
+                        position = self._add_batch(batch, outcome, last, position, pipeline)
+                    finally:
+                        pipeline.settle()
                     await asyncio.sleep(0)  # let the pump's timers run
 
     def _add_batch(
@@ -414,7 +416,8 @@ class ResendJob:
         position: int,
         pipeline: SendPipeline,
     ) -> int:
-        """Add the wanted records of ``batch``; returns the next position to read."""
+        """Add the wanted records of ``batch`` (one burst of the pipeline's entrance, the same
+        as live sending); returns the next position to read."""
         from confluent_kafka import KafkaError  # noqa: PLC0415
 
         plan = outcome.plan
@@ -452,7 +455,7 @@ class ResendJob:
                 outcome.record_filter_error(offset)
                 continue
             try:
-                pipeline.add(
+                pipeline.record(
                     plan.topic, plan.partition, offset, ts, ts_type,
                     msg.key(), msg.value(), headers,
                 )  # fmt: skip

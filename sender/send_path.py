@@ -39,8 +39,9 @@ class SendPath:
     """What a sending session holds; close ``udp`` when done."""
 
     udp: UdpSender
-    encoder: Encoder
     pipeline: SendPipeline
+    """The one entrance for records, withheld offsets and control messages (it owns the
+    session's encoder)."""
     keyring: KeyRing | None
     """The ring the encoder seals with (``None`` in cleartext; the announcer's in public-key
     mode)."""
@@ -57,7 +58,7 @@ def open_send_path(
     clock: Callable[[], float],
     on_pressure: Callable[[bool], None],
 ) -> SendPath:
-    """Open the UDP socket and build the session's encoder and pipeline.
+    """Open the UDP socket and build the session's pipeline (and the encoder it owns).
 
     ``keyring``: the shared-key ring (ignored in public-key mode, where the announcer makes the
     session keys; its first announcements are queued before anything else).
@@ -88,7 +89,5 @@ def open_send_path(
         clock=clock,
         fec=fec,
     )
-    pipeline.enqueue(first)
-    return SendPath(
-        udp=udp, encoder=encoder, pipeline=pipeline, keyring=keyring, announcer=announcer
-    )
+    pipeline.announcements(first)
+    return SendPath(udp=udp, pipeline=pipeline, keyring=keyring, announcer=announcer)

@@ -15,12 +15,19 @@ feeding it (the sender pauses its Kafka partitions); below half of it, pressure 
 caller feeds at most two more consumer batches (the one in hand, the prefetched one) after
 pressure is reported, so memory stays bounded whatever the input rate.
 
+One entrance, for ``send`` and ``resend`` alike: a burst of input (one consumer batch) is
+``begin()``, then ``record(...)`` for each record and ``withhold(...)`` for each offset the
+content filter held back, then ``settle()``; control messages (``heartbeat``, ``resend_marker``,
+the key announcer's ``announcements``) are queued at once, ahead of the data as far as the replay
+window allows (sender/scheduler.py). The encoder is the pipeline's own: nobody else adds to it, so
+what it emits always reaches the scheduler with the count of records it completes.
+
 The pump is synchronous (no task per datagram): it sends until the scheduler has nothing due, asks
 for a delay (a loop timer resumes it) or the socket buffer is full (a writer callback resumes it).
-A caller adding a whole consumer batch uses the fast path instead of ``add``: it calls
-``encoder.add`` itself, hands each non-empty result to ``submit`` and calls ``settle`` at the end;
-``submit`` pumps only every ``PUMP_EVERY`` datagrams, so the per-datagram bookkeeping runs in one
-loop per burst (measured: docs/benchmarks.md, "Sender").
+Within a burst the clock is read once per emitted datagram, not per record (``now`` only sets the
+encoder's linger deadline, and an older ``now`` only makes it earlier), and the pump runs only
+every ``PUMP_EVERY`` datagrams and at ``settle``, so the per-datagram bookkeeping runs in one loop
+per burst (measured: docs/benchmarks.md, "Sender").
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from sender.transport import SendResult, UdpSender
 if TYPE_CHECKING:
     from common.wire import Encoder, OutgoingDatagram
     from common.wire.fec import FecEncoder
+    from sender.heartbeat import Beat
 
 Headers = Sequence[tuple[str, bytes | None]] | None
 
@@ -63,7 +71,8 @@ class SendPipeline:
         clock: Callable[[], float] = time.monotonic,
         fec: FecEncoder | None = None,
     ) -> None:
-        self.encoder = encoder
+        self._encoder = encoder
+        self._now = clock()  # the current burst's time (``begin``)
         #: Repair datagrams over the finished datagrams (docs/sender.md, "Forward error
         #: correction"); the scheduler queues a closed block's repairs after its last source.
         self.fec = fec
@@ -143,9 +152,19 @@ class SendPipeline:
         """Datagrams (and pending copies) in the backlog."""
         return self.scheduler.pending
 
-    # -- input ---------------------------------------------------------------------------------
+    @property
+    def control_pending(self) -> int:
+        """Control messages queued and not yet sent (the pacer holds them)."""
+        return self.scheduler.control_pending
 
-    def add(  # noqa: PLR0917  per-record hot path, mirrors Encoder.add's positional API
+    # -- the entrance ----------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Start a burst of input (a consumer batch): its records are stamped with this time
+        until a datagram is emitted."""
+        self._now = self._clock()
+
+    def record(  # noqa: PLR0917  per-record hot path, mirrors Encoder.add's positional API
         self,
         topic: str,
         partition: int,
@@ -156,8 +175,9 @@ class SendPipeline:
         value: bytes | None,
         headers: Headers,
     ) -> None:
-        """Encode one record; raises the encoder's ``RecordTooLarge`` (nothing is queued then)."""
-        out = self.encoder.add(
+        """Encode one record; raises the encoder's ``RecordTooLarge`` or ``LocalProtocolError``
+        (nothing is queued then)."""
+        out = self._encoder.add(
             topic,
             partition,
             offset,
@@ -166,45 +186,74 @@ class SendPipeline:
             key,
             value,
             headers or (),
-            self._clock(),
+            self._now,
         )
         if out:
-            self._enqueue(out)
-        elif self._linger is None:
-            self._arm_linger()
+            self._enqueue(out, pump=self.scheduler.pending >= PUMP_EVERY)
+            self._now = self._clock()
 
     def withhold(self, topic: str, partition: int, offset: int) -> None:
         """A record the content filter held back: its offset goes out in a withheld message
         (``Encoder.withhold``), which advances ``sent_high`` like records do."""
-        out = self.encoder.withhold(topic, partition, offset, self._clock())
+        out = self._encoder.withhold(topic, partition, offset, self._now)
         if out:
-            self._enqueue(out)
-        elif self._linger is None:
-            self._arm_linger()
-
-    def submit(self, datagrams: list[OutgoingDatagram]) -> None:
-        """Queue what a direct ``encoder.add`` call returned (the batch fast path).
-
-        Sending waits until ``PUMP_EVERY`` datagrams are queued or ``settle`` is called; the
-        delivery order and the backlog bound are the same as with ``add``.
-        """
-        self._enqueue(datagrams, pump=self.scheduler.pending >= PUMP_EVERY)
+            self._enqueue(out, pump=self.scheduler.pending >= PUMP_EVERY)
+            self._now = self._clock()
 
     def settle(self) -> None:
-        """End of a run of direct ``encoder.add`` calls: send what waits, arm the linger timer."""
+        """End of a burst: send what waits, arm the linger timer for what the encoder holds."""
         self._pump()
         if self._linger is None and not self._closed:
             self._arm_linger()
 
-    def enqueue(self, datagrams: Iterable[OutgoingDatagram]) -> None:
-        """Queue datagrams built outside ``add`` (heartbeats, resend markers, and the record
-        batch the encoder sealed ahead of them); control messages go to every target, ahead of
-        the data backlog as far as the replay window allows (sender/scheduler.py)."""
+    def heartbeat(self, beat: Beat) -> None:
+        """Queue a heartbeat (after the records the encoder holds, which it seals first).
+
+        Raises:
+            LocalProtocolError: the offset lists break the rules of docs/protocol.md §5.
+        """
+        self._enqueue(
+            self._encoder.heartbeat(
+                sender_id=beat.sender_id,
+                started_at_ms=beat.started_at_ms,
+                sent_at_ms=beat.sent_at_ms,
+                high_offsets=beat.high_offsets,
+                low_offsets=beat.low_offsets,
+                counters=beat.counters,
+            )
+        )
+
+    def resend_marker(
+        self,
+        *,
+        bundle_id: str,
+        phase: str,
+        ranges: Sequence[tuple[str, int, int, int]],
+        records_sent: int,
+        sent_at_ms: int,
+    ) -> None:
+        """Queue a resend start or end marker (after the records the encoder holds).
+
+        Raises:
+            LocalProtocolError: ``phase`` is not "start" or "end".
+        """
+        self._enqueue(
+            self._encoder.resend_marker(
+                bundle_id=bundle_id,
+                phase=phase,
+                ranges=ranges,
+                records_sent=records_sent,
+                sent_at_ms=sent_at_ms,
+            )
+        )
+
+    def announcements(self, datagrams: Iterable[OutgoingDatagram]) -> None:
+        """Queue the key announcer's datagrams (public-key mode), to every target."""
         self._enqueue(list(datagrams))
 
     def flush(self) -> None:
-        """Emit whatever the encoder holds back for its linger time."""
-        out = self.encoder.flush()
+        """Emit whatever the encoder holds back for its linger time (``drain`` does)."""
+        out = self._encoder.flush()
         if out:
             self._enqueue(out)
 
@@ -232,14 +281,14 @@ class SendPipeline:
     # -- internals -----------------------------------------------------------------------------
 
     def _arm_linger(self) -> None:
-        deadline = self.encoder.next_deadline()
+        deadline = self._encoder.next_deadline()
         if deadline is None or self._closed:
             return
         self._linger = self._loop.call_later(max(0.0, deadline - self._clock()), self._on_linger)
 
     def _on_linger(self) -> None:
         self._linger = None
-        out = self.encoder.poll(self._clock())
+        out = self._encoder.poll(self._clock())
         if out:
             self._enqueue(out)
         self._arm_linger()
@@ -247,7 +296,7 @@ class SendPipeline:
     def _enqueue(self, datagrams: list[OutgoingDatagram], *, pump: bool = True) -> None:
         if not datagrams:
             return
-        sealed = self.encoder.records_sealed
+        sealed = self._encoder.records_sealed
         records = sealed - self._emitted_records  # the last datagram completes them
         self._emitted_records = sealed
         self.scheduler.push(datagrams, records, self._clock() if self.fec is not None else 0.0)

@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.wire import Encoder, WireConfig
+from sender.heartbeat import Beat
 from sender.pacing import Pacer, PacingConfig
 from sender.send_pipeline import SendPipeline
 from sender.transport import UdpSender
@@ -75,20 +76,21 @@ async def send_all(ports: tuple[int, int], ring) -> bytes:
     )
     try:
         for offset in range(COUNT):
-            pipeline.add(
+            pipeline.record(
                 "orders", offset % 4, offset, 1_700_000_000_000, 1, None, value_of(offset), None
             )
         assert await pipeline.drain(60)
         high = tuple(sorted((t, p, o) for (t, p), o in pipeline.sent_high.items()))
-        beat = pipeline.encoder.heartbeat(
-            sender_id="ports",
-            started_at_ms=1,
-            sent_at_ms=2,
-            high_offsets=high,
-            low_offsets=tuple((t, p, p) for t, p, _ in high),
-            counters=(),
+        pipeline.heartbeat(
+            Beat(
+                sender_id="ports",
+                started_at_ms=1,
+                sent_at_ms=2,
+                high_offsets=high,
+                low_offsets=tuple((t, p, p) for t, p, _ in high),
+                counters=(),
+            )
         )
-        pipeline.enqueue(beat)
         assert await pipeline.drain(10)
         assert udp.errors == {}
     finally:

@@ -2,7 +2,8 @@
 
 The send order itself (backlog, copies, delays, pacing, heartbeats) is the pure scheduler's and is
 tested with a fake clock and no sockets in tests/property/test_send_scheduler.py; this file checks
-the asyncio glue around it: bursts, timers, the socket, what a real decoder makes of it.
+the asyncio glue around it: the one entrance (bursts of ``record``/``withhold`` between ``begin``
+and ``settle``, control messages at once), timers, the socket, what a real decoder makes of it.
 """
 
 import asyncio
@@ -21,6 +22,7 @@ from common.wire import (
     RecordBatch,
     WireConfig,
 )
+from sender.heartbeat import Beat
 from sender.pacing import Pacer, PacingConfig
 from sender.send_pipeline import PUMP_EVERY, SendPipeline
 from sender.transport import UdpSender
@@ -95,7 +97,7 @@ def test_records_arrive_intact_and_sent_high_follows() -> None:
         try:
             for p in range(3):
                 for o in range(100):
-                    rig.pipeline.add(
+                    rig.pipeline.record(
                         "t",
                         p,
                         o,
@@ -127,18 +129,16 @@ def test_records_arrive_intact_and_sent_high_follows() -> None:
     run(scenario())
 
 
-def test_batch_fast_path_sends_in_bursts_and_never_counts_unsent_records() -> None:
+def test_a_burst_sends_in_bursts_and_never_counts_unsent_records() -> None:
     async def scenario() -> None:
         rig = Rig()
         pipeline = rig.pipeline
-        add = pipeline.encoder.add
         try:
             # 20 records of 200 B: 3 full datagrams and 2 records pending in the encoder. Fewer
             # than PUMP_EVERY datagrams wait until settle(): nothing left, nothing committable.
+            pipeline.begin()
             for o in range(20):
-                out = add("t", 0, o, 1_700_000_000_000 + o, 1, b"k", b"v" * 200, (), 0.0)
-                if out:
-                    pipeline.submit(out)
+                pipeline.record("t", 0, o, 1_700_000_000_000 + o, 1, b"k", b"v" * 200, ())
             assert pipeline.pending_datagrams == 3
             assert (pipeline.sent_high, pipeline.records_sent, pipeline.datagrams_sent) == (
                 {},
@@ -149,15 +149,14 @@ def test_batch_fast_path_sends_in_bursts_and_never_counts_unsent_records() -> No
             assert pipeline.pending_datagrams == 0
             assert pipeline.records_sent == 18
             assert pipeline.sent_high == {("t", 0): 17}
-            # A long batch pumps every PUMP_EVERY datagrams; whatever has left is exactly what
+            # A long burst pumps every PUMP_EVERY datagrams; whatever has left is exactly what
             # sent_high and records_sent claim (offsets are contiguous from 0 here).
+            pipeline.begin()
             for o in range(20, 1000):
-                out = add("t", 0, o, 1_700_000_000_000 + o, 1, b"k", b"v" * 200, (), 0.0)
-                if out:
-                    pipeline.submit(out)
-                    high = pipeline.sent_high[("t", 0)]
-                    assert high + 1 == pipeline.records_sent
-                    assert pipeline.pending_datagrams <= PUMP_EVERY + 1
+                pipeline.record("t", 0, o, 1_700_000_000_000 + o, 1, b"k", b"v" * 200, ())
+                high = pipeline.sent_high[("t", 0)]
+                assert high + 1 == pipeline.records_sent
+                assert pipeline.pending_datagrams <= PUMP_EVERY + 1
             assert pipeline.records_sent >= 500  # bursts went out before settle()
             pipeline.settle()  # also arms the linger timer for the records still pending
             async with asyncio.timeout(5):
@@ -177,7 +176,8 @@ def test_linger_emits_a_lone_record_without_flush() -> None:
     async def scenario() -> None:
         rig = Rig()
         try:
-            rig.pipeline.add("t", 0, 5, 0, 1, b"k", b"v", None)
+            rig.pipeline.record("t", 0, 5, 0, 1, b"k", b"v", None)
+            rig.pipeline.settle()  # the end of a burst arms the linger timer
             async with asyncio.timeout(5):
                 while rig.pipeline.sent_high.get(("t", 0)) != 5:  # noqa: ASYNC110  a deadline-bounded poll
                     await asyncio.sleep(0.005)
@@ -194,7 +194,7 @@ def test_copies_are_sent_and_the_receiver_drops_them_as_duplicates(spacing: floa
         rig = Rig(copies=3, spacing=spacing)
         try:
             for o in range(50):
-                rig.pipeline.add("t", 0, o, 0, 1, None, b"v" * 100, None)
+                rig.pipeline.record("t", 0, o, 0, 1, None, b"v" * 100, None)
             assert await rig.pipeline.drain(5.0)
             events = rig.receive()
             records = [r for e in events if isinstance(e, RecordBatch) for r in e.records]
@@ -215,7 +215,7 @@ def test_pacing_holds_back_reports_pressure_and_releases_it() -> None:
         rig = Rig(pacing=PacingConfig(bytes_per_s=200_000), max_backlog=20_000)
         try:
             for o in range(500):
-                rig.pipeline.add("t", 0, o, 0, 1, None, b"v" * 200, None)
+                rig.pipeline.record("t", 0, o, 0, 1, None, b"v" * 200, None)
             assert rig.pressure == [True]
             assert rig.pipeline.sent_high.get(("t", 0), -1) < 499  # held back by pacing
             assert await rig.pipeline.drain(10.0)
@@ -233,19 +233,20 @@ def test_heartbeat_jumps_the_queue_and_names_only_sent_offsets() -> None:
         rig = Rig(pacing=PacingConfig(bytes_per_s=100_000), max_backlog=1 << 20)
         try:
             for o in range(300):
-                rig.pipeline.add("t", 0, o, 0, 1, None, b"v" * 200, None)
+                rig.pipeline.record("t", 0, o, 0, 1, None, b"v" * 200, None)
             rig.pipeline.flush()
             high = tuple((t, p, o) for (t, p), o in rig.pipeline.sent_high.items())
             low = tuple((t, p, 0) for t, p, _ in high)
-            hb = rig.pipeline.encoder.heartbeat(
-                sender_id="s",
-                started_at_ms=1,
-                sent_at_ms=2,
-                high_offsets=high,
-                low_offsets=low,
-                counters=(),
+            rig.pipeline.heartbeat(
+                Beat(
+                    sender_id="s",
+                    started_at_ms=1,
+                    sent_at_ms=2,
+                    high_offsets=high,
+                    low_offsets=low,
+                    counters=(),
+                )
             )
-            rig.pipeline.enqueue(hb)
             async with asyncio.timeout(5):
                 while True:
                     events = [e for e in rig.receive() if isinstance(e, Heartbeat)]
@@ -314,17 +315,18 @@ def test_two_targets_get_whole_messages_and_their_copies(copies: int, spacing: f
             for o in offsets:
                 # every 25th record is large: a message of several fragments
                 value = bytes([o % 251]) * (6000 if o % 25 == 0 else 120)
-                rig.pipeline.add("t", o % 3, o, 0, 1, None, value, None)
+                rig.pipeline.record("t", o % 3, o, 0, 1, None, value, None)
                 if o % 100 == 99:
-                    hb = rig.pipeline.encoder.heartbeat(
-                        sender_id="s",
-                        started_at_ms=1,
-                        sent_at_ms=2,
-                        high_offsets=(("t", 0, 0),),
-                        low_offsets=(("t", 0, 0),),
-                        counters=(),
+                    rig.pipeline.heartbeat(
+                        Beat(
+                            sender_id="s",
+                            started_at_ms=1,
+                            sent_at_ms=2,
+                            high_offsets=(("t", 0, 0),),
+                            low_offsets=(("t", 0, 0),),
+                            counters=(),
+                        )
                     )
-                    rig.pipeline.enqueue(hb)
             assert await rig.pipeline.drain(5.0)
             rig.receive()
             seen = []

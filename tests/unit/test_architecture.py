@@ -2,13 +2,21 @@
 
 ``common`` is pure (tests/unit/test_purity.py); ``runtime`` is the one I/O layer (Kafka clients,
 their errors, signals, key files, Spark's jars); the sides and the dedup sit on both and never on
-each other; ``kafka_diode`` is the glue above everything. A new arrow is a design change: draw it
-in docs/design.md first, then widen ``MAY_IMPORT`` here.
+each other; ``kafka_diode`` is the glue above everything, and nothing imports it (a component's
+``python -m`` runs its own CLI). A new arrow is a design change: draw it in docs/design.md first,
+then widen ``MAY_IMPORT`` here.
+
+Also enforced (issue #26): one entrance into the send pipeline (only ``sender/send_path.py``
+builds the wire ``Encoder``, only ``sender/send_pipeline.py`` uses it), one place that watches
+files (``runtime/file_watch.py``) and one that reads and writes key files
+(``runtime/key_files.py``), module names that say one thing each, and comments that cite only
+files that exist.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -48,9 +56,6 @@ def _part(path: Path) -> str:
 def test_a_module_imports_only_what_its_part_may(path: Path) -> None:
     part = _part(path)
     roots = _imports(path)
-    if path.name == "__main__.py":
-        # `python -m sender` is the dispatcher under another name.
-        roots.discard("kafka_diode")
     wrong = {r for r in roots if r in PARTS and r not in MAY_IMPORT[part]}
     assert not wrong, f"{part} may not import {sorted(wrong)} (docs/design.md, Parts and arrows)"
     misplaced = {r for r in roots if r in ONLY_IN and part not in ONLY_IN[r]}
@@ -96,3 +101,127 @@ def test_kafka_clients_and_signal_handlers_have_one_home(path: Path) -> None:
         assert where == "runtime/service.py", (
             f"{where} installs signal handlers: use runtime.service"
         )
+
+
+def _source(where: str) -> str:
+    return (ROOT / where).read_text(encoding="utf-8")
+
+
+def _names(tree: ast.AST) -> set[str]:
+    """Every name and attribute a module mentions (imports included)."""
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            out.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            out.add(node.attr)
+        elif isinstance(node, ast.ImportFrom):
+            out.update(a.asname or a.name for a in node.names)
+    return out
+
+
+#: name -> the modules that may mention it (in code, not in docstrings).
+OWNERS: dict[str, frozenset[str]] = {
+    # The send pipeline owns the session's encoder: the app and the resend feed the pipeline.
+    "Encoder": frozenset({"sender/send_path.py", "sender/send_pipeline.py"}),
+    "_encoder": frozenset({"sender/send_pipeline.py"}),
+    # One file-watch rule: modification times are read in one place.
+    "st_mtime_ns": frozenset({"runtime/file_watch.py"}),
+    "st_mtime": frozenset(),
+    # Key documents become files, and files key documents, in one place.
+    "from_dict": frozenset({"runtime/key_files.py"}),
+    "public_keys_from_document": frozenset({"runtime/key_files.py"}),
+    "receiver_keys_from_document": frozenset({"runtime/key_files.py"}),
+    "signing_key_from_document": frozenset({"runtime/key_files.py"}),
+    "write_json_atomically": frozenset({"runtime/key_files.py"}),
+    # Serving /metrics is I/O: runtime's (common.metrics.serve is test_purity's known exception).
+    "start_http_server": frozenset({"runtime/metrics_http.py", "common/metrics.py"}),
+}
+#: Where the parts keep code that is not theirs to own (none may use the names above).
+SIDES = ("sender", "receiver", "dedup", "netem", "kafka_diode", "runtime")
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_owned_names_are_used_only_by_their_owners(path: Path) -> None:
+    where = str(path.relative_to(ROOT))
+    if _part(path) not in SIDES:
+        return  # common defines them; its own purity is test_purity's
+    used = _names(ast.parse(path.read_text(encoding="utf-8")))
+    for name, owners in OWNERS.items():
+        if name == "from_dict" and _part(path) == "dedup":
+            continue  # KeyRing.from_dict is not the only from_dict (the dedup's own records)
+        assert name not in used or where in owners, (
+            f"{where} uses {name}: only {sorted(owners) or 'common'} may (docs/design.md)"
+        )
+
+
+def test_the_owned_names_exist_where_they_are_owned() -> None:
+    """A rename that leaves OWNERS behind must not make the rules above vacuous."""
+    for name, owners in OWNERS.items():
+        for where in owners:
+            assert name in _names(ast.parse(_source(where))), f"{where} no longer uses {name}"
+
+
+#: A module name per concept; these role names repeat once per component on purpose.
+ROLE_NAMES = frozenset(
+    {"__init__.py", "__main__.py", "app.py", "cli.py", "config.py", "metrics.py", "transport.py"}
+)
+
+
+def test_module_names_say_one_thing() -> None:
+    """No two modules share a name (four ``pubkey.py`` and two ``pipeline.py`` did), and no
+    module name is the other's with a synonym (``content_filter`` beside ``record_filter``)."""
+    seen: dict[str, list[str]] = {}
+    for path in _modules():
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    for folder in ("bench", "scripts"):
+        for path in (ROOT / folder).glob("*.py"):
+            seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    twice = {name: places for name, places in seen.items() if len(places) > 1}
+    assert set(twice) <= ROLE_NAMES, {n: p for n, p in twice.items() if n not in ROLE_NAMES}
+    assert not (ROOT / "sender" / "content_filter.py").exists()
+
+
+def test_a_component_runs_as_a_module_without_the_dispatcher() -> None:
+    for part in ("sender", "receiver", "dedup", "netem"):
+        main = ROOT / part / "__main__.py"
+        assert "kafka_diode" not in _imports(main)
+        assert f"from {part}.cli import main" in main.read_text(encoding="utf-8")
+
+
+#: A path a comment or docstring cites, and the design files that are not in the repository.
+_CITED = re.compile(
+    r"(?<![\w/.])((?:docs|common|runtime|sender|receiver|dedup|netem|kafka_diode|tests|bench|"
+    r"scripts|packaging)/[\w./-]*\w\.(?:md|py|avsc|toml|ya?ml|json|service))"
+)
+_BARE_DOC = re.compile(r"(?<![\w/])([A-Z][A-Z_]+\.md)\b")
+#: Left to the issue that rewrites the dedup (it may not be edited here); shrink only.
+CITES_PENDING = {
+    ("dedup/config.py", "DESIGN.md"),
+    ("dedup/gaps.py", "DESIGN.md"),
+    ("dedup/job.py", "FACTS.md"),
+}
+
+
+def _dead_citations() -> set[tuple[str, str]]:
+    dead: set[tuple[str, str]] = set()
+    for path in _modules():
+        where = str(path.relative_to(ROOT))
+        text = path.read_text(encoding="utf-8")
+        dead.update((where, m) for m in _CITED.findall(text) if not (ROOT / m).exists())
+        dead.update((where, m) for m in _BARE_DOC.findall(text) if not (ROOT / m).exists())
+    return dead
+
+
+def test_comments_cite_only_files_that_exist() -> None:
+    dead = _dead_citations()
+    assert dead <= CITES_PENDING, sorted(dead - CITES_PENDING)
+    assert dead >= CITES_PENDING, f"fixed, delete from CITES_PENDING: {CITES_PENDING - dead}"
+
+
+def test_the_citation_check_sees_a_planted_dead_reference() -> None:
+    planted = "# as DESIGN.md §4 and docs/nowhere.md say; docs/design.md exists\n"
+    assert _BARE_DOC.findall(planted) == ["DESIGN.md"]
+    cited = _CITED.findall(planted)
+    assert cited == ["docs/nowhere.md", "docs/design.md"]
+    assert [c for c in cited if not (ROOT / c).exists()] == ["docs/nowhere.md"]

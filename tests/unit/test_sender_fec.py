@@ -83,7 +83,7 @@ def run(coro):  # type: ignore[no-untyped-def]
 
 def _add(pipeline: SendPipeline, n: int) -> None:
     for i in range(n):
-        pipeline.add("t", i % 3, i, 1_700_000_000_000 + i, 1, b"k", os.urandom(300), None)
+        pipeline.record("t", i % 3, i, 1_700_000_000_000 + i, 1, b"k", os.urandom(300), None)
 
 
 def test_lossy_link_loses_nothing_and_offsets_complete() -> None:

@@ -4,7 +4,7 @@ Runs ``kafka-diode netem relay`` as its own process (as in use), offers datagram
 from this process and counts what reaches a sink socket drained by a thread. Baseline in the same
 run: the same sender and sink without the relay. Short (a few seconds); the last line is JSON.
 
-    .venv/bin/python bench/relay.py [--count 100000] [--size 200]
+    .venv/bin/python bench/netem_relay.py [--count 100000] [--size 200]
 """
 
 from __future__ import annotations

@@ -6,6 +6,7 @@ does not answer), 3 when Kafka cannot be read."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from common.gap_record import GapReport, GapState, gap_key, gap_value
 from kafka_diode.local_kafka.broker import free_port
 from kafka_diode.pipeline import Pipeline, PipelineSpec
 from kafka_diode.processes import wait_until
+from tests.kafka_helpers import create_topic
 
 pytestmark = pytest.mark.kafka
 
@@ -109,3 +111,28 @@ def test_a_configuration_error_exits_2_naming_the_key() -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "--scan-records" in result.stderr
+
+
+def test_watch_redraws_until_ctrl_c(downstream_kafka: Any, tmp_path: Path) -> None:
+    raw = create_topic(downstream_kafka, partitions=2)
+    gaps = create_topic(downstream_kafka, partitions=1)
+    out = tmp_path / "watch.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kafka_diode", "status", "--watch", "--interval", "0.5",
+             "--bootstrap-servers", downstream_kafka.bootstrap, "--raw-topics", raw,
+             "--gap-topic", gaps],
+            stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_until(
+            lambda: out.read_text().count("OK: nothing to do") >= 2,
+            timeout=60,
+            interval=0.2,
+            what="two rounds of --watch",
+        )
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()

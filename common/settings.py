@@ -41,7 +41,7 @@ T = TypeVar("T")
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
-_SECRET_WORDS = ("password", "secret", "passphrase", "token", "sasl.oauthbearer", "private")
+_SECRET_WORDS = ("password", "secret", "passphrase", "token", "sasl.oauthbearer", "private", "jaas")
 MASK = "***"
 
 

@@ -19,6 +19,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "dedup": ("dedup.cli", "Spark job: raw topic -> clean topic(s) + gap topic (low side)"),
     "gaps": ("dedup.gaps_cli", "list open gaps from the gap topic (low side)"),
     "raw": ("dedup.raw_cli", "print a raw topic's records decoded, whatever the layout (low side)"),
+    "status": (
+        "kafka_diode.status",
+        "the low side at a glance; exit 1 when a person is needed (low side)",
+    ),
     "bundle": ("dedup.bundle_cli", "create or show a resend bundle from the gap topic (low side)"),
     "resend": ("sender.resend_cli", "resend records listed in a bundle or a range (high side)"),
     "keygen": ("kafka_diode.keygen", "write a new 256-bit key file and print its key id"),

@@ -187,6 +187,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         "replication factor 3 and min.insync.replicas 2, as production runs; slower) (1)",
     )
     parser.add_argument(
+        "--security",
+        default="plaintext",
+        choices=("plaintext", "sasl_ssl"),
+        help="each side's Kafka: plaintext, or sasl_ssl (TLS listener, SCRAM users; every "
+        "component connects as docs/security.md shows) (plaintext)",
+    )
+    parser.add_argument(
         "--rate-bytes",
         type=float,
         default=DEMO_RATE_BYTES,
@@ -277,6 +284,7 @@ def _run(args: argparse.Namespace) -> int:
         seed=args.seed,
         rate_bytes=args.rate_bytes,
         brokers=args.brokers,
+        security=args.security,
     )
     work_dir = args.work_dir or Path(tempfile.mkdtemp(prefix="kafka-diode-demo-"))
     console = Console(stderr=False)

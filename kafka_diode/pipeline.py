@@ -19,7 +19,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from common.topic_limits import created_topic_config
 from common.wire.config import WireConfig
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from kafka_diode.local_kafka.cluster import MAX_NODES, LocalCluster
+from kafka_diode.local_kafka.security import SecurityFiles, ensure_security, validate_security
 from kafka_diode.processes import ManagedProcess, ProcessGroup, diode_command, wait_until
 from kafka_diode.verify import Verdict, verify
 from kafka_diode.workload import Workload, produce
@@ -88,12 +89,16 @@ class PipelineSpec:
     """Dedup SPARK_MASTER."""
     brokers: int = 1
     """Nodes of each side's own Kafka (1: a single broker; 3: a replicated cluster)."""
+    security: str = "plaintext"
+    """Each side's own Kafka: plaintext, or sasl_ssl (TLS + SCRAM; every component, the producer
+    and the verdict connect as the components' user)."""
     run_dedup: bool = True
     """Whether to start the Spark dedup (the receiver benchmark does not need it)."""
     extra_env: tuple[tuple[str, str], ...] = ()
     """Extra environment for every component."""
 
     def __post_init__(self) -> None:
+        validate_security(self.security)
         if not 1 <= self.brokers <= MAX_NODES:
             raise ConfigError(
                 "--brokers",
@@ -129,8 +134,15 @@ class Pipeline:
         *,
         upstream: str | None = None,
         downstream: str | None = None,
+        upstream_security: SecurityFiles | None = None,
+        downstream_security: SecurityFiles | None = None,
     ) -> None:
         self.spec = spec
+        #: each side's security (given with a bootstrap, or made with our own brokers)
+        self.security: dict[str, SecurityFiles | None] = {
+            "upstream": upstream_security,
+            "downstream": downstream_security,
+        }
         self.work_dir = work_dir
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.group = ProcessGroup(work_dir / "logs")
@@ -154,21 +166,29 @@ class Pipeline:
             if getattr(self.ep, side):
                 continue
             broker: LocalBroker | LocalCluster
+            data_dir = self.work_dir / f"kafka-{side}"
             if self.spec.brokers > 1:
                 broker = LocalCluster(
                     f"demo-{side}",
                     brokers=self.spec.brokers,
                     ports=tuple(free_port() for _ in range(self.spec.brokers)),
-                    data_dir=self.work_dir / f"kafka-{side}",
+                    data_dir=data_dir,
                     partitions=self.spec.partitions,
+                    security=self.spec.security,
                 )
+                self.security[side] = broker.security
             else:
+                files = None
+                if self.spec.security == "sasl_ssl":
+                    files = ensure_security(data_dir.resolve() / "security")
                 broker = LocalBroker(
                     f"demo-{side}",
                     free_port(),
-                    data_dir=self.work_dir / f"kafka-{side}",
+                    data_dir=data_dir,
                     partitions=self.spec.partitions,
+                    security=files,
                 )
+                self.security[side] = files
             self.brokers.append(broker)  # before start: an interrupted start is stopped too
             broker.start()
             setattr(self.ep, side, broker.bootstrap)
@@ -181,6 +201,7 @@ class Pipeline:
         _create(
             self.ep.upstream,
             [TopicSpec(name=t, partitions=n, config=big) for t in self.ep.source_topics],
+            self.conf("upstream"),
         )
         # as docs/operations.md tells operators: raw and clean topics admit the largest record,
         # clean topics any source timestamp (common/topic_limits.py)
@@ -196,7 +217,7 @@ class Pipeline:
         downstream.append(
             TopicSpec(name=self.ep.gap_topic, partitions=1, config={"cleanup.policy": "compact"})
         )
-        _create(self.ep.downstream, downstream)
+        _create(self.ep.downstream, downstream, self.conf("downstream"))
 
     def make_key(self) -> None:
         """One shared link key, as an operator would make it with ``kafka-diode keygen``."""
@@ -220,10 +241,38 @@ class Pipeline:
 
     # -- components ---------------------------------------------------------------------------
 
+    def conf(self, side: str) -> dict[str, str]:
+        """librdkafka properties (besides bootstrap) for ``side``: its security, if any."""
+        files = self.security[side]
+        return files.librdkafka() if files is not None else {}
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.update(self.security_env())
         env.update(self.spec.extra_env)
         env["PYSPARK_PYTHON"] = sys.executable
+        return env
+
+    def security_env(self) -> dict[str, str]:
+        """Each component's security settings in its own environment names, as an operator's
+        env files would hold them (docs/security.md): the sender and resend read
+        ``DIODE_SENDER_KAFKA__*`` (upstream), the receiver ``DIODE_RECEIVER_KAFKA__*``, the
+        dedup, bundle and gaps ``KAFKA_CONF_*`` (librdkafka) and the dedup's Spark source
+        ``KAFKA_SOURCE_KAFKA_*`` (Java), all downstream."""
+        env: dict[str, str] = {}
+
+        def name(prop: str) -> str:
+            return prop.upper().replace(".", "_")
+
+        for prop, value in self.conf("upstream").items():
+            env[f"DIODE_SENDER_KAFKA__{name(prop)}"] = value
+        down = self.security["downstream"]
+        if down is not None:
+            for prop, value in down.librdkafka().items():
+                env[f"DIODE_RECEIVER_KAFKA__{name(prop)}"] = value
+                env[f"KAFKA_CONF_{name(prop)}"] = value
+            for prop, value in down.java().items():
+                env[f"KAFKA_SOURCE_KAFKA_{name(prop)}"] = value
         return env
 
     def _metrics_port(self, name: str) -> str:
@@ -372,6 +421,7 @@ class Pipeline:
             rate=self.spec.produce_rate,
             clock=time.monotonic,
             sleep=time.sleep,
+            conf=self.conf("upstream"),
         )
         return self.produced
 
@@ -383,6 +433,8 @@ class Pipeline:
             source_topics=self.ep.source_topics,
             clean_template=self.ep.clean_template,
             gap_topic=self.ep.gap_topic,
+            upstream_conf=self.conf("upstream"),
+            downstream_conf=self.conf("downstream"),
         )
 
     def wait_settled(
@@ -489,7 +541,12 @@ def _run_to_end(proc: ManagedProcess, *, timeout: float) -> None:
         raise RuntimeError(f"{proc.name} exited with {code}:\n{proc.tail()}")
 
 
-def _create(bootstrap: str, topics: list[TopicSpec]) -> None:
+def _create(bootstrap: str, topics: list[TopicSpec], security: Mapping[str, str]) -> None:
     """Create ``topics`` (the broker's replication factor) and wait for their leaders."""
-    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "log_level": 4, "logger": log}
+    conf: dict[str, Any] = {
+        **security,
+        "bootstrap.servers": bootstrap,
+        "log_level": 4,
+        "logger": log,
+    }
     kafka.ensure_topics(conf, topics, timeout=60)

@@ -22,7 +22,7 @@ import json
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
@@ -107,11 +107,18 @@ class Verdict:
 
 
 def read_topic(
-    bootstrap: str, topic: str, *, committed_only: bool = False, timeout: float = 60.0
+    bootstrap: str,
+    topic: str,
+    *,
+    committed_only: bool = False,
+    timeout: float = 60.0,
+    conf: Mapping[str, str] | None = None,
 ) -> list[Message]:
-    """Read every record of ``topic`` from the beginning to its current end."""
+    """Read every record of ``topic`` from the beginning to its current end; ``conf``: client
+    properties such as security."""
     consumer = kafka.consumer(
         {
+            **(conf or {}),
             "bootstrap.servers": bootstrap,
             "group.id": f"kafka-diode-verify-{uuid.uuid4().hex}",
             "enable.auto.commit": False,
@@ -209,6 +216,8 @@ def verify(
     clean_template: str,
     gap_topic: str,
     timeout: float = 60.0,
+    upstream_conf: Mapping[str, str] | None = None,
+    downstream_conf: Mapping[str, str] | None = None,
 ) -> Verdict:
     """Compare upstream with the clean and gap topics; see the module docstring."""
     verdict = Verdict()
@@ -218,9 +227,13 @@ def verify(
         name = clean_topic_for(clean_template, source)
         if name not in clean_by_topic:
             clean_by_topic[name] = read_topic(
-                downstream, name, committed_only=True, timeout=timeout
+                downstream, name, committed_only=True, timeout=timeout, conf=downstream_conf
             )
-    gaps = latest_gaps(read_topic(downstream, gap_topic, committed_only=True, timeout=timeout))
+    gaps = latest_gaps(
+        read_topic(
+            downstream, gap_topic, committed_only=True, timeout=timeout, conf=downstream_conf
+        )
+    )
     verdict.open_gaps = sum(len(v) for v in gaps.values())
 
     counts: dict[str, Counter[Identity]] = {}
@@ -237,8 +250,10 @@ def verify(
     delivered_offsets: set[tuple[str, int, int]] = set()
     for source in sources:
         name = clean_topic_for(clean_template, source)
-        n_parts = _partition_count(downstream, name) or clean_partitions.get(name, 1)
-        for rec in read_topic(upstream, source, timeout=timeout):
+        n_parts = _partition_count(downstream, name, downstream_conf) or clean_partitions.get(
+            name, 1
+        )
+        for rec in read_topic(upstream, source, timeout=timeout, conf=upstream_conf):
             verdict.produced += 1
             ident: Identity = (rec.key, rec.value, rec.headers, rec.timestamp)
             seen = counts.get(name, Counter())[ident]
@@ -275,9 +290,16 @@ def _example(verdict: Verdict, text: str) -> None:
         verdict.examples.append(text)
 
 
-def _partition_count(bootstrap: str, topic: str) -> int | None:
+def _partition_count(
+    bootstrap: str, topic: str, conf: Mapping[str, str] | None = None
+) -> int | None:
     consumer = kafka.consumer(
-        {"bootstrap.servers": bootstrap, "group.id": "kafka-diode-verify-meta", "log_level": 4}
+        {
+            **(conf or {}),
+            "bootstrap.servers": bootstrap,
+            "group.id": "kafka-diode-verify-meta",
+            "log_level": 4,
+        }
     )
     try:
         meta = consumer.list_topics(topic, timeout=10).topics.get(topic)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from runtime import kafka
@@ -51,6 +51,7 @@ def produce(
     rate: float | None = None,
     clock: Callable[[], float] | None = None,
     sleep: Callable[[float], None] | None = None,
+    conf: Mapping[str, str] | None = None,
 ) -> int:
     """Produce ``workload`` to ``bootstrap`` and flush; returns how many records were acknowledged.
 
@@ -60,6 +61,7 @@ def produce(
     largest = max(workload.value_size, workload.value_size_max, workload.huge_size * 5 // 4)
     producer = kafka.producer(
         {
+            **(conf or {}),  # client properties such as security
             "message.max.bytes": max(1_000_000, largest + 64 * 1024),
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,

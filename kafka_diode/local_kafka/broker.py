@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from common.errors import ConfigError, LocalKafkaError
+from kafka_diode.local_kafka.security import SecurityFiles, ensure_security
 from runtime import maven as artifacts
 
 log = logging.getLogger(__name__)
@@ -156,12 +157,15 @@ class BrokerState:
     """Unix time the JVM was launched."""
     membership: ClusterMembership | None = None
     """Its place in a local cluster; None for a single-node broker."""
+    security_dir: str | None = None
+    """``--security sasl_ssl``: the directory of its certificates and users; None: PLAINTEXT."""
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BrokerState:
         """Parse a ``broker.json`` document (unknown keys are ignored)."""
         member = data.get("membership")
         return cls(
+            security_dir=data.get("security_dir"),
             membership=ClusterMembership.from_json(member) if member else None,
             name=str(data["name"]),
             pid=int(data["pid"]),
@@ -299,9 +303,11 @@ class LocalBroker:
         heap_mb: int = DEFAULT_HEAP_MB,
         env: Mapping[str, str] | None = None,
         membership: ClusterMembership | None = None,
+        security: SecurityFiles | None = None,
     ) -> None:
         self.name = validate_name(name)
         self.membership = membership
+        self.security = security
         self.port = validate_port(port)
         if partitions < 1:
             raise ConfigError("--partitions", f"{partitions} is not a partition count", "use >= 1")
@@ -321,6 +327,11 @@ class LocalBroker:
     def bootstrap(self) -> str:
         """``host:port`` for ``bootstrap.servers``."""
         return f"{HOST}:{self.port}"
+
+    def client_conf(self) -> dict[str, str]:
+        """librdkafka properties (besides ``bootstrap.servers``) a client needs here: the
+        components' SCRAM user over TLS on a secured broker, nothing on a PLAINTEXT one."""
+        return self.security.librdkafka() if self.security is not None else {}
 
     @property
     def state(self) -> BrokerState | None:
@@ -402,7 +413,10 @@ class LocalBroker:
         if state is None:
             raise LocalKafkaError(f"broker {self.name!r} was never started")
         try:
-            _wait_ready(state.bootstrap, time.monotonic() + timeout, alive=self.is_running)
+            admin = self.security.librdkafka(self.security.admin) if self.security else {}
+            _wait_ready(
+                state.bootstrap, time.monotonic() + timeout, alive=self.is_running, conf=admin
+            )
         except LocalKafkaError as exc:
             self.stop()
             raise LocalKafkaError(f"{exc}{self._log_tail()}") from exc
@@ -457,9 +471,17 @@ class LocalBroker:
         )
         properties = self.data_dir / "server.properties"
         properties.write_text(
-            _server_properties(self.port, controller_port, log_dirs, self.partitions, member),
+            _server_properties(
+                self.port,
+                controller_port,
+                log_dirs,
+                self.partitions,
+                member=member,
+                security=self.security,
+            ),
             encoding="utf-8",
         )
+        properties.chmod(0o600)  # a secured broker's holds its SCRAM password
         log4j = self.data_dir / "log4j2.xml"
         log4j.write_text(_LOG4J2_XML.format(logs=logs), encoding="utf-8")
         base = [
@@ -509,6 +531,7 @@ class LocalBroker:
             kafka_version=artifacts.KAFKA_VERSION,
             started_at=time.time(),
             membership=member,
+            security_dir=str(self.security.directory) if self.security is not None else None,
         )
         _write_json_atomic(self.data_dir / STATE_FILE, asdict(state))
         return state
@@ -517,6 +540,8 @@ class LocalBroker:
         # "--cluster-id=" form: a base64 id may start with "-", which argparse would read as a flag
         command = [*base, "kafka.tools.StorageTool", "format", f"--cluster-id={cluster_id}", "-c"]
         command.append(str(properties))
+        if self.security is not None:  # SCRAM users exist before the first connection
+            command += self.security.format_args()
         try:
             result = subprocess.run(
                 command,
@@ -583,27 +608,25 @@ def _server_properties(
     controller_port: int,
     log_dirs: Path,
     partitions: int,
+    *,
     member: ClusterMembership | None = None,
+    security: SecurityFiles | None = None,
 ) -> str:
-    replicas, in_sync = (
-        ("1", "1")
-        if member is None
-        else (
-            str(member.replication),
-            str(member.min_insync),
-        )
-    )
+    listener = "PLAINTEXT" if security is None else "SASL_SSL"
+    replicas, in_sync = ("1", "1")
+    if member is not None:
+        replicas, in_sync = str(member.replication), str(member.min_insync)
     settings = {
         "process.roles": "broker,controller",
         "node.id": "1" if member is None else str(member.node_id),
         "controller.quorum.voters": (
             f"1@{HOST}:{controller_port}" if member is None else member.voters
         ),
-        "listeners": f"PLAINTEXT://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{port}",
+        "listeners": f"{listener}://{HOST}:{port},CONTROLLER://{HOST}:{controller_port}",
+        "advertised.listeners": f"{listener}://{HOST}:{port}",
         "controller.listener.names": "CONTROLLER",
-        "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "inter.broker.listener.name": listener,
+        "listener.security.protocol.map": f"{listener}:{listener},CONTROLLER:PLAINTEXT",
         "log.dirs": str(log_dirs),
         "num.partitions": str(partitions),
         # A cluster: 3 replicas, 2 in sync, everywhere (internal topics, transaction state,
@@ -629,12 +652,19 @@ def _server_properties(
         # overhead (common/topic_limits.py), as docs/operations.md tells operators to set up.
         "message.max.bytes": str(EMBEDDED_MESSAGE_MAX_BYTES),
     }
+    if security is not None:
+        settings.update(security.broker_settings(listener))
     lines = ["# Written by kafka-diode on every start; edit the code, not this file."]
     lines += [f"{key}={value}" for key, value in settings.items()]
     return "\n".join(lines) + "\n"
 
 
-def _wait_ready(bootstrap: str, deadline: float, alive: Callable[[], bool]) -> None:
+def _wait_ready(
+    bootstrap: str,
+    deadline: float,
+    alive: Callable[[], bool],
+    conf: Mapping[str, str] | None = None,
+) -> None:
     """Wait until ``bootstrap`` accepts a produce and serves it back to a fetch, or raise."""
     host, _, port_text = bootstrap.rpartition(":")
     last_error = "no answer yet"
@@ -652,13 +682,13 @@ def _wait_ready(bootstrap: str, deadline: float, alive: Callable[[], bool]) -> N
             time.sleep(_POLL_S)  # polling a condition under a deadline, not synchronising on time
             continue
         try:
-            _probe(bootstrap, min(remaining, 15.0))
+            _probe(bootstrap, min(remaining, 15.0), conf or {})
             return
         except LocalKafkaError as exc:
             last_error = str(exc)
 
 
-def _probe(bootstrap: str, timeout: float) -> None:
+def _probe(bootstrap: str, timeout: float, conf: Mapping[str, str]) -> None:
     """Produce one record to the probe topic and fetch it back; raise LocalKafkaError if not."""
     # Imported here: status/stop and `--help` must not pay for loading librdkafka.
     from confluent_kafka import TopicPartition  # noqa: PLC0415
@@ -676,6 +706,7 @@ def _probe(bootstrap: str, timeout: float) -> None:
         "logger": quiet,
         "log_level": 4,  # no informational lines (%6|…|BGQUEUE|… when a client is destroyed)
         "socket.timeout.ms": 5000,
+        **conf,
     }
     try:  # the broker's (cluster's) default replication factor
         kafka.ensure_topics(
@@ -820,7 +851,14 @@ def broker_by_name(name: str, env: Mapping[str, str] | None = None) -> LocalBrok
     state = read_state(Path(data_dir))
     port = state.port if state is not None else 1
     membership = state.membership if state is not None else None
-    return LocalBroker(name, port, data_dir=data_dir, env=env, membership=membership)
+    security = (
+        ensure_security(Path(state.security_dir))
+        if state is not None and state.security_dir
+        else None
+    )
+    return LocalBroker(
+        name, port, data_dir=data_dir, env=env, membership=membership, security=security
+    )
 
 
 def list_brokers(env: Mapping[str, str] | None = None) -> list[BrokerStatus]:

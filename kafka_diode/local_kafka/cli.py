@@ -11,9 +11,10 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from common.errors import ConfigError, LocalKafkaError
-from kafka_diode.local_kafka import broker, cluster
+from kafka_diode.local_kafka import broker, cluster, security
 from runtime import maven as artifacts
 
 EXIT_FAILURE = 1
@@ -86,6 +87,15 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         type=int,
         default=1,
         help="num.partitions for auto-created topics (default: %(default)s)",
+    )
+    start.add_argument(
+        "--security",
+        default="plaintext",
+        choices=security.SECURITY_MODES,
+        help="plaintext, or sasl_ssl: a TLS listener (certificates made here, CA in "
+        "DATA_DIR/security/ca.pem) with SCRAM-SHA-512 users; the components' client properties "
+        "are written to DATA_DIR/security/client.properties (librdkafka) and "
+        "client-java.properties (Java), never printed (default: %(default)s)",
     )
     start.add_argument(
         "--heap-mb",
@@ -183,12 +193,15 @@ def _start(args: argparse.Namespace) -> int:
         )
         print(state.bootstrap)
         return 0
+    data_dir = Path(args.data_dir or broker.default_data_dir(args.name)).expanduser().resolve()
+    files = security.ensure_security(data_dir / "security") if args.security == "sasl_ssl" else None
     local = broker.LocalBroker(
         args.name,
         args.port,
-        data_dir=args.data_dir,
+        data_dir=data_dir,
         partitions=args.partitions,
         heap_mb=args.heap_mb,
+        security=files,
     )
     print(f"starting broker {args.name!r} on port {args.port} ...", file=sys.stderr)
     began = time.monotonic()
@@ -198,8 +211,19 @@ def _start(args: argparse.Namespace) -> int:
         f"data {state.data_dir})",
         file=sys.stderr,
     )
+    _say_security(files)
     print(state.bootstrap)
     return 0
+
+
+def _say_security(files: security.SecurityFiles | None) -> None:
+    if files is not None:
+        print(
+            f"SASL_SSL (SCRAM-SHA-512, user {files.client.name!r}): client properties in "
+            f"{files.directory}/client.properties (librdkafka) and client-java.properties "
+            "(Java); docs/security.md",
+            file=sys.stderr,
+        )
 
 
 def _start_cluster(args: argparse.Namespace) -> int:
@@ -210,6 +234,7 @@ def _start_cluster(args: argparse.Namespace) -> int:
         data_dir=args.data_dir,
         partitions=args.partitions,
         heap_mb=args.heap_mb,
+        security=args.security,
     )
     print(
         f"starting cluster {args.name!r} of {args.brokers} nodes on ports "
@@ -223,6 +248,7 @@ def _start_cluster(args: argparse.Namespace) -> int:
         f"{', '.join(n.name for n in local.nodes)}, data {local.data_dir})",
         file=sys.stderr,
     )
+    _say_security(local.security)
     print(local.bootstrap)
     return 0
 

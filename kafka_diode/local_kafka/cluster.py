@@ -52,6 +52,7 @@ from kafka_diode.local_kafka.broker import (
     validate_name,
     validate_port,
 )
+from kafka_diode.local_kafka.security import ensure_security, validate_security
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +75,9 @@ class ClusterLayout:
     """The KRaft cluster id."""
     data_dir: str
     """Absolute data directory of the cluster."""
+    security: str = "plaintext"
+    """``--security``: plaintext, or sasl_ssl (certificates and users in
+    ``<data-dir>/security``)."""
 
     @property
     def bootstrap(self) -> str:
@@ -89,6 +93,7 @@ class ClusterLayout:
             controller_ports=tuple(int(p) for p in data["controller_ports"]),
             cluster_id=str(data["cluster_id"]),
             data_dir=str(data["data_dir"]),
+            security=str(data.get("security", "plaintext")),
         )
 
 
@@ -115,8 +120,10 @@ class LocalCluster:
         partitions: int = 1,
         heap_mb: int = DEFAULT_HEAP_MB,
         env: Mapping[str, str] | None = None,
+        security: str = "plaintext",
     ) -> None:
         self.name = validate_name(name)
+        validate_security(security)
         if not 2 <= brokers <= MAX_NODES:
             raise ConfigError(
                 "--brokers", f"{brokers} is not a cluster size", f"use 2..{MAX_NODES} (or 1)"
@@ -151,6 +158,7 @@ class LocalCluster:
                 controller_ports=tuple(controller_ports),
                 cluster_id=new_cluster_id(),
                 data_dir=str(self.data_dir),
+                security=security,
             )
         elif (ports is not None and tuple(ports) != layout.ports) or (
             ports is None and port is not None and port != layout.ports[0]
@@ -160,7 +168,16 @@ class LocalCluster:
                 f"cluster {name!r} in {self.data_dir} uses ports {layout.ports}",
                 f"use --port {layout.ports[0]}, or another --data-dir",
             )
+        if layout.security != security:
+            raise ConfigError(
+                "--security",
+                f"cluster {name!r} in {self.data_dir} was made with --security {layout.security}",
+                f"use --security {layout.security}, or another --data-dir",
+            )
         self.layout = layout
+        self.security = (
+            ensure_security(self.data_dir / "security") if security == "sasl_ssl" else None
+        )
         voters = ",".join(
             f"{i}@{HOST}:{cp}" for i, cp in enumerate(layout.controller_ports, start=1)
         )
@@ -180,6 +197,7 @@ class LocalCluster:
                     size=brokers,
                     cluster_id=layout.cluster_id,
                 ),
+                security=self.security,
             )
             for i, p in enumerate(layout.ports, start=1)
         ]
@@ -190,6 +208,10 @@ class LocalCluster:
     def bootstrap(self) -> str:
         """Every node's address, comma-separated."""
         return self.layout.bootstrap
+
+    def client_conf(self) -> dict[str, str]:
+        """librdkafka properties (besides ``bootstrap.servers``) for the components' user."""
+        return self.security.librdkafka() if self.security is not None else {}
 
     def __enter__(self) -> LocalCluster:
         self.start()
@@ -269,7 +291,12 @@ def cluster_by_name(name: str, env: Mapping[str, str] | None = None) -> LocalClu
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return LocalCluster(
-        name, brokers=len(layout.ports), ports=layout.ports, data_dir=layout.data_dir, env=env
+        name,
+        brokers=len(layout.ports),
+        ports=layout.ports,
+        data_dir=layout.data_dir,
+        env=env,
+        security=layout.security,
     )
 
 

@@ -153,13 +153,17 @@ def test_check_config_prints_json(tmp_path: Path, capsys, monkeypatch) -> None:
     key_file = tmp_path / "keys.json"
     key_files.write_keyring(KeyRing([Key.generate()]), key_file)
     toml = tmp_path / "r.toml"
-    toml.write_text(f'key_file = "{key_file}"\nraw_topic = "raw"\n[kafka]\n"sasl.password" = "x"\n')
+    toml.write_text(
+        f'key_file = "{key_file}"\nraw_topic = "raw"\n[kafka]\n"sasl.password" = "x"\n'
+        '"sasl.jaas.config" = "ScramLoginModule required password=\\"y\\";"\n'
+    )
     monkeypatch.delenv("DIODE_RECEIVER_LISTEN_PORT", raising=False)
     code = cli.main(["--config", str(toml), "--check-config", "--listen-port", "5555"])
     out = json.loads(capsys.readouterr().out)
     assert code == 0
     assert out["listen_port"] == 5555
     assert out["kafka"]["sasl.password"] == "***"
+    assert out["kafka"]["sasl.jaas.config"] == "***"  # Java's login line carries the password
 
 
 def test_bad_config_exits_2_naming_the_key(tmp_path: Path, capsys) -> None:

@@ -8,7 +8,8 @@ starts one upstream and one downstream single-broker KRaft cluster of our own
 - **ours**: ``kafka-diode send``, ``receive`` and ``dedup`` (``kafka_diode.pipeline``), AES-256-GCM
   shared key, 1472-byte datagrams, direct loopback;
 - **peer**: ``upstream`` and ``downstream`` built from source with AES-GCM on (RSA key exchange,
-  ``encryption=true``, ``publicKeyFile``/``privateKeyFiles``), payloads of 1432 bytes (what
+  ``encryption=true``, ``publicKeyFile`` a self-signed certificate as README.md "Keys" makes,
+  ``privateKeyFiles``), payloads of 1432 bytes (what
   ``payloadSize=auto`` picks on a 1500-byte MTU NIC), downstream ``batchSize=512``, and its
   dedup jar (exactly-once v2) with ``COMMIT_INTERVAL_MS``/``PERSIST_INTERVAL_MS`` 500 as its
   "Performance Tuning" section says for high event rates; everything else at its documented
@@ -51,9 +52,11 @@ then ONE JSON object as the last line.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -67,10 +70,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
-from cryptography.hazmat.primitives import serialization
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
+from cryptography.x509.oid import NameOID
 
 from bench.e2e import group_usage, machine, pid_usage, text_pool
 from common.raw_run import parse_run_key
@@ -232,8 +237,13 @@ def build_peer(src: Path, out: Path, *, skip_existing: bool) -> PeerBuild:
     return PeerBuild(upstream, downstream, jars[-1], info)
 
 
-def write_rsa_pair(private_path: Path, public_path: Path, bits: int = 4096) -> None:
-    """The equivalent of doc/Encryption.md's ``openssl genrsa`` + ``openssl rsa -pubout``."""
+def write_rsa_pair(private_path: Path, cert_path: Path, bits: int = 4096) -> None:
+    """An RSA key (PKCS#8, unencrypted) and a self-signed X.509 certificate holding its public key.
+
+    What README.md "Keys" makes with keytool + ``openssl pkcs12``: the upstream parses
+    ``publicKeyFile`` as a certificate (``x509.ParseCertificate``); the bare public key that
+    doc/Encryption.md's ``openssl rsa -pubout`` gives is refused ("malformed serial number").
+    """
     key = rsa.generate_private_key(public_exponent=65537, key_size=bits)
     private_path.write_bytes(
         key.private_bytes(
@@ -242,11 +252,19 @@ def write_rsa_pair(private_path: Path, public_path: Path, bits: int = 4096) -> N
             serialization.NoEncryption(),
         )
     )
-    public_path.write_bytes(
-        key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "airgap-downstream-bench")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=365))
+        .sign(key, hashes.SHA256())
     )
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
 
 
 # -- workload and counting ---------------------------------------------------------------------
@@ -310,6 +328,7 @@ class Counter(threading.Thread):
         self.count = 0
         self.warmup = 0
         self.duplicates = 0
+        self.first_new = 0.0
         self.last_new = 0.0
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
@@ -328,6 +347,7 @@ class Counter(threading.Thread):
                 if new:
                     self.count += new
                     self.last_new = time.time()
+                    self.first_new = self.first_new or self.last_new
         except BaseException as exc:  # reported by the main thread
             self.error = exc
         finally:
@@ -396,6 +416,18 @@ class RawCounter(Counter):
                 seen[o - base] = 1
                 new += 1
         return new
+
+
+def udp_bound(port: int) -> bool:
+    """Whether some socket is bound to local UDP ``port`` (/proc/net/udp*)."""
+    for table in ("/proc/net/udp", "/proc/net/udp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        if any(int(line.split()[1].rsplit(":", 1)[1], 16) == port for line in lines):
+            return True
+    return False
 
 
 def udp_drops(port: int) -> int:
@@ -495,6 +527,9 @@ def measure(
         "stalled": stalled,
         "raw_s": raw_s,
         "clean_s": clean_s,
+        # first backlog record seen in each topic, from release (start-up of the sender)
+        "raw_first_s": raw.first_new - release if raw.count else None,
+        "clean_first_s": clean.first_new - release if clean.count else None,
         "raw_records_per_s": raw.count / raw_s if raw_s > 0 else 0.0,
         "clean_records_per_s": clean.count / clean_s if clean_s > 0 else 0.0,
         "clean_mb_per_s": clean.count * ctx.value_bytes / 1e6 / clean_s if clean_s > 0 else 0.0,
@@ -562,7 +597,8 @@ def peer_settings(
 ) -> tuple[dict[str, str | int | bool], dict[str, str | int | bool], dict[str, str]]:
     """(upstream.properties, downstream.properties, dedup environment) for one peer run."""
     upstream: dict[str, str | int | bool] = {
-        "id": "Upstream_bench", "targetIP": "127.0.0.1", "targetPort": port, "transport": "udp",
+        "id": "Upstream_bench", "nic": "lo", "targetIP": "127.0.0.1", "targetPort": port,
+        "transport": "udp",
         "source": "kafka", "bootstrapServers": bootstraps[0], "topic": topic,
         "groupID": f"{prefix}upstream", "from": "",
         "encryption": True, "publicKeyFile": str(keys / "server.pem"),
@@ -570,7 +606,7 @@ def peer_settings(
         "payloadSize": PEER_PAYLOAD_SIZE, "logLevel": "INFO", "logStatistics": 5,
     }  # fmt: skip
     downstream: dict[str, str | int | bool] = {
-        "id": "Downstream_bench", "targetIP": "127.0.0.1", "targetPort": port,
+        "id": "Downstream_bench", "nic": "lo", "targetIP": "127.0.0.1", "targetPort": port,
         "transport": "udp", "bootstrapServers": bootstraps[1], "target": "kafka",
         "privateKeyFiles": str(keys / "private*.pem"), "clientId": "downstream",
         "mtu": PEER_PAYLOAD_SIZE + 68, "batchSize": PEER_BATCH_SIZE, "logLevel": "INFO",
@@ -625,6 +661,11 @@ def run_peer(ctx: RunContext, index: int, build: PeerBuild) -> dict[str, Any]:
         down_p = group.add("receiver", [str(build.downstream), str(work / "downstream.properties")],
                            env=env)  # fmt: skip
         dedup_p = group.add("dedup", java, env={**env, **dedup_env}, stop_timeout=30)
+        # The low side first, as in production: the upstream's key exchange goes out once at
+        # start (then every generateNewSymmetricKeyEvery s); sent before the downstream listens,
+        # it is lost and nothing can be decrypted until the next one.
+        wait_until(lambda: udp_bound(port), timeout=60, what="downstream to listen",
+                   alive=[down_p])  # fmt: skip
         up_p = group.add("sender", [str(build.upstream), str(work / "upstream.properties")],
                          env=env)  # fmt: skip
         raw = RawCounter(ctx.bootstraps[1], topic, topic)
@@ -636,6 +677,11 @@ def run_peer(ctx: RunContext, index: int, build: PeerBuild) -> dict[str, Any]:
                            prefix="w", partitions=n)  # fmt: skip
             _warm(clean, [down_p, dedup_p, up_p])
             up_p.stop()  # its consumer group resumes after the warm-up (some may come again)
+            # It leaves without a LeaveGroup: let the broker expire it first, so that the
+            # release does not wait out the old member's session timeout (~10 s). The group is
+            # groupID + "-" + the sending thread's name ("now" by default, README.md).
+            wait_until(lambda: group_empty(ctx.bootstraps[0], f"{up['groupID']}-now"),
+                       timeout=120, interval=0.5, what="the upstream's group to empty")  # fmt: skip
             raw.expect(end_offsets(ctx.bootstraps[0], topic, n), ctx.records)
             fill_s = produce_values(ctx.bootstraps[0], topic, count=ctx.records,
                                     size=ctx.value_bytes, prefix="b", partitions=n)  # fmt: skip
@@ -654,6 +700,13 @@ def run_peer(ctx: RunContext, index: int, build: PeerBuild) -> dict[str, Any]:
                 "settings": {"upstream": up, "downstream": down, "dedup": dedup_env,
                              "java": [*java[:-1], "<jar>"]}})  # fmt: skip
     return res
+
+
+def group_empty(bootstrap: str, group: str) -> bool:
+    """Whether consumer group ``group`` has no member left (EMPTY or DEAD)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    description = admin.describe_consumer_groups([group])[group].result(30)
+    return description.state in (ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD)
 
 
 def _create(bootstrap: str, topics: list[Any]) -> None:
@@ -693,7 +746,8 @@ def markdown(runs: list[dict[str, Any]]) -> str:
     ]  # fmt: skip
     for i, r in enumerate(runs, 1):
         if "error" in r:
-            rows.append(f"| {i} | {r['system']} | error: {r['error'][:120]} |" + " |" * 10)
+            error = " ".join(r["error"].split())[:160]
+            rows.append(f"| {i} | {r['system']} | error: {error} |" + " |" * 10)
             continue
         rows.append(
             f"| {i} | {r['system']} | {r['raw_records_per_s']:,.0f} | "
@@ -706,6 +760,10 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             f"{r['load_1m_before']:.1f} → {r['load_1m_after']:.1f} |"
         )
     return "\n".join(rows)
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -722,6 +780,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work-dir", type=Path, default=None)
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args(argv)
+    # SIGTERM unwinds like Ctrl+C, so every finally below stops what it started.
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     records = args.records or (30_000 if args.value_bytes >= 10_000 else 200_000)
     order = [s.strip() for s in args.order.split(",") if s.strip()] * args.rounds
     if not set(order) <= {"ours", "peer"}:

@@ -24,7 +24,8 @@ One run of one system:
    3 partitions, values ``b<seq> <log-like text>``, keys ``k<i mod 1000>``, no headers: the peer
    carries none), then **release** it: start the sender again;
 3. two consumers in this process count backlog records: in the raw topic by the source offsets
-   in its keys (ours ``t:p:o`` and ``t:p:first-last`` runs, the peer's ``t_p_o``) and in the clean
+   in its keys (ours ``t:p:o`` and ``t:p:first-last`` runs, our control records such as
+   heartbeats, keyed by the next offset, skipped; the peer's ``t_p_o``) and in the clean
    topic (``read_committed``) by the ``<seq>`` in the values, each noting when its count last
    grew. The run ends when every record is in the clean topic, or when the raw topic has not
    grown for 10 s and the clean topic holds everything it got, or after ``--stall`` s without
@@ -33,12 +34,13 @@ One run of one system:
 Figures per run: records/s to the raw and to the clean topic (N seen / time from release to the
 last new record seen); CPU seconds per million backlog records of the sender, the receiver and
 the dedup (utime+stime of each process group from ``/proc``, reaped children included, from
-release to the end; the restarted sender's whole life), of each broker JVM, and of the receiver
-and dedup over their whole life (start-up and warm-up included); the dedup's peak RSS; records
-lost (backlog records never seen in the clean topic); datagrams dropped at the receiving socket
-(``/proc/net/udp`` drops of the receiver's port, read before it stops) and, for the peer, the
-losses its own statistics report (``SO_RXQ_OVFL_TOTAL``, ``enableRxqOvfl=true``); the 1-minute
-load average before and after.
+release to the first 0.2 s sample after the last record seen in either topic: the quiet time that
+tells a loss from a lag is not counted; the restarted sender's whole life), of each broker JVM, and
+of the receiver and dedup over their whole life (start-up and warm-up included); the dedup's peak
+RSS; records lost (backlog records never seen in the clean topic); datagrams dropped at the
+receiving socket (``/proc/net/udp`` drops of the receiver's port, read before it stops) and, for
+the peer, the losses its own statistics report (``SO_RXQ_OVFL_TOTAL``, ``enableRxqOvfl=true``);
+the 1-minute load average before and after.
 
     .venv/bin/python bench/peer.py /tmp/air-gap                     # ours, peer, ours, peer
     .venv/bin/python bench/peer.py /tmp/air-gap --value-bytes 10000  # 10 KB records, MB/s
@@ -79,7 +81,7 @@ from cryptography.x509.oid import NameOID
 
 from bench.e2e import group_usage, machine, pid_usage, text_pool
 from common.raw_run import parse_run_key
-from common.raw_topic import parse_raw_key
+from common.raw_topic import CONTROL_HEADER, parse_raw_key
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from kafka_diode.pipeline import Pipeline, PipelineSpec
 from kafka_diode.processes import ManagedProcess, ProcessGroup, wait_until
@@ -142,6 +144,17 @@ def source_offsets(key: bytes | str | None, topic: str) -> tuple[int, range] | N
         offset = int(offset_text)
         return int(partition_text), range(offset, offset + 1)
     return None
+
+
+def is_control(headers: Iterable[tuple[str, object]] | Mapping[str, object] | None) -> bool:
+    """Whether a raw record is one of our control records (heartbeat, withheld, reset).
+
+    A heartbeat is keyed ``topic:partition:high_offset``, the next offset to come: counted as a
+    record it would mark an offset that is lost, or not yet written, as seen.
+    """
+    if isinstance(headers, Mapping):
+        return CONTROL_HEADER in headers
+    return any(name == CONTROL_HEADER for name, _ in headers or ())
 
 
 def value_seq(value: bytes | None) -> tuple[str, int] | None:
@@ -342,7 +355,7 @@ class Counter(threading.Thread):
             while not self.stop_event.is_set():
                 new = 0
                 for msg in self.consumer.consume(5000, 0.1):
-                    if msg.error() is None:
+                    if msg.error() is None and not is_control(msg.headers()):
                         new += self.handle(msg.key(), msg.value())
                 if new:
                     self.count += new
@@ -468,6 +481,12 @@ def _cpu(proc: ManagedProcess) -> tuple[float, int]:
     return cpu, hwm
 
 
+def _cpu_all(procs: Mapping[str, ManagedProcess], brokers: Mapping[str, int]) -> dict[str, float]:
+    out = {name: _cpu(proc)[0] for name, proc in procs.items()}
+    out.update({b: pid_usage(pid)[0] for b, pid in brokers.items()})
+    return out
+
+
 def _check(procs: Iterable[ManagedProcess], counters: Iterable[Counter]) -> None:
     for proc in procs:
         if proc.proc is not None and not proc.running:
@@ -496,8 +515,12 @@ def measure(
     start_sender()
     last_progress, last_seen = time.monotonic(), (-1, -1)
     stalled = False
+    # CPU sampled as the run goes: the figures are taken at the first sample after the last
+    # record seen (raw or clean), not after the quiet time that tells a loss from a lag.
+    samples: list[tuple[float, dict[str, float]]] = []
     while clean.count < ctx.records:
         time.sleep(0.2)  # polling the counters' progress, not synchronisation
+        samples.append((time.time(), _cpu_all(procs, ctx.broker_pids)))
         _check(procs.values(), (raw, clean))
         now = time.monotonic()
         if (raw.count, clean.count) != last_seen:
@@ -511,8 +534,9 @@ def measure(
     end = time.time()
     n = ctx.records
     usage = {name: _cpu(proc) for name, proc in procs.items()}
-    cpu1 = {name: cpu for name, (cpu, _) in usage.items()}
-    cpu1.update({b: pid_usage(pid)[0] for b, pid in ctx.broker_pids.items()})
+    samples.append((time.time(), _cpu_all(procs, ctx.broker_pids)))
+    done = max(clean.last_new, raw.last_new)
+    cpu1 = next(cpu for t, cpu in samples if t >= done)
     drops = udp_drops(receiver_port) - drops0
     per_m = {name: (cpu1[name] - cpu0.get(name, 0.0)) / n * 1e6 for name in cpu1}
     clean_s = clean.last_new - release if clean.count else 0.0
@@ -544,6 +568,7 @@ def measure(
         "dedup_peak_rss_mb": usage["dedup"][1] / 1e6,
         "socket_drops": drops,
         "measured_s": end - release,
+        "cpu_taken_at_s": next(t for t, _ in samples if t >= done) - release,
         "load_1m_before": load0,
         "load_1m_after": os.getloadavg()[0],
     }

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.peer import ratios, render_properties, source_offsets, value_seq
+from bench.peer import is_control, ratios, render_properties, source_offsets, value_seq
 
 
 def test_properties_render_one_line_each_with_lowercase_booleans() -> None:
@@ -47,6 +47,12 @@ def test_source_offsets_of_every_key_form(
 
 def test_source_offsets_peer_topic_with_underscores() -> None:
     assert source_offsets("my_topic_0_5", "my_topic") == (0, range(5, 6))
+
+
+def test_control_records_are_told_by_their_header() -> None:
+    assert is_control([("diode.control", b"heartbeat")])
+    assert not is_control([("diode.key", b"k1"), ("diode.timestamp", b"1")])
+    assert not is_control(None)
 
 
 def test_value_seq() -> None:

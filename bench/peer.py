@@ -181,6 +181,7 @@ RATIOS = {
     "clean_rate": "clean_records_per_s",
     "raw_rate": "raw_records_per_s",
     "low_side_cpu_per_record": "low_side_cpu_s_per_m",
+    "low_side_cpu_per_delivered_record": "low_side_cpu_s_per_m_delivered",
     "dedup_cpu_per_record": "dedup_cpu_s_per_m",
     "receiver_cpu_per_record": "receiver_cpu_s_per_m",
     "sender_cpu_per_record": "sender_cpu_s_per_m",
@@ -561,6 +562,10 @@ def measure(
         "receiver_cpu_s_per_m": per_m["receiver"],
         "dedup_cpu_s_per_m": per_m["dedup"],
         "low_side_cpu_s_per_m": per_m["receiver"] + per_m["dedup"],
+        # per record that reached the clean topic: a system that loses records does less work
+        "low_side_cpu_s_per_m_delivered": (per_m["receiver"] + per_m["dedup"])
+        * n
+        / max(clean.count, 1),
         "upstream_broker_cpu_s_per_m": per_m.get("upstream"),
         "downstream_broker_cpu_s_per_m": per_m.get("downstream"),
         "receiver_cpu_s_per_m_whole_life": cpu1["receiver"] / n * 1e6,
@@ -745,6 +750,7 @@ def _create(bootstrap: str, topics: list[Any]) -> None:
 SUMMARY_KEYS = (
     "raw_records_per_s", "clean_records_per_s", "clean_mb_per_s", "sender_cpu_s_per_m",
     "receiver_cpu_s_per_m", "dedup_cpu_s_per_m", "low_side_cpu_s_per_m",
+    "low_side_cpu_s_per_m_delivered",
     "upstream_broker_cpu_s_per_m", "downstream_broker_cpu_s_per_m",
     "receiver_cpu_s_per_m_whole_life", "dedup_cpu_s_per_m_whole_life", "dedup_peak_rss_mb",
     "lost", "socket_drops",

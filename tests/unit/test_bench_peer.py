@@ -1,0 +1,73 @@
+"""The pure helpers of bench/peer.py (the benchmark itself is not part of CI)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.peer import is_control, ratios, render_properties, source_offsets, value_seq
+
+
+def test_properties_render_one_line_each_with_lowercase_booleans() -> None:
+    text = render_properties(
+        {"encryption": True, "enableRxqOvfl": False, "batchSize": 512, "topic": "a.b"},
+        comment="made by\nthe bench",
+    )
+    assert text == (
+        "# made by\n# the bench\nencryption=true\nenableRxqOvfl=false\nbatchSize=512\ntopic=a.b\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("a=b", "x"), ("a b", "x"), ("#a", "x"), ("", "x"), ("a", "x\ny")]
+)
+def test_properties_refuse_what_cannot_be_written(key: str, value: str) -> None:
+    with pytest.raises(ValueError, match=r"cannot be written|line break"):
+        render_properties({key: value})
+
+
+@pytest.mark.parametrize(
+    ("key", "expected"),
+    [
+        (b"t.x:2:17", (2, range(17, 18))),  # ours, raw layout v1
+        (b"t.x:1:10-14", (1, range(10, 15))),  # ours, a v2 run
+        (b"t.x:0:10-14/2", (0, range(10, 15, 2))),  # ours, a run with a stride
+        (b"t.x_2_17", (2, range(17, 18))),  # the peer's topic_partition_offset
+        ("my_topic_0_5", None),  # another topic (the peer's key splits on the last two "_")
+        (b"t.x:0:-1", None),  # a control record
+        (b"other:0:1-2", None),
+        (b"t.x_a_1", None),
+        (None, None),
+    ],
+)
+def test_source_offsets_of_every_key_form(
+    key: bytes | str | None, expected: tuple[int, range] | None
+) -> None:
+    assert source_offsets(key, "t.x") == expected
+
+
+def test_source_offsets_peer_topic_with_underscores() -> None:
+    assert source_offsets("my_topic_0_5", "my_topic") == (0, range(5, 6))
+
+
+def test_control_records_are_told_by_their_header() -> None:
+    assert is_control([("diode.control", b"heartbeat")])
+    assert not is_control([("diode.key", b"k1"), ("diode.timestamp", b"1")])
+    assert not is_control(None)
+
+
+def test_value_seq() -> None:
+    assert value_seq(b"b000000042 GET /x") == ("b", 42)
+    assert value_seq(b"w000000001 ") == ("w", 1)
+    assert value_seq(b"x000000001 ") is None
+    assert value_seq(b"b00000004") is None
+    assert value_seq(None) is None
+
+
+def test_ratios_are_ours_over_peer_and_none_without_a_figure() -> None:
+    got = ratios(
+        {"clean_records_per_s": 30.0, "low_side_cpu_s_per_m": 10.0},
+        {"clean_records_per_s": 20.0, "low_side_cpu_s_per_m": 0.0},
+    )
+    assert got["clean_rate"] == 1.5
+    assert got["low_side_cpu_per_record"] is None
+    assert got["raw_rate"] is None

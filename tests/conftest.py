@@ -14,9 +14,18 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 if TYPE_CHECKING:
     from kafka_diode.local_kafka.broker import LocalBroker
+
+
+# Property tests check outcomes, never speed (that is bench/'s job): a per-example deadline only
+# measures how busy the machine is (a 2-core CI host running brokers beside them), so none.
+settings.register_profile(
+    "kafka-diode", deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("kafka-diode")
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,8 @@ Dictionary-typed fields (librdkafka or Spark pass-through properties) take envir
 of the form ``<PREFIX><FIELD>__<PROPERTY>``, with ``_`` in the property read as ``.``:
 ``DIODE_SENDER_KAFKA__SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka["security.protocol"]``.
 
-Pure but for ``read_toml_section``, which reads the one configuration file a command names; the
-caller passes ``os.environ``.
+Pure: ``runtime.config_file`` reads the configuration file a command names, and the caller
+passes ``os.environ``.
 """
 
 from __future__ import annotations
@@ -170,21 +170,15 @@ def _type_name(tp: Any) -> str:
     return f"{name} (optional)" if optional else name
 
 
-def read_toml_section(path: Path | str | None, section: str) -> dict[str, Any]:
-    """The ``[section]`` table of a TOML file, or its top level when there is no such table.
+def toml_section(text: str, path: Path | str, section: str) -> dict[str, Any]:
+    """The ``[section]`` table of TOML ``text`` (read from ``path``), or its top level when there
+    is no such table (``runtime.config_file.read_toml_section`` reads the file).
 
     Raises:
-        ConfigError: naming ``--config`` when the file cannot be read or parsed, or the section is
-            not a table.
+        ConfigError: naming ``--config`` when the text is not TOML or the section is not a table.
     """
-    if path is None:
-        return {}
     try:
-        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError("--config", f"cannot read {path}: {exc.strerror}") from exc
-    except UnicodeDecodeError as exc:
-        raise ConfigError("--config", f"{path} is not UTF-8 text: {exc}") from exc
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("--config", f"{path} is not valid TOML: {exc}") from exc
     table = doc.get(section, doc)

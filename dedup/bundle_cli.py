@@ -27,6 +27,7 @@ from common import logging as diode_logging
 from common import settings
 from common.errors import BundleError, ConfigError, DiodeError
 from dedup.bundle_create import BundleConfig, create, write_qr
+from runtime import config_file
 from runtime.bundle_files import ENV_PREFIX, BundleKeyConfig, load_key_config, show
 
 EXIT_OK = 0
@@ -61,7 +62,7 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> BundleConfi
     flags = {k: v for k, v in vars(args).items() if k not in ("config", "command")}
     return settings.build(
         BundleConfig,
-        file_values=settings.read_toml_section(args.config, "bundle"),
+        file_values=config_file.read_toml_section(args.config, "bundle"),
         env=bundle_env(env),
         env_prefix=ENV_PREFIX,
         flags=flags,

@@ -22,6 +22,7 @@ from common import raw_topic, settings
 from common.errors import ConfigError, DiodeError
 from dedup.config import LOG_LEVELS, DedupConfig, environment_help, from_sources, tool_config
 from dedup.runner import run
+from runtime import config_file
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode dedup") -> int:
     args = _parser(prog).parse_args(args_list)
     try:
         config = from_sources(
-            os.environ, args, file_values=settings.read_toml_section(args.config, "dedup")
+            os.environ, args, file_values=config_file.read_toml_section(args.config, "dedup")
         )
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)

@@ -32,12 +32,12 @@ def run(
     config: DedupConfig, *, until_idle: float | None = None, max_batches: int | None = None
 ) -> int:
     """Start Spark and the query, and block until it stops; returns the exit code."""
-    from common.metrics import serve  # noqa: PLC0415  keep --help free of heavy imports
     from dedup import job  # noqa: PLC0415  imports pyspark
     from dedup.metrics import DedupMetrics  # noqa: PLC0415
     from dedup.writer import TransactionalBatchWriter  # noqa: PLC0415
     from dedup.writer_settings import WriterSettings  # noqa: PLC0415
     from runtime.maven import spark_connector_jars  # noqa: PLC0415
+    from runtime.metrics_http import serve  # noqa: PLC0415
 
     log.info("dedup settings: %s", json.dumps(settings.describe(config)))
     metrics = DedupMetrics()

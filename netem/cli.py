@@ -26,7 +26,7 @@ from netem.kind_loss import KindLoss
 from netem.profile import NAMED_PROFILES, Profile, resolve
 from netem.relay import Relay, parse_address
 from netem.tc import NetemUnavailableError, TcNetem
-from runtime import service
+from runtime import config_file, service
 from runtime.metrics_http import serve
 
 ENV_PREFIX = "DIODE_NETEM_"
@@ -176,7 +176,7 @@ def _words(profile: Profile) -> str:
 
 
 def _load_config(path: Path | None) -> dict[str, Any]:
-    return settings.read_toml_section(path, "relay")
+    return config_file.read_toml_section(path, "relay")
 
 
 def _relay(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from common import logging as common_logging
 from common import settings
 from common.errors import ConfigError, KeyRingError
 from receiver.config import ENV_PREFIX, ReceiverConfig
+from runtime import config_file
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
         ConfigError: unreadable file or any invalid key.
     """
     # a receiver file has no [receiver] table of its own: the whole file is the receiver's
-    file_values = settings.read_toml_section(args.config, "receiver")
+    file_values = config_file.read_toml_section(args.config, "receiver")
     return settings.build(
         ReceiverConfig,
         file_values=file_values,

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from common import bundle as bundle_format
 from common import settings
 from common.errors import BundleError, ConfigError, KeyRingError
+from runtime.config_file import read_toml_section
 
 #: ``DIODE_BUNDLE_<KEY>`` sets a bundle setting from the environment.
 ENV_PREFIX = "DIODE_BUNDLE_"
@@ -191,9 +192,7 @@ def load_key_config(
         ConfigError: naming the key.
     """
     names = {f.name for f in dataclasses.fields(BundleKeyConfig)}
-    file_values = {
-        k: v for k, v in settings.read_toml_section(config_file, "bundle").items() if k in names
-    }
+    file_values = {k: v for k, v in read_toml_section(config_file, "bundle").items() if k in names}
     key_env = {
         k: v
         for k, v in env.items()

@@ -20,7 +20,7 @@ from pathlib import Path
 from common import logging as diode_logging
 from common import settings
 from common.errors import ConfigError, DiodeError
-from runtime import service
+from runtime import config_file, service
 from runtime.metrics_http import serve
 from sender.chain_plan import plan_problems, summary
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
@@ -71,7 +71,7 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> SenderConfi
     Raises:
         ConfigError: naming the offending key (``--config`` for an unreadable file).
     """
-    file_values = settings.read_toml_section(args.config, "sender")
+    file_values = config_file.read_toml_section(args.config, "sender")
     flags = {
         k: v for k, v in vars(args).items() if k not in ("config", "check_config", "check_chains")
     }
@@ -111,7 +111,7 @@ def check_chains(config: SenderConfig, others: Sequence[Path], prog: str) -> int
     members = [("this configuration", config)]
     for path in others:
         try:
-            values = settings.read_toml_section(path, "sender")
+            values = config_file.read_toml_section(path, "sender")
             members.append((str(path), settings.build(SenderConfig, file_values=values)))
         except ConfigError as exc:
             print(f"{prog}: {path}: configuration error: {exc}", file=sys.stderr)

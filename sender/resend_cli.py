@@ -46,6 +46,7 @@ from sender.transport import resolve
 if TYPE_CHECKING:
     pass
 
+from runtime import config_file
 from runtime.bundle_files import read_bundle
 from sender.resend_job import (
     EXIT_BAD_BUNDLE,
@@ -224,7 +225,7 @@ def load_config(args: argparse.Namespace, env: Mapping[str, str]) -> SenderConfi
     Raises:
         ConfigError: naming the offending key.
     """
-    file_values = settings.read_toml_section(args.config, "sender")
+    file_values = config_file.read_toml_section(args.config, "sender")
     names = {k for k in vars(args) if k not in _LIVE_ONLY}
     flags = {k: v for k, v in vars(args).items() if k in names}
     flags["topics"] = _PLACEHOLDER_TOPIC

@@ -124,15 +124,6 @@ KNOWN: dict[tuple[str, str], str] = {
     ("wire/envelope.py", "file .open()"): (
         "reads its own Avro schemas (package data in common/schema/) once, at import"
     ),
-    ("settings.py", "Path.read_text()"): (
-        "read_toml_section reads --config; dedup/cli.py and dedup/bundle_cli.py call it, and the "
-        "dedup is rewritten by the low-side issue: move it to runtime with them"
-    ),
-    ("metrics.py", "import start_http_server"): (
-        "serve() is runtime.metrics_http.serve; this copy stays only for dedup/runner.py (owned by "
-        "the low-side issue) until it imports runtime.metrics_http"
-    ),
-    ("metrics.py", "start_http_server()"): ("as above"),
 }
 
 

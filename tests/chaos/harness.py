@@ -352,7 +352,13 @@ class Run:
                 return verdict
             # A broken promise that stays put for longer than a Spark restart will not heal: stop
             # waiting (the test fails with the details) instead of running into the deadline.
-            if now - last_change >= max(self.quiet_broken, quiet) and verdict.exactly_once > 0:
+            # A dedup process that has not finished a batch yet (Spark starting after a kill, on
+            # a loaded host ~90 s) can still heal it: wait for its first batch, then judge.
+            if (
+                now - last_change >= max(self.quiet_broken, quiet)
+                and verdict.exactly_once > 0
+                and self._dedup_has_run()
+            ):
                 return verdict
             if now > deadline:
                 return verdict
@@ -365,6 +371,18 @@ class Run:
         metrics = scrape(self.pipeline.ep.metrics.get("dedup"))
         batch = metrics.get("kafka_diode_dedup_batch_duration_seconds", 0.0)
         return max(self.quiet, 4 * batch)
+
+    def _dedup_has_run(self) -> bool:
+        """The running dedup process committed or skipped a micro-batch (its counters start at
+        0 with each process); True without a dedup (nothing to wait for)."""
+        endpoint = self.pipeline.ep.metrics.get("dedup")
+        if endpoint is None:
+            return True
+        metrics = scrape(endpoint)
+        return (
+            metrics.get("kafka_diode_dedup_batches_total", 0.0)
+            + metrics.get("kafka_diode_dedup_batches_skipped_total", 0.0)
+        ) > 0
 
     def _check_alive(self) -> None:
         for proc in self.pipeline.group.processes.values():

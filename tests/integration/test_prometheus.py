@@ -166,7 +166,9 @@ def test_dashboard_queries_have_data_and_link_silent_fires_when_the_sender_stops
                     prom.query(f"kafka_diode_dedup_raw_{name}{raw}")
                     for name in ("next_offset", "latest_offset", "log_start_offset")
                 ),
-                timeout=60,
+                # the first progress comes with the dedup's first batch: Spark's start-up on a
+                # loaded 2-core host takes longer than the other components' first scrape
+                timeout=240,
                 what="raw position series",
                 alive=alive,
             )

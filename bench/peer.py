@@ -74,7 +74,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -858,8 +864,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, system in enumerate(order, 1):
             log(f"run {i}/{len(order)}: {system} (load {os.getloadavg()[0]:.1f})")
             try:
-                res = run_ours(ctx, i) if system == "ours" else run_peer(ctx, i, build)  # type: ignore[arg-type]
-            except (RuntimeError, TimeoutError, OSError) as exc:
+                res = run_peer(ctx, i, build) if system == "peer" and build else run_ours(ctx, i)
+            except (RuntimeError, TimeoutError, OSError, KafkaException) as exc:
                 res = {"system": system, "error": f"{type(exc).__name__}: {exc}"[-4000:]}
             runs.append(res)
             if "error" in res:

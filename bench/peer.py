@@ -45,6 +45,7 @@ the 1-minute load average before and after.
     .venv/bin/python bench/peer.py /tmp/air-gap                     # ours, peer, ours, peer
     .venv/bin/python bench/peer.py /tmp/air-gap --value-bytes 10000  # 10 KB records, MB/s
     .venv/bin/python bench/peer.py /tmp/air-gap --order ours --rounds 1 --records 20000
+    kafka-diode bench peer /tmp/air-gap --skip-build --work-dir /tmp/peer-run   # keeps logs, data
 
 Get the peer's source with ``git clone https://github.com/anders-wartoft/air-gap`` (or from a
 mirror: ``git -C MIRROR archive HEAD | tar -x -C DIR``). Not part of CI. Prints a Markdown table,
@@ -62,6 +63,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
@@ -72,7 +74,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from confluent_kafka import Consumer, ConsumerGroupState, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    ConsumerGroupState,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -808,7 +816,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--stall", type=float, default=60.0, help="give up after S s without progress")
     ap.add_argument("--skip-build", action="store_true", help="reuse binaries already built")
-    ap.add_argument("--work-dir", type=Path, default=None)
+    ap.add_argument("--work-dir", type=Path, default=None,
+                    help="keep brokers' data, logs and configs here (default: a temporary "
+                    "directory, removed at the end)")  # fmt: skip
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args(argv)
     # SIGTERM unwinds like Ctrl+C, so every finally below stops what it started.
@@ -817,7 +827,7 @@ def main(argv: list[str] | None = None) -> int:
     order = [s.strip() for s in args.order.split(",") if s.strip()] * args.rounds
     if not set(order) <= {"ours", "peer"}:
         ap.error("--order takes ours and peer")
-    work = args.work_dir or Path(f"/tmp/kafka-diode-peer-{os.getpid()}")
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="kafka-diode-peer-"))
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "bench": "peer", "argv": sys.argv[1:], "machine": machine(), "order": order,
@@ -854,8 +864,8 @@ def main(argv: list[str] | None = None) -> int:
         for i, system in enumerate(order, 1):
             log(f"run {i}/{len(order)}: {system} (load {os.getloadavg()[0]:.1f})")
             try:
-                res = run_ours(ctx, i) if system == "ours" else run_peer(ctx, i, build)  # type: ignore[arg-type]
-            except (RuntimeError, TimeoutError, OSError) as exc:
+                res = run_peer(ctx, i, build) if system == "peer" and build else run_ours(ctx, i)
+            except (RuntimeError, TimeoutError, OSError, KafkaException) as exc:
                 res = {"system": system, "error": f"{type(exc).__name__}: {exc}"[-4000:]}
             runs.append(res)
             if "error" in res:
@@ -867,6 +877,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for broker in reversed(brokers):
             broker.stop()
+        if args.work_dir is None:  # gigabytes of broker data with 10 KB records
+            shutil.rmtree(work, ignore_errors=True)
     result["runs"] = runs
     result["uptime_end"] = subprocess.run(["uptime"], capture_output=True, text=True,
                                           check=False).stdout.strip()  # fmt: skip

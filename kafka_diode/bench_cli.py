@@ -26,6 +26,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "dedup": ("dedup.py", "the Spark dedup job: raw -> clean + gaps"),
     "gaps": ("gaps_memory.py", "gap detector state size and throughput"),
     "relay": ("netem_relay.py", "the netem userspace relay"),
+    "peer": ("peer.py", "side by side with air-gap built from its source (its directory first)"),
 }
 
 NOT_AVAILABLE = 2

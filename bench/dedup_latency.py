@@ -2,8 +2,10 @@
 
 Starts ``kafka-diode dedup`` (a subprocess, ``local[2]``, 1 s trigger, WINDOW_SIZE 1000,
 MAX_WINDOWS 1000) on a 3-partition raw topic, waits until it delivers a first record, then
-offers raw records (200 B values, as the receiver writes them, ``diode.timestamp`` = the moment
-of the produce call) at each rate of ``--rates`` for ``--seconds`` each, back to back. A
+offers raw records (200 B values, as the receiver writes them: ``--layout runs``, the default, one
+run per partition every 20 ms, the receiver's ``run_linger``; ``--layout records``, v1; source
+timestamp = the moment the record is offered, so a run's linger counts) at each rate of
+``--rates`` for ``--seconds`` each, back to back. A
 ``read_committed`` consumer of the clean topic takes, per record, ``now - source timestamp``:
 the time the dedup adds between a record's arrival in the raw topic and its visibility to a
 reader of the clean topic (the sender/receiver add their own, see bench/e2e.py). Per rate:
@@ -35,6 +37,7 @@ import time  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from common.raw_run import RunBuilder  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 
 PARTITIONS = 3
@@ -71,10 +74,52 @@ class CleanWatcher(threading.Thread):
         self.consumer.close()
 
 
-def produce_at(producer: Producer, topic: str, rate: int, seconds: float, next_offset: list[int]):
-    """Offer ``rate`` records/s for ``seconds`` (10 ms ticks); returns (records, seconds)."""
+class Runs:
+    """Raw layout v2 as the receiver writes it: one run per partition, produced when it is
+    ``linger`` seconds old (the receiver's ``run_linger``, 20 ms) or at the end."""
+
+    def __init__(self, producer: Producer, topic: str, linger: float = 0.02) -> None:
+        self.producer, self.topic, self.linger = producer, topic, linger
+        self.open: dict[int, tuple[RunBuilder, float]] = {}
+
+    def add(self, partition: int, offset: int, now_ms: int) -> None:
+        if partition not in self.open:
+            builder = RunBuilder("src", partition, 1, offset, now_ms)
+            self.open[partition] = (builder, time.monotonic())
+        self.open[partition][0].append(offset, now_ms, b"key-%d" % offset, VALUE, ())
+
+    def flush(self, *, all_runs: bool = False) -> None:
+        now = time.monotonic()
+        for partition, (run, opened) in list(self.open.items()):
+            if all_runs or now - opened >= self.linger:
+                del self.open[partition]
+                while True:
+                    try:
+                        self.producer.produce(
+                            self.topic,
+                            run.encode(),
+                            run.key().encode(),
+                            partition,
+                            headers=[("diode.session", SESSION)],
+                        )
+                        break
+                    except BufferError:
+                        self.producer.poll(0.01)
+
+
+def produce_at(
+    producer: Producer,
+    topic: str,
+    rate: int,
+    seconds: float,
+    next_offset: list[int],
+    layout: str = "runs",
+):
+    """Offer ``rate`` records/s for ``seconds`` (10 ms ticks) in ``layout`` (``runs``: v2, as
+    the receiver writes; ``records``: v1); returns (records, seconds)."""
     tick = 0.01
     sent = 0
+    runs = Runs(producer, topic) if layout == "runs" else None
     start = time.monotonic()
     while (elapsed := time.monotonic() - start) < seconds:
         # what is owed by now (not per tick: a late wake-up must not lower the rate)
@@ -84,6 +129,11 @@ def produce_at(producer: Producer, topic: str, rate: int, seconds: float, next_o
             offset = next_offset[partition]
             next_offset[partition] += 1
             now = time.time_ns() // 1_000_000
+            if runs is not None:
+                runs.add(partition, offset, now)
+                owed -= 1
+                sent += 1
+                continue
             headers = [
                 ("diode.key", b"key-%d" % offset),
                 ("diode.timestamp", b"%d" % now),
@@ -99,10 +149,14 @@ def produce_at(producer: Producer, topic: str, rate: int, seconds: float, next_o
                     producer.poll(0.01)
             owed -= 1
             sent += 1
+        if runs is not None:
+            runs.flush()
         producer.poll(0)
         sleep = start + (int(elapsed / tick) + 1) * tick - time.monotonic()
         if sleep > 0:
             time.sleep(sleep)
+    if runs is not None:
+        runs.flush(all_runs=True)
     producer.flush(30)
     return sent, time.monotonic() - start
 
@@ -144,6 +198,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--trigger-ms", type=int, default=1000)
     parser.add_argument("--spark-master", default="local[2]")
+    parser.add_argument(
+        "--layout",
+        choices=("runs", "records"),
+        default="runs",
+        help="raw layout offered: v2 runs (the receiver's, 20 ms linger) or v1",
+    )
     args = parser.parse_args()
     rates = [int(r) for r in args.rates.split(",")]
     broker = None
@@ -188,17 +248,17 @@ def main() -> int:
     result: dict[str, object] = {"bench": "dedup_latency", "trigger_ms": args.trigger_ms}
     try:
         # warm-up: the query is up and has delivered (Spark start, first batches)
-        first, _ = produce_at(producer, raw, 100, 1.0, next_offset)
+        first, _ = produce_at(producer, raw, 100, 1.0, next_offset, args.layout)
         deadline = time.monotonic() + 600  # a loaded 2-core machine: Spark starts slowly
         while len(watcher.samples) < first:
             if dedup.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"dedup did not start; see {tmp / 'dedup.log'}")
             time.sleep(0.2)
-        produce_at(producer, raw, rates[0], 10.0, next_offset)  # JIT, workers warm
+        produce_at(producer, raw, rates[0], 10.0, next_offset, args.layout)  # JIT, workers warm
         phases = []
         for rate in rates:
             begin = time.time_ns() // 1_000_000
-            sent, took = produce_at(producer, raw, rate, args.seconds, next_offset)
+            sent, took = produce_at(producer, raw, rate, args.seconds, next_offset, args.layout)
             phases.append((rate, begin, time.time_ns() // 1_000_000, sent, took))
         total = sum(next_offset)
         deadline = time.monotonic() + 180
@@ -221,6 +281,7 @@ def main() -> int:
         result |= {
             "per_rate": per_rate,
             "batches": batch_profile(tmp / "dedup.log"),
+            "layout": args.layout,
             "records_total": total,
             "seen_total": len(samples),
             "load_average_1m_start": round(load_start, 2),

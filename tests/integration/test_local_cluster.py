@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from kafka_diode.local_kafka.broker import CMDLINE_NAME_PROP, free_port, pid_cmdline, port_in_use
 from runtime import kafka
+from tests.chaos.failover import coordinator_partition, group_coordinator
 from tests.kafka_helpers import Record, consume_all, produce_records, random_name, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -96,6 +97,22 @@ def test_a_three_node_cluster_replicates_and_survives_one_node_down(
     producer.produce(topic, b"in a transaction", partition=0)
     producer.commit_transaction(60)
     assert all(len(r) == 3 for _, r, _ in _replicas(bootstrap, "__transaction_state"))
+    # a consumer group's coordinator is where Kafka's hashing rule says (the failover chaos
+    # finds the dedup's transaction coordinator by the same rule)
+    group = random_name("g")
+    consumer = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    wait_until(lambda: consumer.poll(0.5) is not None, 60, message="a record")
+    consumer.commit(asynchronous=False)
+    predicted = _replicas(bootstrap, "__consumer_offsets")
+    leader = sorted(
+        AdminClient(conf)
+        .list_topics("__consumer_offsets", timeout=10)
+        .topics["__consumer_offsets"]
+        .partitions.items()
+    )[coordinator_partition(group)][1].leader
+    assert group_coordinator(bootstrap, group) == leader, predicted
+    consumer.close()
 
     produce_records(
         bootstrap, topic, [Record(b"k", b"before", partition=i % 3) for i in range(300)]

@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from kafka_diode.local_kafka.broker import CMDLINE_NAME_PROP, free_port, pid_cmdline, port_in_use
+from kafka_diode.local_kafka.cluster import LocalCluster
 from runtime import kafka
 from tests.chaos.failover import coordinator_partition, group_coordinator
 from tests.kafka_helpers import Record, consume_all, produce_records, random_name, wait_until
@@ -155,3 +156,42 @@ def test_a_three_node_cluster_replicates_and_survives_one_node_down(
     assert _run(cluster_env, "stop", "--name", "c").returncode == 0
     assert _live(f"{CMDLINE_NAME_PROP}c-") == []
     assert "no local Kafka brokers known" in _run(cluster_env, "status").stdout
+
+
+def test_a_secured_cluster_talks_sasl_ssl_between_its_nodes_and_to_clients(
+    tmp_path: Path,
+) -> None:
+    env = dict(os.environ, KAFKA_DIODE_RUN_DIR=str(tmp_path / "run"))
+    cluster = LocalCluster(
+        "sc",
+        ports=tuple(free_port() for _ in range(3)),
+        data_dir=tmp_path / "sc",
+        env=env,
+        security="sasl_ssl",
+    )
+    try:
+        cluster.start()
+        conf: dict[str, Any] = {"bootstrap.servers": cluster.bootstrap, **cluster.client_conf()}
+        assert conf["security.protocol"] == "SASL_SSL"
+        topic = random_name("sec")
+        kafka.ensure_topics(conf, [kafka.TopicSpec(name=topic, partitions=3)], timeout=60)
+        assert all(len(r) == 3 for _, r, _ in _replicas_with(conf, topic))  # replicated over TLS
+        producer = Producer({**conf, "acks": "all"})
+        for i in range(30):
+            producer.produce(topic, str(i).encode(), partition=i % 3)
+        assert producer.flush(60) == 0
+        got = consume_all(cluster.bootstrap, topic, expected_count=30, timeout=60, config=conf)
+        assert sorted(int(r.value or b"") for r in got) == list(range(30))
+        with pytest.raises(KafkaException):  # no PLAINTEXT client gets in
+            AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0}).list_topics(
+                timeout=5
+            )
+    finally:
+        cluster.stop()
+
+
+def _replicas_with(conf: dict[str, Any], topic: str) -> list[tuple[int, list[int], list[int]]]:
+    meta = AdminClient(conf).list_topics(topic, timeout=10)
+    return [
+        (p.leader, list(p.replicas), list(p.isrs)) for p in meta.topics[topic].partitions.values()
+    ]

@@ -24,8 +24,9 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 
 from runtime import kafka
 
@@ -136,7 +137,7 @@ def read_topic(
         parts = [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
         pending = set()
         for tp in parts:
-            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            low, high = _watermarks(consumer, tp, time.monotonic() + timeout)
             if high > low:
                 pending.add(tp.partition)
         consumer.assign(parts)
@@ -288,6 +289,34 @@ def _in_gaps(ranges: list[tuple[int, int]], offset: int) -> bool:
 def _example(verdict: Verdict, text: str) -> None:
     if len(verdict.examples) < 20:
         verdict.examples.append(text)
+
+
+#: Answers while a partition's leader changes: asked again.
+_LEADERSHIP_MOVING = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+    }
+)
+
+
+def _watermarks(consumer: Any, tp: TopicPartition, deadline: float) -> tuple[int, int]:
+    """``(low, high)`` of ``tp``, asked again while its leadership moves (a broker of a cluster
+    restarted a moment ago answers ``NOT_LEADER_FOR_PARTITION`` to stale metadata)."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(tp, timeout=10)
+            return int(low), int(high)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            moving = isinstance(err, KafkaError) and (
+                err.retriable() or err.code() in _LEADERSHIP_MOVING
+            )
+            if not moving or time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)  # poll interval of a retry under a deadline
 
 
 def _partition_count(

@@ -37,6 +37,7 @@ from confluent_kafka import Consumer, TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from kafka_diode.local_kafka.broker import LocalBroker
+from kafka_diode.local_kafka.cluster import LocalCluster
 from kafka_diode.pipeline import Pipeline, PipelineSpec
 from kafka_diode.processes import wait_until
 from kafka_diode.verify import Verdict, clean_topic_for, read_topic
@@ -61,6 +62,15 @@ INTEGRITY_DROPS = frozenset(
 )
 
 FAULTS = ("receiver-sigkill", "dedup-sigkill", "sender-sigkill", "downstream-broker-restart")
+#: Faults of one node of a cluster (tests/chaos/failover.py), on the side named in the scenario.
+CLUSTER_FAULTS = (
+    "raw-leader-sigkill",
+    "clean-leader-sigkill",
+    "txn-coordinator-sigkill",
+    "group-coordinator-sigkill",
+    "rolling-restart",
+    "node-down-60s",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +100,11 @@ class Scenario:
     receiver_first: bool = False
     """Start the sender only once receiver and relay listen (scenarios that promise zero gaps
     before any resend must not lose the first datagrams to a socket nobody has opened yet)."""
+    cluster_fault: str | None = None
+    """A fault of one node of the downstream or upstream cluster (CLUSTER_FAULTS; the run's
+    brokers must be LocalClusters); None: none."""
+    cluster_side: str = "downstream"
+    """The cluster ``rolling-restart`` and ``node-down-60s`` act on: downstream or upstream."""
 
     def spec(self) -> PipelineSpec:
         """The pipeline for this scenario."""
@@ -141,6 +156,8 @@ class Outcome:
     integrity_drops: dict[str, float] = field(default_factory=dict)
     fec: dict[str, float] = field(default_factory=dict)
     """Receiver FEC counters (blocks_complete, blocks_recovered, ...), at the end."""
+    events: list[str] = field(default_factory=list)
+    """What a cluster fault did, in order (which node, why it was chosen)."""
     error: str = ""
 
 
@@ -199,8 +216,8 @@ class Run:
         scenario: Scenario,
         work_dir: Path,
         *,
-        upstream: LocalBroker,
-        downstream: LocalBroker,
+        upstream: LocalBroker | LocalCluster,
+        downstream: LocalBroker | LocalCluster,
         quiet: float = 8.0,
         quiet_broken: float = 45.0,
         settle_timeout: float = 240.0,
@@ -220,7 +237,7 @@ class Run:
         self.outcome = Outcome(
             scenario=scenario.name,
             profile=scenario.profile,
-            fault=scenario.fault,
+            fault=scenario.fault or scenario.cluster_fault,
             seed=scenario.seed,
         )
         self.final: Verdict | None = None
@@ -259,7 +276,7 @@ class Run:
 
     def _produce_and_fault(self) -> None:
         p = self.pipeline
-        if self.sc.fault is None and not self.sc.produce_seconds:
+        if self.sc.fault is None and self.sc.cluster_fault is None and not self.sc.produce_seconds:
             p.produce()
             return
         failure: list[BaseException] = []
@@ -275,6 +292,10 @@ class Run:
         try:
             if self.sc.fault is not None:
                 self._inject(self.sc.fault)
+            if self.sc.cluster_fault is not None:
+                from tests.chaos.failover import inject  # noqa: PLC0415
+
+                inject(self, self.sc.cluster_fault)
         finally:
             producer.join(timeout=self.settle_timeout)
         if producer.is_alive():
@@ -312,6 +333,7 @@ class Run:
         elif fault == "sender-sigkill":
             p.restart("sender", crash=True)
         elif fault == "downstream-broker-restart":
+            assert isinstance(self.downstream, LocalBroker)
             self.downstream.stop()
             self.downstream.start()
         else:

@@ -12,11 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 
 from kafka_diode.local_kafka.broker import CMDLINE_NAME_PROP, free_port, pid_cmdline, port_in_use
+from kafka_diode.local_kafka.cluster import LocalCluster
 from runtime import kafka
+from tests.chaos.failover import coordinator_partition, group_coordinator
 from tests.kafka_helpers import Record, consume_all, produce_records, random_name, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
@@ -96,6 +98,22 @@ def test_a_three_node_cluster_replicates_and_survives_one_node_down(
     producer.produce(topic, b"in a transaction", partition=0)
     producer.commit_transaction(60)
     assert all(len(r) == 3 for _, r, _ in _replicas(bootstrap, "__transaction_state"))
+    # a consumer group's coordinator is where Kafka's hashing rule says (the failover chaos
+    # finds the dedup's transaction coordinator by the same rule)
+    group = random_name("g")
+    consumer = Consumer({**conf, "group.id": group, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    wait_until(lambda: consumer.poll(0.5) is not None, 60, message="a record")
+    consumer.commit(asynchronous=False)
+    predicted = _replicas(bootstrap, "__consumer_offsets")
+    leader = sorted(
+        AdminClient(conf)
+        .list_topics("__consumer_offsets", timeout=10)
+        .topics["__consumer_offsets"]
+        .partitions.items()
+    )[coordinator_partition(group)][1].leader
+    assert group_coordinator(bootstrap, group) == leader, predicted
+    consumer.close()
 
     produce_records(
         bootstrap, topic, [Record(b"k", b"before", partition=i % 3) for i in range(300)]
@@ -138,3 +156,42 @@ def test_a_three_node_cluster_replicates_and_survives_one_node_down(
     assert _run(cluster_env, "stop", "--name", "c").returncode == 0
     assert _live(f"{CMDLINE_NAME_PROP}c-") == []
     assert "no local Kafka brokers known" in _run(cluster_env, "status").stdout
+
+
+def test_a_secured_cluster_talks_sasl_ssl_between_its_nodes_and_to_clients(
+    tmp_path: Path,
+) -> None:
+    env = dict(os.environ, KAFKA_DIODE_RUN_DIR=str(tmp_path / "run"))
+    cluster = LocalCluster(
+        "sc",
+        ports=tuple(free_port() for _ in range(3)),
+        data_dir=tmp_path / "sc",
+        env=env,
+        security="sasl_ssl",
+    )
+    try:
+        cluster.start()
+        conf: dict[str, Any] = {"bootstrap.servers": cluster.bootstrap, **cluster.client_conf()}
+        assert conf["security.protocol"] == "SASL_SSL"
+        topic = random_name("sec")
+        kafka.ensure_topics(conf, [kafka.TopicSpec(name=topic, partitions=3)], timeout=60)
+        assert all(len(r) == 3 for _, r, _ in _replicas_with(conf, topic))  # replicated over TLS
+        producer = Producer({**conf, "acks": "all"})
+        for i in range(30):
+            producer.produce(topic, str(i).encode(), partition=i % 3)
+        assert producer.flush(60) == 0
+        got = consume_all(cluster.bootstrap, topic, expected_count=30, timeout=60, config=conf)
+        assert sorted(int(r.value or b"") for r in got) == list(range(30))
+        with pytest.raises(KafkaException):  # no PLAINTEXT client gets in
+            AdminClient({"bootstrap.servers": cluster.bootstrap, "log_level": 0}).list_topics(
+                timeout=5
+            )
+    finally:
+        cluster.stop()
+
+
+def _replicas_with(conf: dict[str, Any], topic: str) -> list[tuple[int, list[int], list[int]]]:
+    meta = AdminClient(conf).list_topics(topic, timeout=10)
+    return [
+        (p.leader, list(p.replicas), list(p.isrs)) for p in meta.topics[topic].partitions.values()
+    ]

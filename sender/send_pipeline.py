@@ -153,6 +153,16 @@ class SendPipeline:
         return self.scheduler.pending
 
     @property
+    def session_id(self) -> bytes:
+        """The sender session the encoder seals under."""
+        return self._encoder.session_id
+
+    @property
+    def next_sequence(self) -> int:
+        """The sequence number of the next datagram (they continue across key changes)."""
+        return self._encoder.next_sequence
+
+    @property
     def control_pending(self) -> int:
         """Control messages queued and not yet sent (the pacer holds them)."""
         return self.scheduler.control_pending

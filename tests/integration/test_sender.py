@@ -195,7 +195,7 @@ def test_pacing_holds_the_byte_rate_and_pauses_partitions(
         app = SenderApp(cfg)
 
         def enough() -> bool:
-            paused_seen.append(app._paused)
+            paused_seen.append(app.paused)
             backlog_max.append(app.pipeline.backlog_bytes)
             return bool(rx.arrivals) and rx.arrivals[-1][0] - rx.arrivals[0][0] >= 4.0
 
@@ -378,7 +378,7 @@ def test_key_file_change_is_picked_up_while_sending(
         try:
             await app.start()
             await _until(app, lambda: len(rx.records) >= 200)
-            sequence_at_rotation = app.pipeline.encoder.next_sequence
+            sequence_at_rotation = app.pipeline.next_sequence
             new_id.append(await asyncio.to_thread(_keygen_add, key_file))
             rx_ring.replace(key_files.read_keyring(key_file))  # the receiver holds both keys
             await _until(app, lambda: app.keyring_reloads >= 1)
@@ -387,8 +387,8 @@ def test_key_file_change_is_picked_up_while_sending(
             )
             after_holder.append(after)
             await _until(app, lambda: all((topic, p, o) in rx.records for p, o in after))
-            assert app.pipeline.encoder.session_id == app.session_id  # same session
-            assert app.pipeline.encoder.next_sequence > sequence_at_rotation
+            assert app.pipeline.session_id == app.session_id  # same session
+            assert app.pipeline.next_sequence > sequence_at_rotation
             assert await app.stop()
             return app
         finally:

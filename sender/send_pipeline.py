@@ -72,6 +72,7 @@ class SendPipeline:
         fec: FecEncoder | None = None,
     ) -> None:
         self._encoder = encoder
+        self._add = encoder.add  # bound once: ``record`` is the per-record hot path
         self._now = clock()  # the current burst's time (``begin``)
         #: Repair datagrams over the finished datagrams (docs/sender.md, "Forward error
         #: correction"); the scheduler queues a closed block's repairs after its last source.
@@ -187,7 +188,7 @@ class SendPipeline:
     ) -> None:
         """Encode one record; raises the encoder's ``RecordTooLarge`` or ``LocalProtocolError``
         (nothing is queued then)."""
-        out = self._encoder.add(
+        out = self._add(
             topic,
             partition,
             offset,

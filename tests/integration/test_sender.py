@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -379,8 +380,15 @@ def test_key_file_change_is_picked_up_while_sending(
             await app.start()
             await _until(app, lambda: len(rx.records) >= 200)
             sequence_at_rotation = app.pipeline.next_sequence
-            new_id.append(await asyncio.to_thread(_keygen_add, key_file))
-            rx_ring.replace(key_files.read_keyring(key_file))  # the receiver holds both keys
+            # Receiver first (docs/operations.md): keygen adds the key to a copy, the receiver
+            # loads it, and only then does the copy replace the sender's file (atomically, as
+            # keygen writes). Adding in place raced: the sender could reload and send a
+            # heartbeat under the new key before this receiver had read it.
+            staged = key_file.with_name("link.key.new")
+            shutil.copy2(key_file, staged)
+            new_id.append(await asyncio.to_thread(_keygen_add, staged))
+            rx_ring.replace(key_files.read_keyring(staged))  # the receiver holds both keys
+            os.replace(staged, key_file)
             await _until(app, lambda: app.keyring_reloads >= 1)
             after = await asyncio.to_thread(
                 produce_records, upstream_kafka, topic, [b"after-%d" % i for i in range(200)]

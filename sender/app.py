@@ -19,9 +19,10 @@ every ``key_check_interval``; the content filter's rules file likewise every
 next message on, in the same session (sequence numbers continue; docs/protocol.md §7.2 says why
 that is safe). A file that fails to load leaves the previous ring in use.
 
-What this module holds is wiring and lifecycle, plus the consume loop. The parts it wires: the
-send path (``sender/send_path.py``: socket, encoder, ``SendPipeline``, keys), the Kafka source,
-the heartbeat's content and schedule (``sender/heartbeat.py``, pure), the stall watchdog
+What this module holds is wiring and lifecycle. The parts it wires: the send path
+(``sender/send_path.py``: socket, encoder, ``SendPipeline``, keys), the Kafka source and the
+loop that feeds the pipeline from it (``sender/source_feed.py``, the hot loop), the heartbeat's
+content and schedule (``sender/heartbeat.py``, pure), the stall watchdog
 (``sender/stall_watch.py``), the watched files (``runtime/file_watch.py``), the key announcer
 (``sender/key_announcer.py``) and the metrics.
 
@@ -39,15 +40,11 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from confluent_kafka import KafkaError, Message
-
-from common.errors import LocalProtocolError
-from common.logging import RateLimitedLog
-from common.wire import KeyRing, RecordTooLarge
+from common.wire import KeyRing
 from common.wire.announce import KeyAnnouncer
 from runtime import file_watch, link_key
 from sender import heartbeat, stall_watch
@@ -55,9 +52,10 @@ from sender.config import SenderConfig, load_keyring
 from sender.kafka_source import KafkaSource
 from sender.key_announcer import announce_loop
 from sender.metrics import SenderMetrics
-from sender.record_filter import SEND, WITHHOLD, RecordFilter
+from sender.record_filter import RecordFilter
 from sender.send_path import backlog_bound, open_send_path
 from sender.send_pipeline import SendPipeline
+from sender.source_feed import SourceFeed
 from sender.transport import UdpSender
 
 log = logging.getLogger(__name__)
@@ -93,33 +91,34 @@ class SenderApp:
         self._done = asyncio.Event()
         self.failure: BaseException | None = None
         """The exception that killed a background task, if any."""
-        self._pressure: asyncio.Event | None = None
-        self._pause_wanted = False
-        self._paused = False
-        self._ratelog = RateLimitedLog(log)
-        self.records_read = 0
-        self.bytes_read = 0
+        self.feed = SourceFeed(config, record_filter=None, clock=clock)
+        """Kafka batches into the pipeline; what was read (``records_read``, ``low_offsets``)."""
         self.heartbeats = 0
         self.commits = 0
-        self.errors: dict[str, int] = {}
-        """Errors by kind counted here (``record_too_large``, ``bad_record``, consume errors);
-        see ``all_errors``."""
-        self.low_offsets: dict[tuple[str, int], int] = {}
-        """Per partition, the lowest offset read and handed to the encoder in this process (kept
-        for the process's life, also after a revocation): the heartbeats' ``low_offsets``."""
         self.keyring: KeyRing | None = None
         """The ring the encoder uses (``None`` in cleartext); ``reload_keys`` swaps it in place."""
         self._key_watch: link_key.KeyFileWatch | None = None
         self._stalls: stall_watch.StallWatch | None = None
-        self._reopen_wanted = False
         self.announcer: KeyAnnouncer | None = None
         """Public-key mode: the session-key schedule (owns ``keyring``); None otherwise."""
-        self._chain_share = config.chain_share()
         self._chain_counters = config.chain_counters()  # constant: parsed once, sent per beat
-        self.records_other_chains = 0
-        """Records read and left to the other chains (``chain_mode = share``)."""
         self.record_filter: RecordFilter | None = None
         """The content filter in force (docs/sender.md, "Content filter"); None without one."""
+
+    @property
+    def records_read(self) -> int:
+        """Records read and handed to the pipeline (sent or withheld)."""
+        return self.feed.records_read
+
+    @property
+    def low_offsets(self) -> dict[tuple[str, int], int]:
+        """Per partition, the lowest offset this process read (the heartbeats' low offsets)."""
+        return self.feed.low_offsets
+
+    @property
+    def paused(self) -> bool:
+        """True while backpressure pauses every partition."""
+        return self.feed.paused
 
     @property
     def keyring_reloads(self) -> int:
@@ -169,21 +168,20 @@ class SenderApp:
         loop = asyncio.get_running_loop()
         cfg = self.config
         if cfg.filtering:
-            self.record_filter = RecordFilter(cfg)
+            self.record_filter = self.feed.record_filter = RecordFilter(cfg)
             self.metrics.enable_filter()
         # Taken before reading the file: a change meanwhile reloads.
         key_seen = file_watch.mtime(cfg.key_file) if cfg.key_file is not None else None
         shared = None
         if cfg.signing_key_file is None:  # shared-key (or cleartext) mode
             shared = self._keyring if self._keyring is not None else load_keyring(cfg)
-        self._pressure = asyncio.Event()
         path = open_send_path(
             cfg,
             self.session_id,
             shared,
             loop=loop,
             clock=self._clock,
-            on_pressure=self._on_pressure,
+            on_pressure=self.feed.on_pressure,
         )
         keyring, announcer = path.keyring, path.announcer
         self.keyring, self.announcer, self._udp = keyring, announcer, path.udp
@@ -207,7 +205,7 @@ class SenderApp:
             cfg.rate_bytes or "unlimited",
             cfg.rate_datagrams or "unlimited",
         )
-        self._consume_task = self._spawn(self._consume_loop(), "consume")
+        self._consume_task = self._spawn(self.feed.run(source, pipeline), "consume")
         self._spawn(self._heartbeat_loop(), "heartbeat")
         self._spawn(self._commit_loop(), "commit")
         if cfg.stall_timeout > 0:
@@ -266,11 +264,10 @@ class SenderApp:
             await self._stopped.wait()
             return True
         self._stopping = True
+        self.feed.stop()
         clean = True
         try:
             if self._consume_task is not None:
-                if self._pressure is not None:
-                    self._pressure.set()  # wake a consume loop that waits for resume
                 with contextlib.suppress(Exception):
                     await self._consume_task
             for task in self._tasks:
@@ -305,160 +302,6 @@ class SenderApp:
         if self._udp is not None:
             self._udp.close()
 
-    # -- consuming ------------------------------------------------------------------------------
-
-    def _on_pressure(self, congested: bool) -> None:
-        self._pause_wanted = congested
-        if self._pressure is not None:
-            self._pressure.set()
-
-    async def _apply_pressure(self) -> None:
-        assert self.source is not None
-        if self._pause_wanted and not self._paused:
-            await self.source.pause_all()
-            self._paused = True
-        elif not self._pause_wanted and self._paused:
-            await self.source.resume_all()
-            self._paused = False
-
-    async def _consume_loop(self) -> None:
-        source, pipeline = self.source, self.pipeline
-        assert source is not None
-        assert pipeline is not None
-        backoff = 0.5
-        while not self._stopping and not await source.refresh_topics():
-            await asyncio.sleep(backoff)  # broker down at start: retry, never crash
-            backoff = min(backoff * 2, self.config.retry_backoff_max)
-        next_refresh = self._clock() + 30.0
-        pending: asyncio.Future[list[Message]] | None = None
-        while not self._stopping:
-            if pending is None:
-                pending = asyncio.ensure_future(source.consume())
-            batch = await pending
-            pending = None
-            if self._pause_wanted != self._paused:
-                await self._apply_pressure()
-            if not self._stopping and not self._pause_wanted:
-                # Prefetch: the consumer thread fetches the next batch while this one encodes.
-                pending = asyncio.ensure_future(source.consume())
-            if batch:
-                self._process(batch, pipeline)
-            await asyncio.sleep(0)  # let the pump's timers and the other tasks run
-            if self._reopen_wanted:
-                if pending is not None:
-                    batch = await pending
-                    pending = None
-                    if batch:
-                        self._process(batch, pipeline)
-                self._reopen_wanted = False
-                await source.reopen()
-            if source.needs_metadata and self._clock() >= next_refresh:
-                next_refresh = self._clock() + 30.0
-                await source.refresh_topics()
-        if pending is not None:
-            # Records of a batch already taken from the consumer are sent too (then committed).
-            batch = await pending
-            if batch:
-                self._process(batch, pipeline)
-
-    def _process(self, batch: Sequence[Any], pipeline: SendPipeline) -> None:
-        # The hot loop (docs/benchmarks.md, "Sender"): one burst of the pipeline's entrance per
-        # consumer batch (``begin``, ``record``/``withhold`` per record, ``settle``), so the
-        # clock is read once per emitted datagram and the pipeline sends in bursts.
-        record = pipeline.record
-        withhold = pipeline.withhold
-        decide = self.record_filter.decide if self.record_filter is not None else None
-        share = self._chain_share
-        low = self.low_offsets
-        nbytes = 0
-        good = 0
-        run_topic: str | None = None
-        run_partition = -1
-        pipeline.begin()
-        try:
-            for msg in batch:
-                if msg.error() is not None:
-                    self._message_error(msg)
-                    continue
-                value = msg.value()
-                key = msg.key()
-                ts_type, ts = msg.timestamp()
-                topic = msg.topic()
-                partition = msg.partition()
-                offset = msg.offset()
-                if partition != run_partition or topic != run_topic:
-                    # A consumed batch holds runs of one partition in increasing offset order, so
-                    # the first record of each run is enough to keep the per-partition minimum.
-                    # Skipped records (too large, bad) count too: their offsets become gaps.
-                    run_topic, run_partition = topic, partition
-                    known = low.get((topic, partition))
-                    if offset >= 0 and (known is None or offset < known):
-                        low[topic, partition] = offset
-                if share is not None and offset % share[1] != share[0]:
-                    self.records_other_chains += 1  # another chain carries it (chain share)
-                    continue
-                headers = msg.headers()
-                try:
-                    verdict = (
-                        SEND
-                        if decide is None
-                        else decide(topic, partition, offset, key, value, headers)
-                    )
-                    if verdict == SEND:
-                        record(topic, partition, offset, ts, ts_type, key, value, headers)
-                    elif verdict == WITHHOLD:
-                        withhold(topic, partition, offset)
-                    else:
-                        continue  # a filter error: counted and logged, becomes a gap
-                except RecordTooLarge as exc:
-                    self._record_too_large(msg, exc)
-                    continue
-                except LocalProtocolError as exc:
-                    self._bad_record(msg, exc)
-                    continue
-                good += 1
-                if value is not None:
-                    nbytes += len(value)
-                if key is not None:
-                    nbytes += len(key)
-        finally:
-            pipeline.settle()
-            self.records_read += good
-            self.bytes_read += nbytes
-
-    def _message_error(self, msg: Any) -> None:
-        err: KafkaError = msg.error()
-        if err.code() == KafkaError._PARTITION_EOF:
-            return
-        kind = (
-            "broker"
-            if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)
-            else "consume"
-        )
-        self.errors[kind] = self.errors.get(kind, 0) + 1
-        self._ratelog.warning(f"msg:{err.code()}", "Kafka consume error: %s", err.str())
-
-    def _bad_record(self, msg: Any, exc: Exception) -> None:
-        self.errors["bad_record"] = self.errors.get("bad_record", 0) + 1
-        self._ratelog.warning(
-            "bad_record",
-            "skipping record %s/%d@%d: %s",
-            msg.topic(),
-            msg.partition(),
-            msg.offset(),
-            exc,
-        )
-
-    def _record_too_large(self, msg: Any, exc: Exception) -> None:
-        self.errors["record_too_large"] = self.errors.get("record_too_large", 0) + 1
-        log.error(
-            "skipping record %s/%d@%d: %s (it will be reported as a gap downstream)",
-            msg.topic(),
-            msg.partition(),
-            msg.offset(),
-            exc,
-        )
-
     # -- heartbeats (what they say and when: sender/heartbeat.py) ------------------------------
 
     def counters(self) -> dict[str, int]:
@@ -469,7 +312,7 @@ class SenderApp:
             "records_sent": p.records_sent if p else 0,
             "datagrams_sent": p.datagrams_sent if p else 0,
             "bytes_sent": p.bytes_sent if p else 0,
-            "records_skipped": self.errors.get("record_too_large", 0),
+            "records_skipped": self.feed.errors.get("record_too_large", 0),
             "records_withheld": self.record_filter.withheld_total if self.record_filter else 0,
             **self._chain_counters,
             "send_errors": p.datagrams_dropped if p else 0,
@@ -560,14 +403,12 @@ class SenderApp:
 
     def _on_stall(self, _stall: stall_watch.Stall) -> None:
         """Re-create the Kafka consumer (the consume loop does it between batches)."""
-        self._reopen_wanted = True
-        if self._pressure is not None:
-            self._pressure.set()
+        self.feed.reopen_soon()
         self.sync_metrics()
 
     def all_errors(self) -> dict[str, int]:
         """Every error counter by kind: ours, the source's and the socket's."""
-        out = dict(self.errors)
+        out = dict(self.feed.errors)
         if self._key_watch is not None and self._key_watch.reload_errors:
             out["keyring_reload"] = self._key_watch.reload_errors
         if self.source is not None:
@@ -582,13 +423,13 @@ class SenderApp:
         """Copy the running totals into the Prometheus registry."""
         p = self.pipeline
         totals: dict[str, float] = {
-            "records_read": self.records_read,
-            "bytes_read": self.bytes_read,
+            "records_read": self.feed.records_read,
+            "bytes_read": self.feed.bytes_read,
             "heartbeats_sent": self.heartbeats,
-            "records_other_chains": self.records_other_chains,
+            "records_other_chains": self.feed.records_other_chains,
             "commits": self.commits,
             "keyring_reloads": self.keyring_reloads,
-            "paused": 1.0 if self._paused else 0.0,
+            "paused": 1.0 if self.feed.paused else 0.0,
             "stalled": 1.0 if self.stalled else 0.0,
             "stalls": self.stalls,
         }

@@ -72,6 +72,7 @@ class SendPipeline:
         fec: FecEncoder | None = None,
     ) -> None:
         self._encoder = encoder
+        self._add = encoder.add  # bound once: ``record`` is the per-record hot path
         self._now = clock()  # the current burst's time (``begin``)
         #: Repair datagrams over the finished datagrams (docs/sender.md, "Forward error
         #: correction"); the scheduler queues a closed block's repairs after its last source.
@@ -153,6 +154,16 @@ class SendPipeline:
         return self.scheduler.pending
 
     @property
+    def session_id(self) -> bytes:
+        """The sender session the encoder seals under."""
+        return self._encoder.session_id
+
+    @property
+    def next_sequence(self) -> int:
+        """The sequence number of the next datagram (they continue across key changes)."""
+        return self._encoder.next_sequence
+
+    @property
     def control_pending(self) -> int:
         """Control messages queued and not yet sent (the pacer holds them)."""
         return self.scheduler.control_pending
@@ -177,7 +188,7 @@ class SendPipeline:
     ) -> None:
         """Encode one record; raises the encoder's ``RecordTooLarge`` or ``LocalProtocolError``
         (nothing is queued then)."""
-        out = self._encoder.add(
+        out = self._add(
             topic,
             partition,
             offset,

@@ -2,6 +2,7 @@
 
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -195,7 +196,7 @@ def test_pacing_holds_the_byte_rate_and_pauses_partitions(
         app = SenderApp(cfg)
 
         def enough() -> bool:
-            paused_seen.append(app._paused)
+            paused_seen.append(app.paused)
             backlog_max.append(app.pipeline.backlog_bytes)
             return bool(rx.arrivals) and rx.arrivals[-1][0] - rx.arrivals[0][0] >= 4.0
 
@@ -378,17 +379,24 @@ def test_key_file_change_is_picked_up_while_sending(
         try:
             await app.start()
             await _until(app, lambda: len(rx.records) >= 200)
-            sequence_at_rotation = app.pipeline.encoder.next_sequence
-            new_id.append(await asyncio.to_thread(_keygen_add, key_file))
-            rx_ring.replace(key_files.read_keyring(key_file))  # the receiver holds both keys
+            sequence_at_rotation = app.pipeline.next_sequence
+            # Receiver first (docs/operations.md): keygen adds the key to a copy, the receiver
+            # loads it, and only then does the copy replace the sender's file (atomically, as
+            # keygen writes). Adding in place raced: the sender could reload and send a
+            # heartbeat under the new key before this receiver had read it.
+            staged = key_file.with_name("link.key.new")
+            shutil.copy2(key_file, staged)
+            new_id.append(await asyncio.to_thread(_keygen_add, staged))
+            rx_ring.replace(key_files.read_keyring(staged))  # the receiver holds both keys
+            os.replace(staged, key_file)
             await _until(app, lambda: app.keyring_reloads >= 1)
             after = await asyncio.to_thread(
                 produce_records, upstream_kafka, topic, [b"after-%d" % i for i in range(200)]
             )
             after_holder.append(after)
             await _until(app, lambda: all((topic, p, o) in rx.records for p, o in after))
-            assert app.pipeline.encoder.session_id == app.session_id  # same session
-            assert app.pipeline.encoder.next_sequence > sequence_at_rotation
+            assert app.pipeline.session_id == app.session_id  # same session
+            assert app.pipeline.next_sequence > sequence_at_rotation
             assert await app.stop()
             return app
         finally:

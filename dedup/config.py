@@ -1,6 +1,6 @@
 """Configuration of the dedup job, validated once at start-up.
 
-Operators set the job through the environment names they already know (DESIGN.md §4):
+Operators set the job through the environment names they already know (docs/dedup.md "Settings"):
 ``WINDOW_SIZE``, ``MAX_WINDOWS``, ``RAW_TOPICS``, ``CLEAN_TOPIC``, ``GAP_TOPIC``,
 ``BOOTSTRAP_SERVERS``, ``STATE_DIR_CONFIG``, ``GAP_EMIT_INTERVAL_SEC``, ``PERSIST_INTERVAL_MS``,
 ``SPARK_MASTER`` and the others below: each field's environment variable is its name in upper

@@ -1,6 +1,6 @@
 """Per-partition gap detector: first-seen/duplicate answers and gap reports (pure, no Spark).
 
-Guarantee (DESIGN.md §1, §7): for one source (topic, partition), every offset passed to
+Guarantee (docs/gaps.md): for one source (topic, partition), every offset passed to
 :meth:`PartitionDetector.observe` is answered *deliver* at most once, and every offset at or above
 the first one seen (or the sending session's heartbeat ``low_offset``, when lower and known before
 an eviction) that has not been delivered is either inside a gap the detector reports OPEN, or was

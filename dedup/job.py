@@ -55,7 +55,7 @@ STATE_SCHEMA = StructType(
 
 
 def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
-    """The SparkSession with the settings FACTS.md measured; pass-through ``SPARK_CONF_*`` last.
+    """The SparkSession with the settings docs/benchmarks.md measured; ``SPARK_CONF_*`` last.
 
     Under spark-submit the master and already-set options come from spark-submit.
     """

@@ -314,6 +314,10 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         profile["cpu_s"] = round(cpu_s, 1)
         profile["cpu_s_per_million"] = round(cpu_s * 1e6 / total, 1)
         profile["cpu_s_per_million_by_process"] = split
+        # Gaps are reported by time (two scans GAP_EMIT_INTERVAL_SEC apart), not by data: keep the
+        # query running three intervals more, outside the measured CPU, so that each layout's gap
+        # topic holds its final states before the two are compared.
+        query.awaitTermination(3 * config.gap_emit_interval_sec + 2)
         return seconds, profile
     finally:
         query.stop()

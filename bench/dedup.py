@@ -468,7 +468,7 @@ def clean_and_gaps(bootstrap: str, tag: str, name: str, topics: int) -> tuple[Co
 def differences(layouts: tuple[str, ...], a: tuple[Counter, dict], b: tuple[Counter, dict]) -> dict:
     """What tells the two layouts' outputs apart: counts, and a few entries only one side has."""
     only_a, only_b = a[0] - b[0], b[0] - a[0]
-    gap_keys = set(a[1]) ^ {k for k, v in b[1].items() if a[1].get(k) == v}
+    gap_keys = {k for k in a[1].keys() | b[1].keys() if a[1].get(k) != b[1].get(k)}
     return {
         "clean_records": {layouts[0]: sum(a[0].values()), layouts[1]: sum(b[0].values())},
         f"clean_only_{layouts[0]}": len(only_a),

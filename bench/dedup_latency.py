@@ -23,6 +23,7 @@ from pathlib import Path
 
 _HERE = Path(__file__).resolve().parent
 sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))  # bench.e2e
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -37,6 +38,7 @@ import time  # noqa: E402
 from confluent_kafka import Consumer, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from bench.e2e import group_pss, group_usage  # noqa: E402
 from common.raw_run import RunBuilder  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 
@@ -179,6 +181,21 @@ def batch_profile(log: Path) -> dict[str, object]:
     }
 
 
+class MemoryWatch(threading.Thread):
+    """Peak memory of a process group, sampled every second: summed Pss and summed VmHWM."""
+
+    def __init__(self, pgid: int) -> None:
+        super().__init__(daemon=True)
+        self.pgid = pgid
+        self.peak_pss = self.peak_hwm = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            self.peak_pss = max(self.peak_pss, group_pss(self.pgid))
+            self.peak_hwm = max(self.peak_hwm, group_usage(self.pgid)[1])
+
+
 def percentile(values: list[int], q: float) -> int | None:
     if not values:
         return None
@@ -238,8 +255,14 @@ def main() -> int:
     }
     log = (tmp / "dedup.log").open("wb")
     dedup = subprocess.Popen(
-        [sys.executable, "-m", "kafka_diode", "dedup"], env=env, stdout=log, stderr=log
+        [sys.executable, "-m", "kafka_diode", "dedup"],
+        env=env,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,  # its own process group: the memory watch sums it
     )
+    memory = MemoryWatch(dedup.pid)
+    memory.start()
     watcher = CleanWatcher(bootstrap, clean)
     watcher.start()
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
@@ -256,16 +279,19 @@ def main() -> int:
             time.sleep(0.2)
         produce_at(producer, raw, rates[0], 10.0, next_offset, args.layout)  # JIT, workers warm
         phases = []
+        cpu_start = group_usage(dedup.pid)[0]
         for rate in rates:
             begin = time.time_ns() // 1_000_000
             sent, took = produce_at(producer, raw, rate, args.seconds, next_offset, args.layout)
             phases.append((rate, begin, time.time_ns() // 1_000_000, sent, took))
         total = sum(next_offset)
+        offered = sum(sent for _, _, _, sent, _ in phases)
         deadline = time.monotonic() + 180
         while len(watcher.samples) < total and time.monotonic() < deadline:
             time.sleep(0.2)
         watcher.stop.set()
         watcher.join(10)
+        cpu_s = group_usage(dedup.pid)[0] - cpu_start
         samples = list(watcher.samples)
         per_rate = {}
         for rate, begin, end, sent, took in phases:
@@ -282,6 +308,11 @@ def main() -> int:
             "per_rate": per_rate,
             "batches": batch_profile(tmp / "dedup.log"),
             "layout": args.layout,
+            "dedup_peak_pss_mb": round(memory.peak_pss / 1e6),
+            # the dedup's process tree over the measured phases (and until the last is seen)
+            "dedup_cpu_s": round(cpu_s, 1),
+            "dedup_cpu_s_per_million": round(cpu_s / offered * 1e6, 1) if offered else None,
+            "dedup_peak_hwm_sum_mb": round(memory.peak_hwm / 1e6),
             "records_total": total,
             "seen_total": len(samples),
             "load_average_1m_start": round(load_start, 2),
@@ -289,6 +320,7 @@ def main() -> int:
         }
     finally:
         watcher.stop.set()
+        memory.stop.set()
         if dedup.poll() is None:
             dedup.send_signal(signal.SIGTERM)
             try:

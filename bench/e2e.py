@@ -16,9 +16,11 @@ Figures per case: end-to-end records/s and MB/s of payload (first produce call t
 record consumed); per-stage records/s (sender sent, receiver acknowledged by Kafka, dedup forwarded:
 the counter's growth over the interval where it grew); CPU seconds per million records per stage
 (utime+stime of the whole process group, children reaped included); peak memory (sum of VmHWM over
-the group); datagram loss at the socket (sender datagrams sent vs receiver datagrams read, and the
-receiver's kernel drop counter); latency percentiles = clean-topic **consume time** minus the
-upstream record's CreateTime (set by the producer at ``produce()``; all on one host, one clock).
+the group, ``peak_rss_mb``, an upper bound; and the peak of the group's summed Pss, ``peak_pss_mb``,
+what it held in RAM at once, sampled every second); datagram loss at the socket (sender datagrams
+sent vs receiver datagrams read, and the receiver's kernel drop counter); latency percentiles =
+clean-topic **consume time** minus the upstream record's CreateTime (set by the producer at
+``produce()``; all on one host, one clock).
 Exactly-once is checked on the way (every ``bench.seq`` seen once; ``kafka-diode demo``/the chaos
 suite do the full record-by-record verdict).
 
@@ -202,24 +204,45 @@ def _produce_child(args: tuple[Any, ...], out: Any) -> None:
 # -- /proc ------------------------------------------------------------------------------------
 
 
+def _group_members(pgid: int) -> list[tuple[str, list[str]]]:
+    """``(/proc path, stat fields after the name)`` of group ``pgid`` and of every descendant.
+
+    Descendants count wherever they moved: Spark's Python daemon (``pyspark/daemon.py``) makes a
+    process group of its own, and its forked workers (the dedup's stateful step and write tasks)
+    would otherwise be missed, live, by a group-only scan (the rounds before 2026-11-27 did so).
+    """
+    stats: dict[int, tuple[str, list[str]]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = Path(entry.path, "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        stats[int(entry.name)] = (entry.path, fields)
+    members: list[tuple[str, list[str]]] = []
+    for pid, (path, fields) in stats.items():
+        walk, hops = pid, 0
+        while walk in stats and hops < 64:  # bounded: a parent chain cannot loop, but be sure
+            if int(stats[walk][1][2]) == pgid:
+                members.append((path, fields))
+                break
+            walk, hops = int(stats[walk][1][1]), hops + 1
+    return members
+
+
 def group_usage(pgid: int) -> tuple[float, int, int]:
-    """(CPU seconds, sum of VmHWM bytes, processes) of every live process in group ``pgid``.
+    """(CPU seconds, sum of VmHWM bytes, processes) of group ``pgid`` and its descendants.
 
     CPU includes ``cutime``/``cstime`` so children that already exited and were reaped still count.
     """
     cpu = 0.0
     hwm = 0
     n = 0
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
+    for path, fields in _group_members(pgid):
         try:
-            stat = Path(entry.path, "stat").read_text()
-            fields = stat.rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid:
-                continue
             cpu += sum(int(x) for x in fields[11:15]) / CLK_TCK
-            for line in Path(entry.path, "status").read_text().splitlines():
+            for line in Path(path, "status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
                     hwm += int(line.split()[1]) * 1024
                     break
@@ -227,6 +250,26 @@ def group_usage(pgid: int) -> tuple[float, int, int]:
         except (OSError, IndexError, ValueError):
             continue
     return cpu, hwm, n
+
+
+def group_pss(pgid: int) -> int:
+    """Sum of the proportional set size (``Pss`` in ``smaps_rollup``) of group ``pgid`` and its
+    descendants, bytes.
+
+    What they hold in RAM now, shared pages split between the processes that share them: unlike
+    a sum of VmHWM it counts the pages Spark's forked Python workers share with their daemon
+    (and each other) once, not once per worker.
+    """
+    total = 0
+    for path, _fields in _group_members(pgid):
+        try:
+            for line in Path(path, "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+                    break
+        except (OSError, ValueError, IndexError):
+            continue
+    return total
 
 
 def pid_usage(pid: int) -> tuple[float, int]:
@@ -277,6 +320,8 @@ class Sampler(threading.Thread):
         self.brokers = brokers
         self.series: list[tuple[float, dict[str, float]]] = []
         self.peak_mem: dict[str, int] = {}
+        #: peak of the group's summed Pss (``group_pss``): the RAM it really held at once
+        self.peak_pss: dict[str, int] = {}
         self.stop_event = threading.Event()
         self._last: dict[str, float] = {}
 
@@ -301,6 +346,7 @@ class Sampler(threading.Thread):
             cpu, hwm, _ = group_usage(proc.proc.pid)
             out[f"cpu:{name}"] = cpu
             self.peak_mem[name] = max(self.peak_mem.get(name, 0), hwm)
+            self.peak_pss[name] = max(self.peak_pss.get(name, 0), group_pss(proc.proc.pid))
         for name, pid in self.brokers.items():
             cpu, hwm = pid_usage(pid)
             out[f"cpu:{name}"] = cpu
@@ -606,6 +652,8 @@ def summarize_case(
             stages[name]["cpu_s"] = cpu
     for name, peak in sampler.peak_mem.items():
         stages.setdefault(name, {})["peak_rss_mb"] = peak / 1e6
+    for name, peak in sampler.peak_pss.items():
+        stages.setdefault(name, {})["peak_pss_mb"] = peak / 1e6
     d = {k: last.get(k, 0.0) - first.get(k, 0.0) for k in LOSS_COUNTERS}
     loss = 1 - d["datagrams_received"] / d["datagrams_sent"] if d["datagrams_sent"] else 0.0
     result: dict[str, Any] = {

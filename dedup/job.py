@@ -46,6 +46,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 spark_compat.apply()
 
+#: Bytes of one Arrow batch handed to a Python worker (``SPARK_CONF_*`` overrides it).
+ARROW_MAX_BYTES_PER_BATCH = 64 << 20
+
 STATE_SCHEMA = StructType(
     [StructField("detector", BinaryType()), StructField("last_scan_ms", LongType())]
 )
@@ -67,6 +70,9 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
     conf: dict[str, str] = {
         "spark.sql.shuffle.partitions": str(config.effective_shuffle_partitions()),
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(config.arrow_max_records_per_batch),
+        # runs carry payload: a byte bound too, so that a Python worker holds at most this much
+        # of a micro-batch at a time (the write tasks stream, docs/dedup.md "Memory")
+        "spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_MAX_BYTES_PER_BATCH),
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),

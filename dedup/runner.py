@@ -109,6 +109,8 @@ def drive(
                     raw.observe_progress(progress)
                 last_progress = progress
                 behind = reads_behind(progress)
+                log.debug("batch %s took (ms): %s; state: %s", progress.get("batchId"),
+                          progress.get("durationMs"), _state_timings(progress))  # fmt: skip
             # idle only with nothing left to read: between two batches of a backlog a loaded
             # driver can plan for longer than --until-idle
             idle = 0.0 if behind else writer.idle_s(time.monotonic())
@@ -134,6 +136,12 @@ def drive(
         log.error("the query failed: %s", exception)
         return EXIT_FAILED
     return EXIT_OK
+
+
+def _state_timings(progress: dict[str, Any]) -> list[dict[str, Any]]:
+    """The stateful operators' update, timeout and commit times of one batch (DEBUG lines)."""
+    names = ("allUpdatesTimeMs", "allRemovalsTimeMs", "commitTimeMs")
+    return [{n: op.get(n) for n in names} for op in progress.get("stateOperators") or ()]
 
 
 def stop_spark(spark: Any, *, requested: bool) -> None:

@@ -15,7 +15,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -34,7 +34,7 @@ from dedup.fence import (
     partition_transactional_id,
     read_last_marker,
 )
-from dedup.rows import KIND_GAP, KIND_RUN, unpack_selection
+from dedup.rows import KIND_GAP, KIND_RUN, KIND_STAT, unpack_selection
 from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult, WriterSettings
 
 log = logging.getLogger(__name__)
@@ -104,35 +104,63 @@ class PartitionWriter:
         *,
         before_commit: Callable[[], None] | None = None,
     ) -> BatchResult:
+        """``write_batches`` over one table's record batches (tests, tools)."""
+        return self.write_batches(table.to_batches(), batch_id, before_commit=before_commit)
+
+    def write_batches(
+        self,
+        batches: Iterable[pa.RecordBatch],
+        batch_id: int,
+        *,
+        before_commit: Callable[[], None] | None = None,
+        on_stats: Callable[[pa.RecordBatch], None] | None = None,
+    ) -> BatchResult:
         """Commit this partition's rows of batch ``batch_id`` in one transaction, or skip it.
 
-        ``before_commit`` runs after everything was produced, before the commit (tests: a zombie
-        or a second attempt in between).
+        The rows stream in: each Arrow batch is produced and dropped before the next is read,
+        so a task holds one batch of payload at a time (``spark.sql.execution.arrow.*`` bound
+        it), not its partition's whole share of the micro-batch. The fence runs at the first
+        row to publish; a partition with none opens no transaction and writes no marker (its
+        replay is empty too). ``on_stats`` gets each batch's ``stat`` rows, written or not.
+        ``before_commit`` runs after everything was produced, before the commit (tests: a
+        zombie or a second attempt in between).
         """
-        kinds = table.column("kind")
-        records = table.filter(pc.equal(kinds, KIND_RUN))
-        gap_rows = table.filter(pc.equal(kinds, KIND_GAP))
-        result = BatchResult(batch_id, records=record_count(records), gaps=gap_rows.num_rows)
-        if result.records == 0 and gap_rows.num_rows == 0:
-            # Nothing to publish: no transaction, no marker. A replay of this batch is empty too.
-            result.skipped = True
-            return result
-        if self._producer is None:
-            self._producer = self._start()
-        producer = self._producer
-        if batch_id <= max(self._last_committed, self.floor):
-            log.info(
-                "batch %d partition %d already committed (marker %d): skipped",
-                batch_id,
-                self.partition,
-                max(self._last_committed, self.floor),
-            )
-            return BatchResult(batch_id, skipped=True, fenced=True)
-        producer.begin_transaction()
+        result = BatchResult(batch_id)
+        producer: Producer | None = None
+        skipped = False
         try:
-            with _gc_paused():
-                self._produce_records(producer, records, result)
-            self._produce_gaps(producer, gap_rows)
+            for batch in batches:
+                kinds = batch.column("kind")
+                if on_stats is not None:
+                    on_stats(batch.filter(pc.equal(kinds, KIND_STAT)))
+                runs = batch.filter(pc.equal(kinds, KIND_RUN))
+                gap_rows = batch.filter(pc.equal(kinds, KIND_GAP))
+                if skipped or (runs.num_rows == 0 and gap_rows.num_rows == 0):
+                    continue
+                if producer is None:
+                    if self._producer is None:
+                        self._producer = self._start()
+                    if batch_id <= max(self._last_committed, self.floor):
+                        log.info(
+                            "batch %d partition %d already committed (marker %d): skipped",
+                            batch_id,
+                            self.partition,
+                            max(self._last_committed, self.floor),
+                        )
+                        skipped = True
+                        continue
+                    producer = self._producer
+                    producer.begin_transaction()
+                result.records += record_count(runs)
+                result.gaps += gap_rows.num_rows
+                with _gc_paused():
+                    self._produce_records(producer, runs, result)
+                self._produce_gaps(producer, gap_rows)
+            if skipped:
+                return BatchResult(batch_id, skipped=True, fenced=True)
+            if producer is None:
+                result.skipped = True
+                return result
             marker = {
                 "query_id": self.query_id,
                 "partition": self.partition,
@@ -153,14 +181,16 @@ class PartitionWriter:
             with fault_during("task-in-commit", batch_id, self.partition):
                 producer.commit_transaction(KAFKA_TIMEOUT_S * 4)
         except KafkaException as exc:
-            self._abort(producer)
+            if producer is not None:
+                self._abort(producer)
             raise ServiceError(
                 f"writing batch {batch_id} partition {self.partition} failed and was aborted "
                 f"(nothing of it is visible): {exc}"
             ) from exc
         except BaseException:
-            self._abort(producer)
-            log.error("batch %d partition %d aborted", batch_id, self.partition)  # noqa: TRY400  re-raised below with the cause
+            if producer is not None:
+                self._abort(producer)
+                log.error("batch %d partition %d aborted", batch_id, self.partition)  # noqa: TRY400  re-raised below with the cause
             raise
         self._last_committed = batch_id
         fault("task-after-commit", batch_id, self.partition)
@@ -196,7 +226,9 @@ class PartitionWriter:
             self._clean_names[source_topic] = name
         return name
 
-    def _produce_records(self, producer: Producer, runs: pa.Table, result: BatchResult) -> None:
+    def _produce_records(
+        self, producer: Producer, runs: pa.RecordBatch, result: BatchResult
+    ) -> None:
         """Produce the first-seen records of one batch's ``run`` rows (the hot loop); counts in
         ``result`` the records written with the dedup's time and the payload bytes consumed.
 
@@ -239,11 +271,11 @@ class PartitionWriter:
                 record_bytes += _record_bytes(group)
                 for first, last in unpack_selection(selection, len(group)):
                     replaced += _produce_run(producer, group, first, last + 1, target)
-        result.replaced = replaced
-        result.payload_bytes = payload_bytes
-        result.record_bytes = record_bytes
+        result.replaced += replaced
+        result.payload_bytes += payload_bytes
+        result.record_bytes += record_bytes
 
-    def _produce_gaps(self, producer: Producer, gap_rows: pa.Table) -> None:
+    def _produce_gaps(self, producer: Producer, gap_rows: pa.RecordBatch) -> None:
         if gap_rows.num_rows == 0:
             return
         topic = self.settings.gap_topic
@@ -260,7 +292,7 @@ class PartitionWriter:
                     producer.poll(0.05)
 
 
-def record_count(runs: pa.Table) -> int:
+def record_count(runs: pa.Table | pa.RecordBatch) -> int:
     """Clean records the ``run`` rows of a batch select."""
     if runs.num_rows == 0:
         return 0

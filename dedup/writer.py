@@ -318,21 +318,20 @@ def write_partition_task(
     earlier attempt of this partition (retries, zombies) before it reads the marker.
     """
     partition, attempt = task_attempt()
-    parts = [b for b in batches if b.num_rows]
     started = time.monotonic()
-    if parts:
-        table = pa.Table.from_batches(parts)
-        writer = PartitionWriter(
-            spec.settings, spec.query_id, partition, floor=spec.floor, windows=spec.windows
+    stat_parts: list[pa.RecordBatch] = []
+    writer = PartitionWriter(
+        spec.settings, spec.query_id, partition, floor=spec.floor, windows=spec.windows
+    )
+    try:
+        # streamed: one Arrow batch of payload in this task at a time (write_batches)
+        result = writer.write_batches(
+            (b for b in batches if b.num_rows), spec.batch_id, on_stats=stat_parts.append
         )
-        try:
-            result = writer.write_table(table, spec.batch_id)
-        finally:
-            writer.close()
-        fence_ms = writer.fence_ms
-        stats = table.filter(pc.equal(table.column("kind"), "stat"))
-    else:
-        result, fence_ms, stats = BatchResult(spec.batch_id, skipped=True), 0, None
+    finally:
+        writer.close()
+    fence_ms = writer.fence_ms
+    stats = pa.Table.from_batches(stat_parts) if stat_parts else None
     write_ms = round((time.monotonic() - started) * 1000)
     n = 0 if stats is None else stats.num_rows
     columns: dict[str, list[Any]] = {name: [None] * (n + 1) for name in RESULT_SCHEMA.names}

@@ -12,12 +12,21 @@ What it reads (all on the low side, nothing is written):
 - the **receiver's metrics** (one or more ``/metrics`` endpoints, one per worker): datagrams per
   second and drops by reason over ``--rate-window`` seconds (two scrapes);
 - the **dedup's metrics**: raw records written but not yet read (``raw_offsets_behind``: how far
-  the clean topics are behind the raw topic) and its open-gap gauge.
+  the clean topics are behind the raw topic), its open-gap gauge, and where it reads each raw
+  partition next (``raw_next_offset``). Raw records below that offset belong to micro-batches it
+  has committed: their source records are in the clean topic (or were duplicates, or lie in
+  reported gaps). So per source (topic, partition) the highest source offset among them is how far
+  the **clean topic** has come (``clean``), and the sender's vouched offset minus it is how far the
+  clean topic is behind what the sender vouched for (``clean_behind``). When the dedup reads
+  further back than the raw tail, a second window of ``--scan-records`` raw records ending at its
+  next offset is read for this.
 
 A person is needed (exit code 1, each reason one line) when a gap is open (a resend is due), a
 source partition's last heartbeat is older than ``--silent-after`` seconds (link or sender down),
 the sender vouched for records the raw topic does not have and no gap covers them yet (in flight,
-or about to become a gap), the dedup is more than ``--max-backlog`` raw records behind, a
+or about to become a gap), the dedup is more than ``--max-backlog`` raw records behind, a source
+partition's clean topic is more than ``--max-clean-lag`` records behind what the sender vouched for
+(records of open gaps not counted: they have their own line), a
 receiver dropped datagrams for a reason other than the harmless ones (copies, replays) during the
 window, or an endpoint does not answer. Exit 0: nothing to do. 2: a configuration error.
 3: Kafka cannot be read. ``--watch`` redraws every ``--interval`` seconds until Ctrl+C and exits
@@ -73,6 +82,9 @@ class StatusConfig:
     """Seconds without a heartbeat of a source partition before it needs a person."""
     max_backlog: int = 100_000
     """Raw records the dedup may be behind before it needs a person."""
+    max_clean_lag: int = 100_000
+    """Records a source partition's clean topic may be behind what the sender vouched for (open
+    gaps not counted) before it needs a person; needs dedup_metrics."""
     scan_records: int = 5000
     """Raw records read from the end of each raw partition to find the latest heartbeats."""
     rate_window: float = 2.0
@@ -88,6 +100,7 @@ class StatusConfig:
         checks = (
             ("--silent-after", self.silent_after > 0),
             ("--max-backlog", self.max_backlog >= 0),
+            ("--max-clean-lag", self.max_clean_lag >= 0),
             ("--scan-records", 1 <= self.scan_records <= 10_000_000),
             ("--rate-window", 0 < self.rate_window <= 300),
             ("--timeout", self.timeout > 0),
@@ -124,8 +137,18 @@ class SourceStatus:
     """Seconds since the receiver wrote that heartbeat."""
     received: int | None = None
     """Highest source offset in the scanned raw tail."""
+    clean: int | None = None
+    """Highest source offset the dedup has carried to the clean topic (module docstring)."""
     open_gaps: int = 0
     gap_records: int = 0
+
+    @property
+    def clean_behind(self) -> int | None:
+        """Records the sender vouched for that the clean topic does not hold yet (offsets from
+        ``clean`` to ``vouched``, open gaps among them included); None when either is unknown."""
+        if self.vouched is None or self.clean is None:
+            return None
+        return max(0, self.vouched - self.clean)
 
 
 @dataclass
@@ -138,6 +161,8 @@ class Observation:
     """datagrams_per_s, records_per_s and drops_<reason> over the window, summed over workers."""
     dedup_backlog: float | None = None
     dedup_gaps_open: float | None = None
+    dedup_next: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Raw (topic, partition) -> the offset the dedup reads next (its ``raw_next_offset``)."""
     unreachable: list[str] = field(default_factory=list)
 
 
@@ -178,6 +203,14 @@ def assess(obs: Observation, config: StatusConfig) -> Report:
                     f"at {s.received}: {missing - s.gap_records} record(s) in flight or lost, "
                     "not yet in a gap"
                 )
+    for s in sorted(obs.sources.values(), key=lambda s: (s.topic, s.partition)):
+        behind = s.clean_behind
+        if behind is not None and behind - s.gap_records > config.max_clean_lag:
+            say(
+                f"{s.topic}[{s.partition}]: the clean topic is {behind - s.gap_records} record(s)"
+                f" behind what the sender vouched for (offset {s.vouched}, clean up to "
+                f"{s.clean}; more than {config.max_clean_lag}): the dedup falls behind"
+            )
     if obs.dedup_backlog is not None and obs.dedup_backlog > config.max_backlog:
         say(f"dedup is {obs.dedup_backlog:.0f} raw records behind (more than {config.max_backlog})")
     bad = {
@@ -242,8 +275,24 @@ def receiver_rates(
     return out
 
 
+def dedup_next_offsets(metrics: Mapping[str, float]) -> dict[tuple[str, int], int]:
+    """Raw (topic, partition) -> ``raw_next_offset`` from a scrape of the dedup (:func:`scrape`
+    keys: ``name{partition=P,topic=T}``)."""
+    prefix = f"{_DEDUP}_raw_next_offset{{"
+    out: dict[tuple[str, int], int] = {}
+    for key, value in metrics.items():
+        if not key.startswith(prefix):
+            continue
+        labels = dict(part.split("=", 1) for part in key[len(prefix) : -1].split(","))
+        if "topic" in labels and labels.get("partition", "").isdigit():
+            out[(labels["topic"], int(labels["partition"]))] = int(value)
+    return out
+
+
 def _read_raw_tail(config: StatusConfig, obs: Observation, now_ms: float) -> None:
-    from confluent_kafka import KafkaError, TopicPartition  # noqa: PLC0415
+    """The last ``scan_records`` of each raw partition; and, where the dedup reads further back,
+    the ``scan_records`` before its next offset (for ``clean`` only)."""
+    from confluent_kafka import TopicPartition  # noqa: PLC0415
 
     from runtime import kafka  # noqa: PLC0415
 
@@ -256,8 +305,10 @@ def _read_raw_tail(config: StatusConfig, obs: Observation, now_ms: float) -> Non
         **config.kafka_conf,
     }
     consumer = kafka.consumer(conf)
+    scan = config.scan_records
     try:
-        parts = []
+        tail: dict[tuple[str, int], tuple[int, int]] = {}
+        head: dict[tuple[str, int], tuple[int, int]] = {}
         for topic in config.raw_topics:
             meta = consumer.list_topics(topic, timeout=config.timeout).topics.get(topic)
             if meta is None or meta.error is not None:
@@ -266,30 +317,59 @@ def _read_raw_tail(config: StatusConfig, obs: Observation, now_ms: float) -> Non
                 low, high = consumer.get_watermark_offsets(
                     TopicPartition(topic, p), timeout=config.timeout
                 )
-                if high > low:
-                    parts.append(TopicPartition(topic, p, max(low, high - config.scan_records)))
-        pending = {(tp.topic, tp.partition) for tp in parts}
-        if parts:
-            consumer.assign(parts)
-        deadline = time.monotonic() + config.timeout
-        while pending and time.monotonic() < deadline:
-            for msg in consumer.consume(5000, 0.5):
-                err = msg.error()
-                if err is not None:
-                    if err.code() == KafkaError._PARTITION_EOF:
-                        pending.discard((msg.topic(), msg.partition()))
-                        continue
-                    raise kafka.error(err, "reading the raw topic")
-                _observe_raw(obs, msg, now_ms)
+                if high <= low:
+                    continue
+                tail[(topic, p)] = (max(low, high - scan), high)
+                nxt = obs.dedup_next.get((topic, p))
+                if nxt is not None and low < nxt <= high - scan:
+                    head[(topic, p)] = (max(low, nxt - scan), nxt)
+        _read_ranges(consumer, config, tail, lambda msg: _observe_raw(obs, msg, now_ms))
+        _read_ranges(consumer, config, head, lambda msg: _observe_raw(obs, msg, now_ms, tail=False))
     finally:
         consumer.close()
 
 
-def _observe_raw(obs: Observation, msg: Any, now_ms: float) -> None:
-    """Fold one raw record (a run, a v1 record, or a control record) into ``obs``."""
+def _read_ranges(
+    consumer: Any,
+    config: StatusConfig,
+    ranges: Mapping[tuple[str, int], tuple[int, int]],
+    observe: Any,
+) -> None:
+    """Hand ``observe`` every record of each raw partition's ``[start, end)``, in order."""
+    from confluent_kafka import KafkaError, TopicPartition  # noqa: PLC0415
+
+    from runtime import kafka  # noqa: PLC0415
+
+    if not ranges:
+        return
+    consumer.assign([TopicPartition(t, p, start) for (t, p), (start, _) in ranges.items()])
+    pending = set(ranges)
+    deadline = time.monotonic() + config.timeout
+    while pending and time.monotonic() < deadline:
+        for msg in consumer.consume(5000, 0.5):
+            tp = (msg.topic(), msg.partition())
+            err = msg.error()
+            if err is not None:
+                if err.code() == KafkaError._PARTITION_EOF:
+                    pending.discard(tp)
+                    continue
+                raise kafka.error(err, "reading the raw topic")
+            if tp not in pending:
+                continue
+            end = ranges[tp][1]
+            if msg.offset() < end:
+                observe(msg)
+            if msg.offset() >= end - 1:
+                pending.discard(tp)
+    consumer.unassign()
+
+
+def _observe_raw(obs: Observation, msg: Any, now_ms: float, *, tail: bool = True) -> None:
+    """Fold one raw record (a run, a v1 record, or a control record) into ``obs``; ``tail``
+    False: a record from before the raw tail, read only for ``clean``."""
     key = msg.key()
     control = next((v for k, v in msg.headers() or [] if k == CONTROL_HEADER), None)
-    if control == HEARTBEAT:
+    if control == HEARTBEAT and tail:
         parsed = parse_raw_key(key)
         if parsed is None:
             return
@@ -310,7 +390,11 @@ def _observe_raw(obs: Observation, msg: Any, now_ms: float) -> None:
             return
         topic, partition, last = single
     s = obs.sources.setdefault((topic, partition), SourceStatus(topic, partition))
-    s.received = last if s.received is None else max(s.received, last)
+    if tail:
+        s.received = last if s.received is None else max(s.received, last)
+    nxt = obs.dedup_next.get((msg.topic(), msg.partition()))
+    if nxt is not None and msg.offset() < nxt:
+        s.clean = last if s.clean is None else max(s.clean, last)
 
 
 def gather(config: StatusConfig, *, previous: dict[str, float] | None = None) -> Observation:
@@ -331,6 +415,16 @@ def gather(config: StatusConfig, *, previous: dict[str, float] | None = None) ->
         else:
             first.append(got)
     began = time.monotonic()
+    if config.dedup_metrics is not None:
+        dedup = scrape(config.dedup_metrics)
+        if dedup is None:
+            obs.unreachable.append(f"dedup metrics {config.dedup_metrics}")
+        else:
+            obs.dedup_backlog = sum(
+                v for k, v in dedup.items() if k.startswith(f"{_DEDUP}_raw_offsets_behind")
+            )
+            obs.dedup_gaps_open = dedup.get(f"{_DEDUP}_gaps_open")
+            obs.dedup_next = dedup_next_offsets(dedup)
     _read_raw_tail(config, obs, time.time() * 1000)
     conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
     scan = latest_gaps(
@@ -341,15 +435,6 @@ def gather(config: StatusConfig, *, previous: dict[str, float] | None = None) ->
         s.open_gaps += 1
         s.gap_records += high - low + 1
         obs.gap_ranges.append((topic, partition, low, high))
-    if config.dedup_metrics is not None:
-        dedup = scrape(config.dedup_metrics)
-        if dedup is None:
-            obs.unreachable.append(f"dedup metrics {config.dedup_metrics}")
-        else:
-            obs.dedup_backlog = sum(
-                v for k, v in dedup.items() if k.startswith(f"{_DEDUP}_raw_offsets_behind")
-            )
-            obs.dedup_gaps_open = dedup.get(f"{_DEDUP}_gaps_open")
     if first:
         before = _receiver_totals(first)
         if previous is None:
@@ -376,7 +461,19 @@ def gather(config: StatusConfig, *, previous: dict[str, float] | None = None) ->
 def render(report: Report) -> str:
     """The human view: sources table, link, dedup, bundle, and what needs a person."""
     obs = report.observation
-    rows = [("SOURCE", "PARTITION", "VOUCHED", "HEARTBEAT AGE", "RECEIVED", "GAPS", "MISSING")]
+    rows = [
+        (
+            "SOURCE",
+            "PARTITION",
+            "VOUCHED",
+            "HEARTBEAT AGE",
+            "RECEIVED",
+            "CLEAN",
+            "CLEAN BEHIND",
+            "GAPS",
+            "MISSING",
+        )
+    ]
     for s in sorted(obs.sources.values(), key=lambda s: (s.topic, s.partition)):
         rows.append(
             (
@@ -385,6 +482,8 @@ def render(report: Report) -> str:
                 "-" if s.vouched is None else str(s.vouched),
                 "-" if s.heartbeat_age is None else f"{s.heartbeat_age:.1f} s",
                 "-" if s.received is None else str(s.received),
+                "-" if s.clean is None else str(s.clean),
+                "-" if s.clean_behind is None else str(s.clean_behind),
                 str(s.open_gaps),
                 str(s.gap_records),
             )
@@ -418,7 +517,9 @@ def as_json(report: Report) -> str:
     obs = report.observation
     return json.dumps(
         {
-            "sources": [asdict(s) for s in obs.sources.values()],
+            "sources": [
+                {**asdict(s), "clean_behind": s.clean_behind} for s in obs.sources.values()
+            ],
             "gaps": [list(g) for g in obs.gap_ranges],
             "receiver": obs.receiver,
             "dedup_backlog": obs.dedup_backlog,
@@ -437,7 +538,8 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description=(
             "The low side at a glance: per source partition the last heartbeat and its age, "
-            "what the sender vouched for against what the raw topic holds, open gaps and their "
+            "what the sender vouched for against what the raw topic holds and how far the "
+            "clean topic is behind it, open gaps and their "
             "records; the link's datagrams/s and drops; the dedup's backlog; what a bundle "
             "would carry now. Exit 0: nothing to do; 1: a person is needed (each reason "
             "printed); 2: configuration error; 3: Kafka cannot be read."
@@ -462,6 +564,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--max-backlog", type=int, default=100_000, help="dedup backlog that needs a person"
+    )
+    parser.add_argument(
+        "--max-clean-lag",
+        type=int,
+        default=100_000,
+        help="records a source partition's clean topic may be behind what the sender vouched "
+        "for (open gaps not counted) before a person is needed (needs --dedup-metrics)",
     )
     parser.add_argument(
         "--scan-records", type=int, default=5000, help="raw records read per partition's end"
@@ -499,6 +608,7 @@ def config_from(args: argparse.Namespace, env: Mapping[str, str]) -> StatusConfi
         kafka_conf=kafka_conf,
         silent_after=args.silent_after,
         max_backlog=args.max_backlog,
+        max_clean_lag=args.max_clean_lag,
         scan_records=args.scan_records,
         rate_window=args.rate_window,
         timeout=args.timeout,

@@ -63,7 +63,7 @@ from receiver.metrics import (
     make_registry,
 )
 from receiver.pubkey_glue import PublicKeyGlue
-from receiver.topic_check import ensure_raw_topic, raw_topic_problem
+from receiver.topic_check import check_raw_replication, ensure_raw_topic, raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 from runtime import file_watch, key_files, link_key, metrics_http, service
 
@@ -130,7 +130,12 @@ class Receiver:
     ) -> dict[str, object]:
         """Receive until ``stop`` is set; flush; return the exit summary."""
         loop = self._loop = asyncio.get_running_loop()
-        sink = self._sink = RawTopicSink(self.config, self.stats, topic_check=raw_topic_problem)
+        sink = self._sink = RawTopicSink(
+            self.config,
+            self.stats,
+            topic_check=raw_topic_problem,
+            topic_ensure=ensure_raw_topic if self.config.create_raw_topic else None,
+        )
         gauges = Gauges(
             reassemblies_in_flight=lambda: self._decoder.reassemblies_in_flight,
             producer_queue=lambda: sink.queued,
@@ -163,6 +168,14 @@ class Receiver:
                 if problem is not None:
                     await sink.close(0)
                     raise ConfigError(f"raw topic {raw}", problem)
+        elif self.config.create_raw_topic:
+            # a {topic} template: each raw topic is made when its first record arrives
+            # (receiver/kafka_sink.py); a replication the cluster cannot give stops us now
+            try:
+                await loop.run_in_executor(None, check_raw_replication, self.config)
+            except ConfigError:
+                await sink.close(0)
+                raise
         try:
             self._open_sockets()
             for drainer in self._drainers:

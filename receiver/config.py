@@ -145,9 +145,10 @@ class ReceiverConfig:
     """Seconds a run may wait for the next record of its partition before it is written (0: runs
     end with each datagram)."""
     create_raw_topic: bool = True
-    """Create the raw topic at start-up when it is missing (a fixed raw_topic, not a {topic}
-    template), with raw_topic_partitions, raw_topic_replication, raw_topic_min_insync_replicas
-    and the max.message.bytes the largest raw record needs; an existing topic is left as it is."""
+    """Create a missing raw topic with raw_topic_partitions, raw_topic_replication,
+    raw_topic_min_insync_replicas and the max.message.bytes the largest raw record needs: a fixed
+    raw_topic at start-up, each topic of a {topic} template when its first record arrives; an
+    existing topic is left as it is."""
     raw_topic_partitions: int = 6
     """Partitions of a raw topic the receiver creates (the dedup reads one Spark task per raw
     partition: at least its cores)."""

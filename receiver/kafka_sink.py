@@ -53,6 +53,16 @@ and refreshed every ``metadata_refresh`` seconds; the raw partition is the sourc
 that count (docs/topics.md). A finished lookup is applied by the next :meth:`service`, so the first
 runs of a new raw topic wait in the backlog for the lookup itself (milliseconds), not for the
 once-a-second :meth:`tick`.
+
+Raw topics made here (``create_raw_topic``): the first lookup of a raw topic not yet known to exist
+first ensures it (``topic_ensure``: ``receiver.topic_check.ensure_raw_topic``, the same partitions,
+replication, ``min.insync.replicas`` and ``max.message.bytes`` as the fixed raw topic at start-up),
+on the same metadata thread and before the producer's metadata request, which a broker with
+``auto.create.topics.enable`` would answer by creating the topic with its own defaults. That is how
+each topic of a ``{topic}`` template is made when its first source record arrives. A refusal is
+logged (an ERROR naming the setting) and the lookup goes on: records wait in the backlog and the
+creation is tried again with the next lookup. A topic is ensured once (until the set of ensured
+topics reaches its bound and is forgotten).
 """
 
 from __future__ import annotations
@@ -67,6 +77,7 @@ from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, KafkaException
 
+from common.errors import ConfigError
 from common.logging import RateLimitedLog
 from common.raw_run import SESSION_HEADER, parse_run_key
 from common.raw_topic import (
@@ -149,6 +160,13 @@ _Item = tuple[str, str, int, int, int, int, bytes | None, str, Headers, int]
 _RETRY_LOOKUP = 2.0  # seconds between metadata attempts for a topic that is not there yet
 _POLL_INTERVAL = 0.005  # at most one producer.poll(0) per this many seconds from service()
 _MAX_SESSIONS = 1024  # diode.session headers cached (session ids come from the wire)
+_MAX_ENSURED = 100_000  # raw topics remembered as ensured (topic names come from the wire)
+
+#: Makes a raw topic when it is missing; True if this call created it (receiver.topic_check).
+TopicEnsure = Callable[[ReceiverConfig, str], bool]
+#: What a metadata lookup found: the partition count (None: not there) and, when it tried to
+#: create the topic and was refused, why.
+_Found = tuple[int | None, str | None]
 
 
 class RawTopicSink:
@@ -161,6 +179,7 @@ class RawTopicSink:
         *,
         producer_factory: ProducerFactory = kafka.producer,
         topic_check: Callable[[ReceiverConfig, str], str | None] | None = None,
+        topic_ensure: TopicEnsure | None = None,
     ) -> None:
         self._config = config
         self._stats = stats
@@ -171,13 +190,17 @@ class RawTopicSink:
         self._checks: dict[str, concurrent.futures.Future[str | None]] = {}
         #: raw topics whose limits are checked elsewhere (the fixed raw topic, at start-up)
         self.checked_elsewhere: set[str] = set()
+        #: creates a missing raw topic before its first lookup (module docstring); None: off
+        self._topic_ensure = topic_ensure
+        #: raw topics known to exist (found by a lookup), never ensured again
+        self.ensured: set[str] = set()
         self._producer = self._new_producer()
         self._runs = RunCoalescer(config.run_max_bytes, config.run_linger)
         self._finished: list[Run] = []  # runs finished by the coalescer, produced at once
         self._raw_topics: dict[str, str] = {}  # source topic -> raw topic
         self._partitions: dict[str, int] = {}  # raw topic -> partition count
         self._refreshed: dict[str, float] = {}  # raw topic -> monotonic time of last lookup
-        self._lookups: dict[str, concurrent.futures.Future[int | None]] = {}
+        self._lookups: dict[str, concurrent.futures.Future[_Found]] = {}
         self._retry_at: dict[str, float] = {}
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "receiver-metadata")
         self._backlog: dict[str, deque[_Item]] = {}  # raw topic -> waiting items, in order
@@ -494,17 +517,29 @@ class RawTopicSink:
     def _lookup(self, raw: str) -> None:
         if raw in self._lookups or self._closed:
             return
-        producer, timeout = self._producer, self._config.metadata_timeout
-        self._lookups[raw] = self._executor.submit(_partition_count, producer, raw, timeout)
+        producer, config = self._producer, self._config
+        ensure = None if raw in self.ensured else self._topic_ensure
+        self._lookups[raw] = self._executor.submit(_look_up, producer, config, raw, ensure)
 
-    def _lookup_done(
-        self, raw: str, future: concurrent.futures.Future[int | None], now: float
-    ) -> None:
+    def _lookup_done(self, raw: str, future: concurrent.futures.Future[_Found], now: float) -> None:
         try:
-            count = future.result()
+            count, refused = future.result()
         except KafkaException as exc:
-            count = None
+            count, refused = None, None
             self._rlog.warning("metadata", "metadata for raw topic %s failed: %s", raw, exc)
+        if refused is not None:
+            self._rlog.log(
+                logging.ERROR,
+                "create-refused",
+                "cannot create raw topic %s: %s; its records wait in the backlog (up to %d)",
+                raw,
+                refused,
+                self._config.backlog_max_records,
+            )
+        if count is not None:
+            if len(self.ensured) >= _MAX_ENSURED:
+                self.ensured.clear()
+            self.ensured.add(raw)
         if count is None:
             self._retry_at[raw] = now + _RETRY_LOOKUP
             self._rlog.warning(
@@ -581,6 +616,20 @@ class RawTopicSink:
         self.report_losses(time.monotonic(), force=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
         return lost
+
+
+def _look_up(
+    producer: ProducerApi, config: ReceiverConfig, raw: str, ensure: TopicEnsure | None
+) -> _Found:
+    """Ensure ``raw`` exists (when ``ensure`` is given), then count its partitions (blocking;
+    runs on the metadata thread)."""
+    refused = None
+    if ensure is not None:
+        try:
+            ensure(config, raw)
+        except ConfigError as exc:
+            refused = str(exc)
+    return _partition_count(producer, raw, config.metadata_timeout), refused
 
 
 def _partition_count(producer: ProducerApi, raw: str, timeout: float) -> int | None:

@@ -1,11 +1,13 @@
 """The raw topic: created when missing, and does it admit what the receiver is configured to
 write? (Kafka I/O, blocking; called on an executor thread at start-up.)
 
-:func:`ensure_raw_topic` creates a missing fixed raw topic (``create_raw_topic``) with the
+:func:`ensure_raw_topic` creates a missing raw topic (``create_raw_topic``) with the
 partitions, replication, ``min.insync.replicas`` and ``max.message.bytes`` of the settings, through
 ``runtime.kafka.ensure_topics`` (as the dedup creates its topics), before anything looks the topic
 up: a producer's metadata request would otherwise let a broker with ``auto.create.topics.enable``
-create it with its defaults (one replica, about 1 MB). An existing topic is left as it is.
+create it with its defaults (one replica, about 1 MB). An existing topic is left as it is. The
+fixed raw topic is ensured at start-up (a refusal stops it); each raw topic of a ``{topic}``
+template when its first record arrives (``receiver/kafka_sink.py``; a refusal is logged).
 
 Its limits are read with an AdminClient ``describe_configs`` where the credentials allow it; the
 rule itself is ``common.topic_limits.size_problem``. A topic whose configuration cannot be read (no
@@ -60,6 +62,32 @@ def raw_topic_spec(config: ReceiverConfig, topic: str) -> kafka.TopicSpec:
         replication=config.raw_topic_replication,
         config=settings,
     )
+
+
+def check_raw_replication(config: ReceiverConfig) -> None:
+    """For a ``{topic}`` template, whose raw topics are made while running: stop the start-up now
+    when the cluster has fewer brokers than ``raw_topic_replication`` (every creation would be
+    refused). An unreachable cluster is not an error here (logged).
+
+    Raises:
+        ConfigError: naming ``raw_topic_replication``.
+    """
+    if not config.create_raw_topic or config.raw_topic_replication == -1:
+        return
+    conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka}
+    try:
+        brokers = kafka.broker_count(conf, config.metadata_timeout)
+    except KafkaClientError as exc:
+        log.warning("cannot count the downstream brokers now (%s); not checked", exc)
+        return
+    if brokers < config.raw_topic_replication:
+        raise ConfigError(
+            "raw_topic_replication",
+            f"{config.raw_topic_replication} replicas for the raw topics of {config.raw_topic!r},"
+            f" but the cluster at {config.bootstrap_servers} has {brokers} broker(s)",
+            "set raw_topic_replication (and raw_topic_min_insync_replicas) to at most the "
+            "cluster's broker count, e.g. 1 and 1 for a single-broker test cluster",
+        )
 
 
 def ensure_raw_topic(config: ReceiverConfig, topic: str) -> bool:

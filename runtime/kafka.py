@@ -228,6 +228,18 @@ def _wait_for_leaders(
         time.sleep(0.1)  # poll interval of a condition wait with a deadline
 
 
+def broker_count(conf: Mapping[str, Any], timeout: float) -> int:
+    """How many brokers the cluster's metadata lists.
+
+    Raises:
+        KafkaClientError: the cluster did not answer within ``timeout`` seconds.
+    """
+    try:
+        return len(admin(conf).list_topics(timeout=timeout).brokers)
+    except KafkaException as exc:
+        raise error(exc, f"cannot reach Kafka at {conf.get('bootstrap.servers', '?')}") from exc
+
+
 def topic_config(conf: Mapping[str, Any], topic: str, timeout: float) -> dict[str, str]:
     """``{setting: value}`` of ``topic`` as the broker applies it (defaults included).
 

@@ -19,6 +19,12 @@ upstream cluster. Every fault picks its node from the cluster's own metadata at 
   once every partition of the cluster is fully in sync again (how operators upgrade).
 - ``node-down-60s`` (``Scenario.cluster_side``): SIGKILL the busiest raw (or source) leader and
   keep it down for 60 s of traffic (the outage's length is the fault, not a synchronisation).
+- ``downstream-outage`` (downstream): SIGKILL two of the three nodes (the busiest raw leader and
+  another): the controller quorum and every partition's ``min.insync.replicas`` are gone, so
+  nothing can be written downstream. They stay down until the receiver's buffers (made small by
+  the scenario) overflowed ``OVERFLOW_RECORDS`` records, i.e. an outage longer than the buffer,
+  then start again together. The dedup's batch may fail meanwhile: it exits 1 (documented in
+  docs/operations.md, Failure cases) and is started again as its systemd unit would.
 
 Afterwards the harness settles and judges as for every scenario: clean topics read
 ``read_committed`` hold every record exactly once; gaps only where datagrams were lost (none are
@@ -46,6 +52,9 @@ if TYPE_CHECKING:
 
 #: How long ``node-down-60s`` keeps its node down.
 OUTAGE_S = 60.0
+#: Records (and heartbeats) the receiver must have dropped as ``downstream_overflow`` before
+#: ``downstream-outage`` ends.
+OVERFLOW_RECORDS = 400
 #: ``transaction.state.log.num.partitions`` and ``offsets.topic.num.partitions`` of local clusters.
 INTERNAL_PARTITIONS = 5
 
@@ -152,6 +161,11 @@ def crossed(run: Run) -> float:
     return _metric(run, "receiver", "kafka_diode_receiver_delivered_records_total")
 
 
+def overflowed(run: Run) -> float:
+    """Records and control records the receiver dropped because its buffers were full."""
+    return _metric(run, "receiver", "kafka_diode_receiver_drops_total{reason=downstream_overflow}")
+
+
 def committed(run: Run) -> float:
     """Records the dedup has committed to clean topics."""
     return _metric(run, "dedup", "kafka_diode_dedup_records_forwarded_total")
@@ -248,5 +262,52 @@ def inject(run: Run, fault: str) -> None:
         events.append(f"restart {node.name} after {time.monotonic() - began:.0f} s")
         node.start()
         wait(lambda: all_in_sync(side.bootstrap), f"{node.name} back in sync")
+    elif fault == "downstream-outage":
+        wait(lambda: crossed(run) >= sixth, f"{sixth} records in the raw topic")
+        leader, where = busiest_leader(down, raw)
+        victims = [side.node(leader), *[n for n in side.nodes if n is not side.node(leader)][:1]]
+        dedup = p.group["dedup"]
+        links = [proc for proc in alive if proc is not dedup]  # these must never exit
+        events.append(
+            f"SIGKILL {', '.join(n.name for n in victims)} (leader of {where} and one more: no"
+            " quorum, no in-sync majority)"
+        )
+        began = time.monotonic()
+        for node in victims:
+            node.kill()
+        wait_until(
+            lambda: overflowed(run) >= OVERFLOW_RECORDS,
+            timeout=limit,
+            interval=0.2,
+            what=f"{OVERFLOW_RECORDS} records overflowing the receiver's buffers",
+            alive=links,
+        )
+        events.append(
+            f"restart {', '.join(n.name for n in victims)} after {time.monotonic() - began:.0f}"
+            f" s; the receiver had overflowed {overflowed(run):.0f} records"
+        )
+        side.start()
+        wait_until(
+            lambda: all_in_sync(side.bootstrap),
+            timeout=limit,
+            interval=0.2,
+            what="every partition in sync after the outage",
+            alive=links,
+        )
+        # The dedup either lived through it and commits again, or exited 1 (its batch's Kafka
+        # calls timed out): then it starts again, as systemd's Restart=on-failure does.
+        before = committed(run) if dedup.running else 0.0
+        wait_until(
+            lambda: not dedup.running or committed(run) > before,
+            timeout=limit,
+            interval=0.5,
+            what="the dedup committing again or exiting",
+            alive=links,
+        )
+        if not dedup.running:
+            code = dedup.returncode
+            events.append(f"dedup exited {code} during the outage; restarted (systemd)")
+            assert code == 1, f"the dedup exited {code}, not the documented 1"
+            dedup.start()
     else:
         raise ValueError(f"unknown cluster fault {fault!r}")

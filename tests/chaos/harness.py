@@ -70,6 +70,7 @@ CLUSTER_FAULTS = (
     "group-coordinator-sigkill",
     "rolling-restart",
     "node-down-60s",
+    "downstream-outage",
 )
 
 
@@ -96,7 +97,8 @@ class Scenario:
     fec_overhead: float = 0.0
     """Sender FEC overhead in percent (0: off)."""
     sender_env: tuple[tuple[str, str], ...] = ()
-    """Extra ``DIODE_SENDER_*`` settings (e.g. FEC block settings)."""
+    """Extra environment of every component: ``DIODE_SENDER_*`` (e.g. FEC block settings),
+    ``DIODE_RECEIVER_*`` (e.g. small buffers)."""
     receiver_first: bool = False
     """Start the sender only once receiver and relay listen (scenarios that promise zero gaps
     before any resend must not lose the first datagrams to a socket nobody has opened yet)."""

@@ -6,17 +6,27 @@ sender's group coordinator), rolled, or kept down for 60 s (tests/chaos/failover
 No relay: no datagram is lost, so the promise here is the strict one: after the fault, with no
 resend, every record is in its clean topic exactly once (read_committed) and no gap is open, and
 no component exited. Slow (six JVMs and Spark on two cores: minutes per scenario): ``make chaos``.
+
+Two more where records are lost, so a resend is due (``test_outage_longer_than_the_buffer``,
+``test_datagram_loss_with_a_broker_sigkill``): the downstream cluster away for longer than the
+receiver's buffers hold (its overflow log is the exact loss report: the gaps the dedup reports
+are exactly those ranges, and one resend pass closes them), and a lossy link while the raw
+topic's busiest leader is SIGKILLed.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from common.gap_record import latest_gaps
 from kafka_diode.local_kafka.broker import free_port
 from kafka_diode.local_kafka.cluster import LocalCluster
+from kafka_diode.verify import Verdict
+from runtime import kafka
 from tests.chaos.harness import Run, Scenario, append_result, check
 
 SCENARIOS = [
@@ -88,4 +98,122 @@ def test_failover(
     assert outcome.resend_passes == 0, run.explain()
     assert outcome.gaps_reported == 0, run.explain()
     assert outcome.delivered == outcome.records == scenario.records, run.explain()
+    assert outcome.events, "the fault did nothing"
+
+
+OUTAGE = Scenario(
+    name="downstream-outage-beyond-buffer", cluster_fault="downstream-outage", records=6000,
+    produce_seconds=80, seed=309, receiver_first=True,
+    sender_env=(("DIODE_RECEIVER_BUFFER_MAX_RECORDS", "100"),
+                ("DIODE_RECEIVER_BACKLOG_MAX_RECORDS", "300")),
+)  # fmt: skip
+LOSS_AND_KILL = Scenario(
+    name="lossy-link-raw-leader-sigkill", profile="lossy-5", cluster_fault="raw-leader-sigkill",
+    records=6000, produce_seconds=60, seed=310, receiver_first=True,
+)  # fmt: skip
+#: One line of the receiver's loss report (receiver/kafka_sink.py ``report_losses``).
+_LOSS_LINE = re.compile(
+    r"(\d+) records (?:dropped: downstream buffers full \(downstream_overflow\)|could not be "
+    r"delivered to the raw topic); resend these source ranges: (.*)$"
+)
+
+Offsets = set[tuple[str, int, int]]
+
+
+def reported_losses(log: str) -> tuple[int, Offsets]:
+    """Records the receiver's ERROR lines reported lost, and their offsets (each line lists its
+    ranges as ``topic:partition:first[-last]``)."""
+    records, offsets = 0, set()
+    for line in log.splitlines():
+        found = _LOSS_LINE.search(line)
+        if found is None:
+            continue
+        assert "more ranges" not in line, line
+        assert "further partitions" not in line, line
+        records += int(found.group(1))
+        for item in found.group(2).split(", "):
+            topic, partition, span = item.rsplit(":", 2)
+            first, _, last = span.partition("-")
+            span_offsets = range(int(first), int(last or first) + 1)
+            offsets |= {(topic, int(partition), o) for o in span_offsets}
+    return records, offsets
+
+
+class GapsAtFirstSettle(Run):
+    """A run that also keeps the open gaps of the first settled verdict (before any resend)."""
+
+    first_gaps: Offsets | None = None
+
+    def settle(self) -> Verdict:
+        verdict = super().settle()
+        if self.first_gaps is None:
+            p = self.pipeline
+            conf = {"bootstrap.servers": p.ep.downstream}
+            scan = latest_gaps(kafka.read_to_end(conf, p.ep.gap_topic, timeout=60, purpose="chaos"))
+            self.first_gaps = {
+                (t, part, o) for t, part, lo, hi in scan.open_gaps for o in range(lo, hi + 1)
+            }
+        return verdict
+
+
+@pytest.mark.chaos
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.slow
+def test_outage_longer_than_the_buffer(
+    upstream_cluster: LocalCluster,
+    downstream_cluster: LocalCluster,
+    chaos_results: Path,
+    tmp_path: Path,
+) -> None:
+    """The downstream cluster cannot take writes for longer than the receiver's buffers hold:
+    what overflowed is logged as exact source ranges, the dedup reports exactly those offsets
+    as gaps (no more: nothing else was lost; no fewer: nothing vanished silently), and one
+    resend pass closes them."""
+    run = GapsAtFirstSettle(
+        OUTAGE, tmp_path, upstream=upstream_cluster, downstream=downstream_cluster,
+        settle_timeout=420,
+    )  # fmt: skip
+    outcome = run.execute()
+    append_result(chaos_results, outcome)
+    check(run, outcome, fail=pytest.fail)
+    log = (run.pipeline.group.log_dir / "receiver.log").read_text(errors="replace")
+    records, lost = reported_losses(log)
+    assert records >= 100, run.explain()  # the outage did outlast the buffers
+    assert records == len(lost), run.explain()  # every record listed once
+    assert run.first_gaps == lost, (
+        f"gaps not in the loss report: {sorted(run.first_gaps - lost)[:10]}; "
+        f"lost but not a gap: {sorted(lost - run.first_gaps)[:10]}\n{run.explain()}"
+    )
+    assert outcome.missing_reported == len(lost), run.explain()
+    assert outcome.resend_passes == 1, run.explain()
+    assert outcome.final_delivered == outcome.records == OUTAGE.records, run.explain()
+    assert outcome.events, "the fault did nothing"
+
+
+@pytest.mark.chaos
+@pytest.mark.kafka
+@pytest.mark.spark
+@pytest.mark.slow
+def test_datagram_loss_with_a_broker_sigkill(
+    upstream_cluster: LocalCluster,
+    downstream_cluster: LocalCluster,
+    chaos_results: Path,
+    tmp_path: Path,
+) -> None:
+    """5 % of the datagrams lost on the link while the busiest raw leader is SIGKILLed and
+    restarted: gaps only where datagrams were lost (no false gap), nothing lost silently or
+    duplicated, and resend passes over the same lossy link close every gap."""
+    run = Run(
+        LOSS_AND_KILL, tmp_path, upstream=upstream_cluster, downstream=downstream_cluster,
+        settle_timeout=420,
+    )  # fmt: skip
+    outcome = run.execute()
+    append_result(chaos_results, outcome)
+    check(run, outcome, fail=pytest.fail)
+    assert outcome.gaps_reported > 0, run.explain()  # the link did lose records
+    assert outcome.relay.get("dropped_loss", 0) > 0, run.explain()
+    assert outcome.false_gaps == 0, run.explain()
+    assert outcome.resend_passes >= 1, run.explain()
+    assert outcome.final_delivered == outcome.records == LOSS_AND_KILL.records, run.explain()
     assert outcome.events, "the fault did nothing"

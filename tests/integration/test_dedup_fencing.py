@@ -166,3 +166,34 @@ def test_partitions_are_fenced_apart_and_the_old_whole_batch_marker_is_a_floor(
     p1.close()
     assert clean_offsets(bootstrap, settings) == Counter(range(20))
     assert sorted(markers(bootstrap, settings)) == [f"{query}:0".encode(), f"{query}:1".encode()]
+
+
+def test_the_write_streams_its_batches_into_one_transaction(downstream_kafka) -> None:
+    """Each Arrow batch is produced before the next is read (one batch of payload in the task at
+    a time), the fence runs once, and all batches commit together: a read_committed reader sees
+    nothing before the commit and every record once after it."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query = setup(bootstrap)
+    writer = PartitionWriter(settings, query, 0)
+    events: list[str] = []
+    produce = writer._produce_records
+
+    def produce_logged(*args, **kwargs) -> None:
+        events.append("produce")
+        produce(*args, **kwargs)
+
+    writer._produce_records = produce_logged  # type: ignore[method-assign]
+
+    def batches():
+        for first in range(0, RECORDS, 10):
+            events.append("read")
+            yield from batch(first, first + 10).to_batches()
+            if first == 20:
+                assert clean_offsets(bootstrap, settings) == Counter()  # nothing visible yet
+
+    result = writer.write_batches(batches(), 4)
+    assert events == ["read", "produce"] * (RECORDS // 10)
+    assert result.records == RECORDS
+    assert not result.skipped
+    assert clean_offsets(bootstrap, settings) == Counter(range(RECORDS))
+    assert markers(bootstrap, settings) == [f"{query}:0".encode()]

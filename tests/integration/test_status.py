@@ -1,7 +1,8 @@
 """``kafka-diode status`` against real processes (issue 25 item 6): a real sender and receiver
 on the session brokers; the gap topic holds what the dedup would write. Exit 0 when all is well,
 1 with a line per reason when a person is needed (an open gap, a silent link, an endpoint that
-does not answer), 3 when Kafka cannot be read."""
+does not answer, a clean topic too far behind what the sender vouched for), 3 when Kafka cannot
+be read. How far the clean topic is behind is checked against a real dedup."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from kafka_diode.local_kafka.broker import free_port
 from kafka_diode.pipeline import Pipeline, PipelineSpec
 from kafka_diode.processes import wait_until
 from tests.kafka_helpers import create_topic
+from tests.kafka_helpers import wait_until as waited
 
 pytestmark = pytest.mark.kafka
 
@@ -136,3 +138,78 @@ def test_watch_redraws_until_ctrl_c(downstream_kafka: Any, tmp_path: Path) -> No
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def _clean_view(p: Pipeline, dedup: str, *args: str) -> dict[tuple[str, int], dict[str, Any]]:
+    doc = _json(_status(p, "--json", "--dedup-metrics", dedup, *args))
+    return {(s["topic"], s["partition"]): s for s in doc["sources"]}
+
+
+@pytest.mark.spark
+def test_status_shows_how_far_the_clean_topic_is_behind_what_the_sender_vouched_for(
+    upstream_kafka: Any, downstream_kafka: Any, tmp_path: Path
+) -> None:
+    """A real dedup: caught up, each source partition's clean topic reaches the offset the
+    sender vouched for; restarted so that it crawls (one raw record per micro-batch) while 600
+    more records arrive, the clean topic is that far behind and status says so."""
+    spec = PipelineSpec(
+        records=600, topics=("orders",), partitions=2, profile=None, heartbeat_interval=0.5,
+    )  # fmt: skip
+    with Pipeline(
+        spec, tmp_path, upstream=upstream_kafka.bootstrap, downstream=downstream_kafka.bootstrap
+    ) as p:
+        p.setup()
+        p.start_components(receiver_first=True)
+        assert p.produce() == 600
+        dedup = f"127.0.0.1:{p.ep.metrics['dedup']}"
+
+        def caught_up() -> dict[tuple[str, int], dict[str, Any]] | None:
+            view = _clean_view(p, dedup)
+            done = len(view) == 2 and all(
+                s["clean"] is not None and s["clean"] == s["vouched"] == s["received"]
+                for s in view.values()
+            )
+            return view if done and sum(s["clean"] + 1 for s in view.values()) == 600 else None
+
+        before = waited(caught_up, 240, 1.0, message="the clean topic caught up")
+        assert all(s["clean_behind"] == 0 for s in before.values())
+        ok = _status(p, "--dedup-metrics", dedup, "--max-clean-lag", "0")
+        assert ok.returncode == 0, ok.stdout + ok.stderr
+        assert "CLEAN BEHIND" in ok.stdout
+
+        # the same dedup from its checkpoint, crawling: one raw record per batch, fewer than the
+        # heartbeats arriving (four a second), so it stays behind while 600 more records arrive
+        p.group["dedup"].stop()
+        slow = {**p.dedup_env(), "MAX_OFFSETS_PER_TRIGGER": "1"}
+        p.group.add("dedup-slow", p.dedup_argv(), env=slow, stop_timeout=60)
+        dedup = f"127.0.0.1:{p.ep.metrics['dedup']}"  # dedup_argv() gave it a new port
+        assert p.produce() == 1200
+        seen: list[object] = []
+
+        def behind() -> dict[tuple[str, int], dict[str, Any]] | None:
+            view = _clean_view(p, dedup)
+            seen[:] = [view]
+            arrived = len(view) == 2 and all(
+                s["vouched"] == s["received"] and s["clean"] is not None for s in view.values()
+            )
+            total = sum(s["vouched"] + 1 for s in view.values()) if arrived else 0
+            return view if total == 1200 else None
+
+        try:
+            after = waited(behind, 240, 1.0, message="the new records in raw")
+        except TimeoutError as exc:
+            raise AssertionError(f"last status view: {seen}") from exc
+        for tp, s in after.items():
+            assert before[tp]["clean"] <= s["clean"] <= s["vouched"]
+            assert s["clean_behind"] == s["vouched"] - s["clean"]
+        assert 10 < sum(s["clean_behind"] for s in after.values()) <= 600
+        late = _status(p, "--dedup-metrics", dedup, "--max-clean-lag", "10")
+        assert late.returncode == 1, late.stdout
+        assert "behind what the sender vouched for" in late.stdout
+        # a raw tail of 3 records (heartbeats) holds no run the dedup has read: what status
+        # says then comes from the window before the dedup's next offset, and never more than
+        # the clean topic holds (a source whose runs are not in that window shows no figure)
+        short = _clean_view(p, dedup, "--scan-records", "3")
+        latest = _clean_view(p, dedup)
+        for tp, s in short.items():
+            assert s["clean"] is None or before[tp]["clean"] <= s["clean"] <= latest[tp]["clean"]

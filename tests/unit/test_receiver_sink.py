@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
+from common.errors import ConfigError
 from common.raw_run import SESSION_HEADER, expand_run
 from common.raw_topic import HEARTBEAT_HEADERS, raw_headers, session_hex
 from common.wire.events import Heartbeat, RecordBatch, RecordGroup, Withheld
@@ -465,3 +466,58 @@ def test_a_raw_topic_first_seen_while_running_is_checked_and_a_problem_logged(
     assert checked == ["raw.b"]
     assert "'raw.b' admits messages up to 1 bytes (max.message.bytes)" in caplog.text
     assert "refused by the broker and reported as lost" in caplog.text
+
+
+def test_a_template_raw_topic_is_ensured_once_before_its_first_lookup(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Issue 25: each raw topic of a {topic} template is created when first used, before the
+    producer's metadata request (which an auto-creating broker would answer with its defaults);
+    a refusal is logged naming the setting and tried again at the next lookup."""
+    topics: dict[str, int] = {}
+    fake = FakeProducer(topics)
+    order: list[str] = []
+    lookups = fake.list_topics
+
+    def list_topics(topic: str | None = None, timeout: float = -1) -> _Metadata:
+        order.append(f"lookup {topic}")
+        return lookups(topic, timeout)
+
+    fake.list_topics = list_topics  # type: ignore[method-assign]
+    refusals = {"raw.b": 2}
+
+    def ensure(_config: ReceiverConfig, topic: str) -> bool:
+        order.append(f"ensure {topic}")
+        if refusals.get(topic, 0):
+            refusals[topic] -= 1
+            raise ConfigError("raw_topic_replication", "3 replicas, 1 broker", "set it to 1")
+        topics[topic] = 4
+        return True
+
+    config = ReceiverConfig(
+        bootstrap_servers="fake:9092", raw_topic="raw.{topic}", allow_cleartext=True
+    )
+    sink = RawTopicSink(
+        config, ReceiverStats(), producer_factory=lambda _p: fake, topic_ensure=ensure
+    )
+    with caplog.at_level(logging.ERROR, logger="receiver.kafka_sink"):
+        assert asyncio.run(sink.wait_metadata("raw.a", 5.0))
+        assert order == ["ensure raw.a", "lookup raw.a"]
+        sink.write_batch(_batch(_group(5, range(3), topic="b")))
+        sink.flush_runs(now=time.monotonic() + 10)
+        deadline = time.monotonic() + 30
+        while "raw.b" not in sink._partitions:  # retried every 2 s of the tick's clock
+            assert time.monotonic() < deadline, "raw.b was never made"
+            concurrent.futures.wait(list(sink._lookups.values()), timeout=0.5)
+            sink.tick(time.monotonic() + 10 * len(order))
+            sink.service()
+    assert order.count("ensure raw.b") == 3  # two refusals, then made
+    assert order.index("ensure raw.b") < order.index("lookup raw.b")
+    assert "cannot create raw topic raw.b: raw_topic_replication: 3 replicas" in caplog.text
+    assert [c[0] for c in fake.calls] == ["raw.b"]  # the run waited in the backlog, then went
+    assert fake.calls[0][3] == 5 % 4
+    # found once, never ensured again (the metadata refresh only looks the count up)
+    sink._lookup("raw.a")
+    concurrent.futures.wait(list(sink._lookups.values()), timeout=5)
+    assert order.count("ensure raw.a") == 1
+    asyncio.run(sink.close(0))

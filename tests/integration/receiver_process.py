@@ -31,10 +31,31 @@ def free_udp_port() -> int:
         return int(s.getsockname()[1])
 
 
-def free_tcp_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def free_tcp_port(count: int = 1) -> int:
+    """A free TCP port ``p`` such that ``p .. p + count - 1`` are all free now.
+
+    The receiver's worker process ``i`` serves its metrics on ``port + i``: a port whose neighbour
+    is some client's ephemeral port would fail that worker's start-up.
+    """
+    for _ in range(100):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = int(first.getsockname()[1])
+            if port + count - 1 > 65535:
+                continue
+            held: list[socket.socket] = []
+            try:
+                for neighbour in range(port + 1, port + count):
+                    s = socket.socket()
+                    held.append(s)
+                    s.bind(("127.0.0.1", neighbour))
+            except OSError:
+                continue
+            finally:
+                for s in held:
+                    s.close()
+            return port
+    raise RuntimeError(f"no {count} consecutive free TCP ports")
 
 
 def write_key_file(path: Path) -> KeyRing:
@@ -57,7 +78,7 @@ class ReceiverProcess:
         root: Path = ROOT,
     ) -> None:
         self.port = free_udp_port()
-        self.metrics_port = free_tcp_port()
+        self.metrics_port = free_tcp_port(count=4)  # room for worker processes
         self.stderr_path = workdir / f"receiver-{self.port}.log"
         self.stdout_path = workdir / f"receiver-{self.port}.out"
         args = [
@@ -102,8 +123,10 @@ class ReceiverProcess:
     def __enter__(self) -> ReceiverProcess:
         return self.start() if self.proc is None else self
 
-    def __exit__(self, *_exc: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_exc: object) -> None:
         self.kill()
+        if exc_type is not None:  # pytest shows captured stderr with the failure
+            print(f"receiver log (tail):\n{self.log()[-6000:]}", file=sys.stderr)
 
     def log(self) -> str:
         return self.stderr_path.read_text(errors="replace") if self.stderr_path.exists() else ""

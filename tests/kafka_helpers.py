@@ -235,7 +235,7 @@ def consume_all(
     """Read ``topic`` from the beginning of every partition, without a consumer group.
 
     Stops when ``expected_count`` records were read, or (with no count) when every partition
-    reached its end; returns what was read when ``timeout`` passes first, so the caller's
+    reached its end or what it held when the read began; returns what was read when ``timeout`` passes first, so the caller's
     assertion shows what is missing. Records are in per-partition offset order. With
     ``expand_runs`` (a raw topic the receiver wrote), every v2 run is replaced by the v1 records
     it stands for (:func:`expand_runs`), and those are what ``expected_count`` counts.
@@ -257,6 +257,13 @@ def consume_all(
         if meta.error is not None:
             raise RuntimeError(f"topic {topic}: {meta.error}")
         partitions = sorted(meta.partitions)
+        # What the topic held when the read began: a partition is read once its last record
+        # reached this, even if a live writer (heartbeats) never lets an end-of-partition event
+        # find both partitions at their ends at once.
+        high = {
+            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10.0)[1]
+            for p in partitions
+        }
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout
@@ -272,7 +279,10 @@ def consume_all(
                         at_end.add(msg.partition())
                         continue
                     raise RuntimeError(f"consume {topic}: {err}")
-                at_end.discard(msg.partition())
+                if msg.offset() + 1 >= high[msg.partition()]:
+                    at_end.add(msg.partition())
+                else:
+                    at_end.discard(msg.partition())
                 ts_type, ts = msg.timestamp()
                 record = ConsumedRecord(
                     topic=msg.topic(),

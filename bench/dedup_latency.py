@@ -10,7 +10,8 @@ timestamp = the moment the record is offered, so a run's linger counts) at each 
 the time the dedup adds between a record's arrival in the raw topic and its visibility to a
 reader of the clean topic (the sender/receiver add their own, see bench/e2e.py). Per rate:
 p50, p99, max and the achieved rate. Records produced in the first second of each phase count
-for it (a phase change is a step, not a backlog). Needs a broker: ``--bootstrap`` (default:
+for it (a phase change is a step, not a backlog). Then ``--idle-seconds`` with no input: the
+dedup's CPU when idle (``dedup_idle_cores``). Needs a broker: ``--bootstrap`` (default:
 start one). Last line: one JSON object.
 
     .venv/bin/python bench/dedup_latency.py --rates 1000,5000,20000 --seconds 30
@@ -214,6 +215,12 @@ def main() -> int:
     parser.add_argument("--rates", default="1000,5000,20000")
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--trigger-ms", type=int, default=1000)
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=20.0,
+        help="after the rates, this long with no input: the dedup's CPU when idle (0: skip)",
+    )
     parser.add_argument("--spark-master", default="local[2]")
     parser.add_argument(
         "--layout",
@@ -292,6 +299,12 @@ def main() -> int:
         watcher.stop.set()
         watcher.join(10)
         cpu_s = group_usage(dedup.pid)[0] - cpu_start
+        # idle: nothing arrives; what the dedup burns anyway (no-data micro-batches, timers)
+        idle_start = group_usage(dedup.pid)[0]
+        idle_end_at = time.monotonic() + args.idle_seconds
+        while time.monotonic() < idle_end_at and dedup.poll() is None:
+            time.sleep(0.5)  # a fixed measuring window, not a synchronisation
+        idle_cpu = group_usage(dedup.pid)[0] - idle_start
         samples = list(watcher.samples)
         per_rate = {}
         for rate, begin, end, sent, took in phases:
@@ -313,6 +326,8 @@ def main() -> int:
             "dedup_cpu_s": round(cpu_s, 1),
             "dedup_cpu_s_per_million": round(cpu_s / offered * 1e6, 1) if offered else None,
             "dedup_peak_hwm_sum_mb": round(memory.peak_hwm / 1e6),
+            "idle_seconds": args.idle_seconds,
+            "dedup_idle_cores": round(idle_cpu / max(args.idle_seconds, 1e-9), 3),
             "records_total": total,
             "seen_total": len(samples),
             "load_average_1m_start": round(load_start, 2),

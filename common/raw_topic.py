@@ -36,9 +36,14 @@ CONTROL_HEADER = "diode.control"
 HEARTBEAT = b"heartbeat"
 RESET = b"reset"
 WITHHELD = b"withheld"
+#: Written by the dedup to its own control topic when no micro-batch ran for a gap-scan interval,
+#: so that Spark runs one (its processing-time timeouts, the gap scans, run only in batches);
+#: dropped by the dedup's classifier, never a raw topic's record.
+TICK = b"tick"
 HEARTBEAT_HEADERS: Headers = [(CONTROL_HEADER, HEARTBEAT)]
 RESET_HEADERS: Headers = [(CONTROL_HEADER, RESET)]
 WITHHELD_HEADERS: Headers = [(CONTROL_HEADER, WITHHELD)]
+TICK_HEADERS: Headers = [(CONTROL_HEADER, TICK)]
 TIMESTAMP_TYPES = (b"0", b"1", b"2")
 #: Fields of a heartbeat control record's JSON value that the dedup reads (by these names).
 HEARTBEAT_LOW_OFFSET = "low_offset"

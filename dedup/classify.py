@@ -14,6 +14,8 @@ and ``common.raw_topic.parse_raw_key``.
   names and values are the payload (re-encoded as a run of one by the stateful step).
 - **control** (``diode.control`` header, v1 key form): heartbeat, reset, withheld; the fields the
   detector needs come out of the JSON value here, the value itself stays behind.
+- a **tick** (``diode.control: tick``) of the control topic, the dedup's own (``dedup/runner.py``):
+  dropped here; it only makes a micro-batch run.
 - anything else is **malformed**: counted, never forwarded.
 
 Only what the stateful step needs goes on: the payload of data only, never of control records.
@@ -37,6 +39,7 @@ from common.raw_topic import (
     HEARTBEAT_STARTED_AT,
     PROVENANCE_HEADERS,
     RESET,
+    TICK,
     TIMESTAMP_PATTERN,
     WITHHELD,
     WITHHELD_LAST,
@@ -59,6 +62,10 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
 
     ``topics`` is ``(*RAW_TOPICS, CONTROL_TOPIC)``: a record of any other topic is malformed.
     """
+    control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
+    if topics:  # the control topic's ticks are no input (a tick elsewhere is malformed)
+        tick = f"coalesce(cast({control} as string) = '{TICK.decode()}', false)"
+        raw = raw.filter(F.expr(f"NOT (topic = '{topics[-1]}' AND {tick})"))
     n = "coalesce(size(headers), 0)"
     prov_ok = " AND ".join(
         [f"{n} >= 4"]
@@ -68,7 +75,6 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
         ]
     )
     stamp = "cast(try_element_at(headers, -3).value as string)"
-    control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
     known = " OR ".join(f"topic = '{name}'" for name in topics) or "false"
     k = "cast(key as string)"
     split = raw.select(

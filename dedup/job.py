@@ -82,6 +82,9 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         "spark.python.worker.reuse": "true",
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         "spark.sql.streaming.stopTimeout": "120s",
+        # no batch without input: the driver's ticks (dedup/idle_tick.py) make one per gap-scan
+        # interval instead of one per trigger, each ~0.9 CPU-s (docs/dedup.md "Idle cost")
+        "spark.sql.streaming.noDataMicroBatches.enabled": "false",
     }
     if jars:
         conf["spark.jars"] = ",".join(jars)

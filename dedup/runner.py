@@ -11,10 +11,12 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from common import settings
 from dedup.config import DedupConfig
+from dedup.idle_tick import IdleTicker
 from dedup.raw_position import reads_behind
 from runtime import service
 
@@ -47,6 +49,7 @@ def run(
     jars = [str(path) for path in spark_connector_jars()]
     spark = job.build_session(config, jars)
     query = job.start_query(spark, config, writer)
+    ticker, close_ticks = idle_ticker(config)
     stop = threading.Event()
 
     def on_stop(signame: str) -> None:
@@ -68,8 +71,10 @@ def run(
                 until_idle=until_idle,
                 max_batches=max_batches,
                 raw=raw,
+                ticker=ticker,
             )
     finally:
+        close_ticks()
         writer.close()
         raw.close()
         stop_spark(spark, requested=stop.is_set())
@@ -91,8 +96,12 @@ def drive(
     until_idle: float | None = None,
     max_batches: int | None = None,
     raw: RawPositionMetrics | None = None,
+    ticker: IdleTicker | None = None,
 ) -> int:
     """Watch the query until it ends or ``stop`` is set; returns the exit code.
+
+    ``ticker`` (dedup/idle_tick.py) writes a tick to the control topic when no batch ran for a
+    gap-scan interval, so that the scans run although Spark runs no batch without input.
 
     If the JVM is gone while a requested stop is under way (systemd's KillMode=control-group
     signals the JVM too), the stop succeeded: exit 0. Gone without a request: exit 1.
@@ -114,6 +123,10 @@ def drive(
             # idle only with nothing left to read: between two batches of a backlog a loaded
             # driver can plan for longer than --until-idle
             idle = 0.0 if behind else writer.idle_s(time.monotonic())
+            if ticker is not None and not behind:
+                ticker.poll(
+                    time.monotonic(), batches_seen=writer.batches_seen, in_batch=writer.in_batch
+                )
             if until_idle is not None and writer.batches_seen and idle >= until_idle:
                 log.info("no input for %.1f s: stopping", until_idle)
                 stop.set()
@@ -158,13 +171,43 @@ def stop_spark(spark: Any, *, requested: bool) -> None:
 def _graceful_stop(query: Any, writer: Any) -> None:
     """Let the running batch's write finish (bounded), then stop the query.
 
-    Stopping between the writer's commit and Spark's commit log is safe: the batch is replayed
-    on restart and skipped by the fence.
+    Only a write under way is waited for: a trigger that is still reading offsets or running the
+    stateful step is stopped (its batch is replayed from the offset log on restart), and without
+    no-data batches an active trigger may never become a batch. Stopping between the writer's
+    commit and Spark's commit log is safe: the batch is replayed on restart and skipped by the
+    fence.
     """
-    if query.status.get("isTriggerActive"):
-        writer.request_stop()
+    writer.request_stop()
+    if writer.in_batch:  # if it ended since, ``between_batches`` is already set
         writer.between_batches.wait(STOP_WAIT_S)
     query.stop()
+
+
+def idle_ticker(config: DedupConfig) -> tuple[IdleTicker, Callable[[], None]]:
+    """The driver's ticker over a producer to the control topic, and what closes it."""
+    from common import raw_topic  # noqa: PLC0415
+    from runtime import kafka  # noqa: PLC0415
+
+    producer = kafka.producer({"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf})
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:  # the next idle interval writes another
+            log.warning("a tick to %s was not written: %s", config.control_topic, err)
+
+    def write_tick() -> None:
+        producer.produce(
+            config.control_topic,
+            b"",
+            b"tick",
+            headers=raw_topic.TICK_HEADERS,
+            on_delivery=delivered,
+        )
+        producer.poll(0)
+
+    def close() -> None:
+        producer.flush(5)
+
+    return IdleTicker(write_tick, config.gap_emit_interval_sec, time.monotonic()), close
 
 
 def raw_position_metrics(config: DedupConfig, registry: CollectorRegistry) -> RawPositionMetrics:

@@ -235,10 +235,11 @@ def consume_all(
     """Read ``topic`` from the beginning of every partition, without a consumer group.
 
     Stops when ``expected_count`` records were read, or (with no count) when every partition
-    reached its end or what it held when the read began; returns what was read when ``timeout`` passes first, so the caller's
-    assertion shows what is missing. Records are in per-partition offset order. With
-    ``expand_runs`` (a raw topic the receiver wrote), every v2 run is replaced by the v1 records
-    it stands for (:func:`expand_runs`), and those are what ``expected_count`` counts.
+    reached its end or what it held when the read began; returns what was read when ``timeout``
+    passes first, so the caller's assertion shows what is missing. Records are in per-partition
+    offset order. With ``expand_runs`` (a raw topic the receiver wrote), every v2 run is replaced
+    by the v1 records it stands for (:func:`expand_runs`), and those are what ``expected_count``
+    counts.
     """
     bootstrap = bootstrap_of(target)
     consumer = Consumer(

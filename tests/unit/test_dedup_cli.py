@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -84,6 +85,9 @@ class GoneQuery:
     def status(self) -> dict[str, Any]:
         raise Py4JNetworkError("An error occurred while trying to connect to the Java server")
 
+    def stop(self) -> None:
+        raise Py4JNetworkError("An error occurred while trying to connect to the Java server")
+
     def awaitTermination(self, _timeout: float) -> None:
         self.stop_event.set()  # the SIGTERM arrives while we wait
 
@@ -95,6 +99,13 @@ class Writer:
     batches_seen = 0
     in_batch = False
     idle_s = TransactionalBatchWriter.idle_s
+
+    def __init__(self) -> None:
+        self.between_batches = threading.Event()
+        self.stop_requested = False
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
 
 
 class Batches:
@@ -198,3 +209,44 @@ def test_other_errors_from_spark_stop_are_not_swallowed() -> None:
 
     with pytest.raises(RuntimeError):
         runner.stop_spark(Broken(), requested=True)
+
+
+class StoppableQuery:
+    """A query whose trigger is always active (no-data batches off, trigger 0: it polls offsets)."""
+
+    def __init__(self) -> None:
+        self.status = {"isTriggerActive": True}
+        self.stopped_at: float | None = None
+
+    def stop(self) -> None:
+        self.stopped_at = time.monotonic()
+
+
+def test_a_stop_between_writes_does_not_wait_for_a_batch_that_may_never_come() -> None:
+    """Without no-data micro-batches an active trigger may be an offset poll that finds nothing:
+    only a write under way is waited for (the bounded wait was 300 s per stop before)."""
+    query, writer = StoppableQuery(), Writer()
+    runner._graceful_stop(query, writer)
+    assert writer.stop_requested
+    assert query.stopped_at is not None
+
+
+def test_a_stop_during_a_write_waits_for_it_to_return() -> None:
+    query, writer = StoppableQuery(), Writer()
+    writer.in_batch = True
+    ended: list[float] = []
+
+    def finish_write() -> None:
+        ended.append(time.monotonic())
+        writer.in_batch = False
+        writer.between_batches.set()
+
+    timer = threading.Timer(0.3, finish_write)
+    timer.start()
+    try:
+        runner._graceful_stop(query, writer)
+    finally:
+        timer.join()
+    assert query.stopped_at is not None
+    assert ended
+    assert query.stopped_at >= ended[0]

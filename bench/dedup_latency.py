@@ -11,7 +11,8 @@ the time the dedup adds between a record's arrival in the raw topic and its visi
 reader of the clean topic (the sender/receiver add their own, see bench/e2e.py). Per rate:
 p50, p99, max and the achieved rate. Records produced in the first second of each phase count
 for it (a phase change is a step, not a backlog). Then ``--idle-seconds`` with no input: the
-dedup's CPU when idle (``dedup_idle_cores``). Needs a broker: ``--bootstrap`` (default:
+dedup's CPU when idle (``dedup_idle_cores``; with ``--idle-heartbeat-s``, a live sender's
+heartbeats arrive meanwhile). Needs a broker: ``--bootstrap`` (default:
 start one). Last line: one JSON object.
 
     .venv/bin/python bench/dedup_latency.py --rates 1000,5000,20000 --seconds 30
@@ -40,7 +41,9 @@ from confluent_kafka import Consumer, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from bench.e2e import group_pss, group_usage  # noqa: E402
+from common import raw_topic  # noqa: E402
 from common.raw_run import RunBuilder  # noqa: E402
+from common.wire.events import Heartbeat  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 
 PARTITIONS = 3
@@ -75,6 +78,25 @@ class CleanWatcher(threading.Thread):
                 now = time.time_ns() // 1_000_000
                 self.samples.append((msg.timestamp()[1], now - msg.timestamp()[1]))
         self.consumer.close()
+
+
+def heartbeat(producer: Producer, topic: str, next_offset: list[int]) -> None:
+    """One heartbeat control record per source partition, as the receiver writes them."""
+    now = time.time_ns() // 1_000_000
+    beat = Heartbeat(
+        session_id=bytes.fromhex(SESSION.decode()),
+        sequence=0,
+        sender_id="bench",
+        started_at_ms=0,
+        sent_at_ms=now,
+        high_offsets=tuple(("src", p, o - 1) for p, o in enumerate(next_offset)),
+        low_offsets=tuple(("src", p, 0) for p in range(len(next_offset))),
+        counters=(),
+    )
+    for _topic, partition, key, value in raw_topic.heartbeat_records(beat):
+        producer.produce(topic, value, key.encode(), partition % PARTITIONS,
+                         headers=raw_topic.HEARTBEAT_HEADERS)  # fmt: skip
+    producer.flush(5)
 
 
 class Runs:
@@ -216,6 +238,12 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--trigger-ms", type=int, default=1000)
     parser.add_argument(
+        "--idle-heartbeat-s",
+        type=float,
+        default=0.0,
+        help="in the idle phase, a heartbeat per partition every this many s (0: a silent link)",
+    )
+    parser.add_argument(
         "--idle-seconds",
         type=float,
         default=20.0,
@@ -302,8 +330,12 @@ def main() -> int:
         # idle: nothing arrives; what the dedup burns anyway (no-data micro-batches, timers)
         idle_start = group_usage(dedup.pid)[0]
         idle_end_at = time.monotonic() + args.idle_seconds
+        next_beat = time.monotonic()
         while time.monotonic() < idle_end_at and dedup.poll() is None:
-            time.sleep(0.5)  # a fixed measuring window, not a synchronisation
+            if args.idle_heartbeat_s and time.monotonic() >= next_beat:
+                heartbeat(producer, raw, next_offset)  # a live sender's, as the receiver writes
+                next_beat += args.idle_heartbeat_s
+            time.sleep(0.1)  # a fixed measuring window, not a synchronisation
         idle_cpu = group_usage(dedup.pid)[0] - idle_start
         samples = list(watcher.samples)
         per_rate = {}
@@ -327,6 +359,7 @@ def main() -> int:
             "dedup_cpu_s_per_million": round(cpu_s / offered * 1e6, 1) if offered else None,
             "dedup_peak_hwm_sum_mb": round(memory.peak_hwm / 1e6),
             "idle_seconds": args.idle_seconds,
+            "idle_heartbeat_s": args.idle_heartbeat_s,
             "dedup_idle_cores": round(idle_cpu / max(args.idle_seconds, 1e-9), 3),
             "records_total": total,
             "seen_total": len(samples),

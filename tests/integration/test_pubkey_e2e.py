@@ -34,7 +34,7 @@ from common.wire.pubkey import (
 )
 from runtime.key_files import write_key_file
 from tests.integration.receiver_process import ROOT, ReceiverProcess, free_udp_port
-from tests.kafka_helpers import consume_all, produce_records, wait_until
+from tests.kafka_helpers import Record, consume_all, produce_records, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -140,7 +140,13 @@ def test_lost_announcements_delay_data_and_every_earlier_record_is_delivered_or_
     source = kafka_topic(upstream_kafka, partitions=2)
     raw_topic = kafka_topic(downstream_kafka, partitions=2)
     keys = _keys(tmp_path)
-    early = produce_records(upstream_kafka, source, [b"early-%d" % i for i in range(3000)])
+    # both partitions get records (keyless records would go where the sticky partitioner puts
+    # them, all in one partition at times, and the per-partition checks below need both)
+    early = produce_records(
+        upstream_kafka,
+        source,
+        [Record(None, b"early-%d" % i, partition=i % 2) for i in range(3000)],
+    )
     rx = ReceiverProcess(
         downstream_kafka.bootstrap,
         raw_topic,
@@ -164,7 +170,11 @@ def test_lost_announcements_delay_data_and_every_earlier_record_is_delivered_or_
         )  # fmt: skip
         try:
             wait_until(lambda: rx.metric("session_keys_learned_total") >= 1, 60, message="key")
-            late = produce_records(upstream_kafka, source, [b"late-%d" % i for i in range(1000)])
+            late = produce_records(
+                upstream_kafka,
+                source,
+                [Record(None, b"late-%d" % i, partition=i % 2) for i in range(1000)],
+            )
             ends = {p: max(o for q, o in early + late if q == p) for p in (0, 1)}
 
             def tail_arrived() -> bool:

@@ -1,7 +1,9 @@
 """End-to-end benchmark: upstream Kafka -> sender -> UDP -> receiver -> raw topic -> dedup -> clean.
 
 Every component is the real ``kafka-diode`` process a user runs (``kafka_diode.pipeline``), against
-two real local brokers this script starts (or ``--upstream``/``--downstream``). One *case*:
+two real local brokers this script starts (or ``--upstream``/``--downstream``; ``--brokers 3``:
+two 3-node KRaft clusters, replication 3 and ``min.insync.replicas`` 2, every node's CPU reported
+and summed per side). One *case*:
 
 1. start receiver, (relay,) sender and dedup; produce a warm-up of 200 records and wait until they
    are in the clean topic (Spark is up, every client connected), so start-up is not measured;
@@ -69,6 +71,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from kafka_diode.demo import scrape
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
+from kafka_diode.local_kafka.cluster import LocalCluster
 from kafka_diode.pipeline import Pipeline, PipelineSpec
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -650,6 +653,13 @@ def summarize_case(
             cpu = last[key] - first.get(key, 0.0)
             stages.setdefault(name, {})["cpu_s_per_m_records"] = cpu / max(n, 1) * 1e6
             stages[name]["cpu_s"] = cpu
+    for side in ("upstream", "downstream"):
+        # A cluster's nodes (upstream-1, ...) also as one figure per side, like a single broker.
+        nodes = [v for k, v in stages.items() if k.startswith(f"{side}-") and "cpu_s" in v]
+        if nodes:
+            cpu = sum(v["cpu_s"] for v in nodes)
+            stages[side] = {"cpu_s": cpu, "cpu_s_per_m_records": cpu / max(n, 1) * 1e6,
+                            "nodes": len(nodes)}  # fmt: skip
     for name, peak in sampler.peak_mem.items():
         stages.setdefault(name, {})["peak_rss_mb"] = peak / 1e6
     for name, peak in sampler.peak_pss.items():
@@ -1066,6 +1076,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--py-spy", choices=["sender", "receiver", "relay", "dedup"], default=None,
                     help="profile this component of the first case (20 s)")  # fmt: skip
     ap.add_argument("--stall", type=float, default=60.0, help="give up after S s without progress")
+    ap.add_argument(
+        "--brokers", type=int, default=1,
+        help="nodes of each side's own Kafka: 1, or 3 (replication 3, min.insync.replicas 2)",
+    )  # fmt: skip
     ap.add_argument("--upstream", default=None, help="use this broker instead of starting one")
     ap.add_argument("--downstream", default=None)
     ap.add_argument("--work-dir", type=Path, default=None)
@@ -1080,8 +1094,9 @@ def main(argv: list[str] | None = None) -> int:
     cases, rates = build_plan(args)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="kafka-diode-e2e-"))
     result: dict[str, Any] = {"bench": "e2e", "machine": machine(), "argv": sys.argv[1:]}
-    started: list[LocalBroker] = []
+    started: list[LocalBroker | LocalCluster] = []
     broker_pids: dict[str, int] = {}
+    result["brokers_per_side"] = args.brokers
     try:
         bootstraps = []
         for side in ("upstream", "downstream"):
@@ -1089,11 +1104,23 @@ def main(argv: list[str] | None = None) -> int:
             if given:
                 bootstraps.append(given)
                 continue
-            broker = LocalBroker(f"e2e-{side}-{os.getpid()}", free_port(),
-                                 data_dir=work / f"kafka-{side}", partitions=3)  # fmt: skip
-            console.print(f"starting {side} broker ...")
-            state = broker.start()
+            name = f"e2e-{side}-{os.getpid()}"
+            console.print(f"starting {side} Kafka ({args.brokers} node(s)) ...")
+            if args.brokers > 1:
+                cluster = LocalCluster(name, ports=tuple(free_port() for _ in range(args.brokers)),
+                                       brokers=args.brokers, data_dir=work / f"kafka-{side}",
+                                       partitions=3)  # fmt: skip
+                started.append(cluster)
+                cluster.start()
+                for i, node in enumerate(cluster.nodes, start=1):
+                    state = node.state
+                    assert state is not None, f"{node.name} has no state after start"
+                    broker_pids[f"{side}-{i}"] = state.pid
+                bootstraps.append(cluster.bootstrap)
+                continue
+            broker = LocalBroker(name, free_port(), data_dir=work / f"kafka-{side}", partitions=3)
             started.append(broker)
+            state = broker.start()
             broker_pids[side] = state.pid
             bootstraps.append(broker.bootstrap)
         bs = (bootstraps[0], bootstraps[1])
@@ -1159,8 +1186,8 @@ def main(argv: list[str] | None = None) -> int:
                 }
         result["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
     finally:
-        for broker in reversed(started):
-            broker.stop()
+        for started_kafka in reversed(started):
+            started_kafka.stop()
     print(markdown(result))
     line = json.dumps(result, default=str)
     if args.json_out:

@@ -8,6 +8,9 @@ up: a producer's metadata request would otherwise let a broker with ``auto.creat
 create it with its defaults (one replica, about 1 MB). An existing topic is left as it is. The
 fixed raw topic is ensured at start-up (a refusal stops it); each raw topic of a ``{topic}``
 template when its first record arrives (``receiver/kafka_sink.py``; a refusal is logged).
+For a template, the topics it can name that exist at start-up are checked then, and a problem
+stops the start-up as for the fixed raw topic; one that appears later is checked at its first use
+(a problem is logged, an ERROR, and a record it refuses is reported as lost).
 
 Its limits are read with an AdminClient ``describe_configs`` where the credentials allow it; the
 rule itself is ``common.topic_limits.size_problem``. A topic whose configuration cannot be read (no
@@ -18,7 +21,8 @@ its limit, and a record it refuses is reported as lost (``delivery_errors``, ran
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from common.errors import ConfigError, KafkaClientError
@@ -47,6 +51,41 @@ def raw_topic_problem(config: ReceiverConfig, topic: str) -> str | None:
         return None
     key, size = config.raw_size_setting()
     return size_problem(topic, configs, size, key, both_sides=key == "max_record_size")
+
+
+def template_topics(template: str, names: Iterable[str]) -> list[str]:
+    """The topics among ``names`` that the ``{topic}`` template ``template`` can name, sorted
+    (never Kafka's internal ``__`` topics; none for a template that is ``{topic}`` alone, which
+    can name any topic of the cluster)."""
+    parts = template.split("{topic}")
+    if not "".join(parts):
+        return []
+    pattern = re.compile(".+".join(re.escape(part) for part in parts))
+    return sorted(n for n in names if pattern.fullmatch(n) and not n.startswith("__"))
+
+
+def template_topics_problems(config: ReceiverConfig) -> tuple[list[str], list[str]]:
+    """For a ``{topic}`` template at start-up: the existing topics it can name, and why any of
+    them cannot take the largest raw record (as :func:`raw_topic_problem`). A cluster that does
+    not answer, or configurations it will not describe, are not an error here (logged; each
+    topic is checked when first used).
+    """
+    conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka}
+    try:
+        found = template_topics(config.raw_topic, kafka.topic_names(conf, config.metadata_timeout))
+        configs = kafka.topic_configs(conf, found, config.metadata_timeout)
+    except KafkaClientError as exc:
+        log.warning("cannot check the existing raw topics of %s now (%s); each is checked when "
+                    "its first record arrives", config.raw_topic, exc)  # fmt: skip
+        return [], []
+    key, size = config.raw_size_setting()
+    problems = [
+        problem
+        for name in found
+        if (problem := size_problem(name, configs[name], size, key,
+                                    both_sides=key == "max_record_size")) is not None
+    ]  # fmt: skip
+    return found, problems
 
 
 def raw_topic_spec(config: ReceiverConfig, topic: str) -> kafka.TopicSpec:

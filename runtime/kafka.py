@@ -240,21 +240,50 @@ def broker_count(conf: Mapping[str, Any], timeout: float) -> int:
         raise error(exc, f"cannot reach Kafka at {conf.get('bootstrap.servers', '?')}") from exc
 
 
+def topic_names(conf: Mapping[str, Any], timeout: float) -> list[str]:
+    """The names of the cluster's topics (internal ones included).
+
+    Raises:
+        KafkaClientError: the cluster did not answer within ``timeout`` seconds.
+    """
+    try:
+        return list(admin(conf).list_topics(timeout=timeout).topics)
+    except KafkaException as exc:
+        raise error(exc, f"cannot reach Kafka at {conf.get('bootstrap.servers', '?')}") from exc
+
+
 def topic_config(conf: Mapping[str, Any], topic: str, timeout: float) -> dict[str, str]:
     """``{setting: value}`` of ``topic`` as the broker applies it (defaults included).
 
     Raises:
         KafkaClientError: the broker did not answer, or the topic cannot be described.
     """
+    return topic_configs(conf, [topic], timeout)[topic]
+
+
+def topic_configs(
+    conf: Mapping[str, Any], topics: Iterable[str], timeout: float
+) -> dict[str, dict[str, str]]:
+    """:func:`topic_config` of several topics, in one request per broker.
+
+    Raises:
+        KafkaClientError: the broker did not answer, or a topic cannot be described.
+    """
     client = admin(conf)
-    resource = ConfigResource(ResourceType.TOPIC, topic)
-    try:
-        entries = client.describe_configs([resource], request_timeout=timeout)[resource].result(
-            timeout
-        )
-    except KafkaException as exc:
-        raise error(exc, f"reading the configuration of topic {topic}") from exc
-    return {name: entry.value for name, entry in entries.items() if entry.value is not None}
+    resources = [ConfigResource(ResourceType.TOPIC, topic) for topic in topics]
+    if not resources:
+        return {}
+    futures = client.describe_configs(resources, request_timeout=timeout)
+    out: dict[str, dict[str, str]] = {}
+    for resource, future in futures.items():
+        try:
+            entries = future.result(timeout)
+        except KafkaException as exc:
+            raise error(exc, f"reading the configuration of topic {resource.name}") from exc
+        out[resource.name] = {
+            name: entry.value for name, entry in entries.items() if entry.value is not None
+        }
+    return out
 
 
 def read_to_end(

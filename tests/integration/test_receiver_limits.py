@@ -4,7 +4,8 @@
    documented set-up only (a topic admitting ``max_record_size`` plus the raw overhead; the
    embedded broker's default does): nothing refused, nothing lost.
 2. A raw topic whose ``max.message.bytes`` is below what ``max_record_size`` needs stops the
-   receiver at start-up (exit code 2) with a message naming the setting and the value to set.
+   receiver at start-up (exit code 2) with a message naming the setting and the value to set;
+   so does such a topic that a ``{topic}`` template names and that exists at start-up.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from common.topic_limits import record_limit
 from common.wire import WireConfig
 from common.wire.encoder import Encoder
 from tests.integration.receiver_process import ReceiverProcess, write_key_file
-from tests.kafka_helpers import consume_all, wait_until
+from tests.kafka_helpers import consume_all, create_topic, random_name, wait_until
 
 pytestmark = pytest.mark.kafka
 
@@ -86,3 +87,35 @@ def test_a_raw_topic_too_small_stops_the_receiver_naming_the_setting(
         larger_runs.start()
     assert "run_max_bytes" in larger_runs.log()
     assert "max.message.bytes=1052672" in larger_runs.log()
+
+
+def test_an_existing_topic_of_the_raw_template_too_small_stops_the_receiver(
+    downstream_kafka, tmp_path
+) -> None:
+    # a {topic} template names topics that exist before the first record: one of them too narrow
+    prefix = random_name("tmpl")  # no other test's topic matches the template
+    template = f"{prefix}.{{topic}}.raw"
+    narrow = create_topic(downstream_kafka, f"{prefix}.orders.raw",
+                          config={"max.message.bytes": "1048588"})  # fmt: skip
+    key_file = tmp_path / "keys.json"
+    write_key_file(key_file)
+    rx = ReceiverProcess(downstream_kafka.bootstrap, template, tmp_path, key_file=key_file,
+                         extra=["--raw-topic-replication", "1",
+                                "--raw-topic-min-insync-replicas", "1"])  # fmt: skip
+    with pytest.raises(RuntimeError, match="receiver exited 2"):
+        rx.start()
+    log = rx.log()
+    assert "configuration error" in log
+    assert f"raw topic template {template}" in log
+    assert f"--entity-name {narrow} --add-config max.message.bytes=" in log
+    # with a max_record_size the topic admits, the same template starts
+    fits = ReceiverProcess(
+        downstream_kafka.bootstrap,
+        template,
+        tmp_path,
+        key_file=key_file,
+        extra=["--raw-topic-replication", "1", "--raw-topic-min-insync-replicas", "1",
+               "--max-record-size", str(1048588 - 4096), "--max-message-size", str(1048588)],
+    )  # fmt: skip
+    with fits:
+        assert fits.alive()

@@ -7,6 +7,7 @@ be read. How far the clean topic is behind is checked against a real dedup."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -18,20 +19,30 @@ import pytest
 from confluent_kafka import Producer
 
 from common.gap_record import GapReport, GapState, gap_key, gap_value
+from common.raw_run import SESSION_HEADER, RunBuilder
+from common.raw_topic import HEARTBEAT_HEADERS, heartbeat_records
+from common.wire.events import Heartbeat
 from kafka_diode.local_kafka.broker import free_port
 from kafka_diode.pipeline import Pipeline, PipelineSpec
-from kafka_diode.processes import wait_until
-from tests.kafka_helpers import create_topic
+from kafka_diode.processes import ProcessGroup, diode_command, wait_until
+from kafka_diode.status import dedup_next_offsets, scrape
+from tests.kafka_helpers import Record, consume_all, create_topic, produce_records
 from tests.kafka_helpers import wait_until as waited
 
 pytestmark = pytest.mark.kafka
 
 
 def _status(p: Pipeline, *args: str) -> subprocess.CompletedProcess[str]:
+    return _status_of(p.ep.downstream, p.ep.raw_topic, p.ep.gap_topic, *args)
+
+
+def _status_of(
+    bootstrap: str, raw_topic: str, gap_topic: str, *args: str
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "kafka_diode", "status",
-         "--bootstrap-servers", p.ep.downstream, "--raw-topics", p.ep.raw_topic,
-         "--gap-topic", p.ep.gap_topic, "--rate-window", "1", *args],
+         "--bootstrap-servers", bootstrap, "--raw-topics", raw_topic,
+         "--gap-topic", gap_topic, "--rate-window", "1", *args],
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
 
@@ -213,3 +224,177 @@ def test_status_shows_how_far_the_clean_topic_is_behind_what_the_sender_vouched_
         latest = _clean_view(p, dedup)
         for tp, s in short.items():
             assert s["clean"] is None or before[tp]["clean"] <= s["clean"] <= latest[tp]["clean"]
+
+
+#: Records per run of each source partition in the raw topic of the test below.
+_RUN_WIDTH = {0: 10, 1: 5}
+_SESSION = bytes(range(16))
+
+
+def _run_record(topic: str, partition: int, first: int, last: int) -> Record:
+    """A run of ``first..last`` as the receiver writes it (common/raw_run.py), in raw partition
+    0; each record's value is its source offset."""
+    ts = int(time.time() * 1000) - 3_600_000
+    run = RunBuilder(topic, partition, 1, first, ts)
+    for offset in range(first, last + 1):
+        run.append(offset, ts + offset, b"k%d" % offset, b"%d" % offset, ())
+    return Record(
+        key=run.key().encode(),
+        value=run.encode(),
+        headers=((SESSION_HEADER, _SESSION.hex().encode()),),
+        partition=0,
+    )
+
+
+def _heartbeat_record(topic: str, partition: int, high: int) -> Record:
+    """The receiver's raw record of a heartbeat vouching for ``0..high``, in raw partition 0."""
+    now = int(time.time() * 1000)
+    beat = Heartbeat(
+        session_id=_SESSION, sequence=0, sender_id="test", started_at_ms=now - 60_000,
+        sent_at_ms=now, high_offsets=((topic, partition, high),),
+        low_offsets=((topic, partition, 0),), counters=(),
+    )  # fmt: skip
+    ((_, _, key, value),) = heartbeat_records(beat)
+    return Record(key=key.encode(), value=value, headers=tuple(HEARTBEAT_HEADERS), partition=0)
+
+
+def _dedup_next(endpoint: str, raw_topic: str) -> int | None:
+    """The dedup's ``raw_next_offset`` of raw partition 0, None before its first batch."""
+    metrics = scrape(endpoint)
+    return None if metrics is None else dedup_next_offsets(metrics).get((raw_topic, 0))
+
+
+@pytest.mark.spark
+def test_clean_comes_from_the_window_before_the_dedups_next_offset_when_the_tail_lies_past_it(
+    downstream_kafka: Any, tmp_path: Path
+) -> None:
+    """A raw partition of 120 records as the receiver writes them (rounds of a run of each of two
+    source partitions, then a heartbeat of each); a real dedup reads the first 40 in one
+    micro-batch and, its trigger an hour long, stays there. The raw tail (--scan-records 10)
+    holds no record below the dedup's next offset: ``clean`` and ``clean_behind`` come from the
+    second window, the 10 records before that offset, and match what the clean topic holds and
+    what reading the whole partition says."""
+    bootstrap = downstream_kafka.bootstrap
+    raw = create_topic(downstream_kafka, partitions=1)
+    source = "orders"
+    clean_topic = create_topic(downstream_kafka, f"{raw}.clean.{source}", partitions=2)
+    gap_topic = f"{raw}.gaps"
+    rounds, read = 30, 40
+    records: list[Record] = []
+    runs: list[tuple[int, int, int]] = []  # (raw offset, source partition, last source offset)
+    for r in range(rounds):
+        for p, width in _RUN_WIDTH.items():
+            runs.append((len(records), p, (r + 1) * width - 1))
+            records.append(_run_record(source, p, r * width, (r + 1) * width - 1))
+        records += [_heartbeat_record(source, p, (r + 1) * w - 1) for p, w in _RUN_WIDTH.items()]
+    assert produce_records(bootstrap, raw, records) == [(0, o) for o in range(len(records))]
+    high = len(records)
+    vouched = {p: rounds * width - 1 for p, width in _RUN_WIDTH.items()}
+
+    def clean_at(nxt: int) -> dict[int, int]:
+        """Per source partition the highest offset of the runs below raw offset ``nxt``."""
+        return {p: max(last for o, q, last in runs if q == p and o < nxt) for p in _RUN_WIDTH}
+
+    port = free_port()
+    dedup = f"127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "RAW_TOPICS": raw,
+        "BOOTSTRAP_SERVERS": bootstrap,
+        "CLEAN_TOPIC": f"{raw}.clean.{{topic}}",
+        "GAP_TOPIC": gap_topic,
+        "PROGRESS_TOPIC": f"{raw}.progress",
+        "CONTROL_TOPIC": f"{raw}.control",
+        "STATE_DIR_CONFIG": str(tmp_path / "checkpoint"),
+        "SPARK_MASTER": "local[2]",
+        "SHUFFLE_PARTITIONS": "2",
+        # one micro-batch of the first `read` raw records, then none for an hour (the trigger;
+        # Spark aligns it to the clock, so a second batch may come at the full hour: the
+        # expectations follow the offset the dedup reports) and no idle tick before that
+        "MAX_OFFSETS_PER_TRIGGER": str(read),
+        "PERSIST_INTERVAL_MS": "3600000",
+        "GAP_EMIT_INTERVAL_SEC": "3600",
+    }
+    with ProcessGroup(tmp_path / "logs") as group:
+        proc = group.add(
+            "dedup", diode_command("dedup", "--metrics-port", str(port)), env=env, stop_timeout=60
+        )
+        wait_until(
+            lambda: _dedup_next(dedup, raw) is not None,
+            timeout=300,
+            interval=0.5,
+            what="the dedup's first micro-batch",
+            alive=[proc],
+        )
+
+        def still(read_once: Any) -> tuple[int, Any]:
+            """``read_once()`` and the dedup's next offset, which did not move meanwhile."""
+
+            def attempt() -> tuple[int, Any] | None:
+                before = _dedup_next(dedup, raw)
+                got = read_once()
+                return (
+                    (before, got)
+                    if before is not None and before == _dedup_next(dedup, raw)
+                    else None
+                )
+
+            result: tuple[int, Any] = waited(attempt, 120, 0.5, message="the dedup at rest")
+            return result
+
+        def view(scan: int, *args: str) -> tuple[int, dict[str, Any], Any]:
+            def read_once() -> Any:
+                result = _status_of(
+                    bootstrap, raw, gap_topic, "--json", "--dedup-metrics", dedup,
+                    "--scan-records", str(scan), "--silent-after", "3600", *args,
+                )  # fmt: skip
+                return result.returncode, _json(result)
+
+            nxt, (code, doc) = still(read_once)
+            return nxt, doc, code
+
+        # the tail (10 records) lies wholly past the dedup's next offset
+        nxt, doc, code = view(10, "--max-clean-lag", "150")
+        assert read <= nxt <= high - 10, "the dedup must read further back than the raw tail"
+        clean = clean_at(nxt)
+        if nxt == read:  # as planned (module docstring of the test: 200 and 100 behind)
+            assert clean == {0: 99, 1: 49}
+        sources = {s["partition"]: s for s in doc["sources"] if s["topic"] == source}
+        assert sorted(sources) == [0, 1], doc
+        for p in _RUN_WIDTH:
+            s = sources[p]
+            assert (s["vouched"], s["received"]) == (vouched[p], vouched[p]), s
+            assert (s["clean"], s["clean_behind"]) == (clean[p], vouched[p] - clean[p]), s
+        assert doc["problems"] == [
+            f"{source}[{p}]: the clean topic is {vouched[p] - clean[p]} record(s) behind what the "
+            f"sender vouched for (offset {vouched[p]}, clean up to {clean[p]}; more than 150): "
+            "the dedup falls behind"
+            for p in _RUN_WIDTH
+            if vouched[p] - clean[p] > 150
+        ]
+        assert code == (1 if doc["problems"] else 0), doc
+
+        # the clean topic holds exactly what `clean` says: every source offset up to it
+        def clean_offsets() -> dict[int, set[int]]:
+            got: dict[int, set[int]] = {p: set() for p in _RUN_WIDTH}
+            for r in consume_all(bootstrap, clean_topic, timeout=30):
+                assert r.value is not None
+                got[r.partition].add(int(r.value))
+            return got
+
+        nxt, held = still(clean_offsets)
+        assert held == {p: set(range(c + 1)) for p, c in clean_at(nxt).items()}
+
+        # a tail that starts just below the dedup's next offset, at a heartbeat: the rest of the
+        # window before that offset is read too, so a longer tail never says less
+        nxt, doc, _ = view(high - read + 1)
+        near = {s["partition"]: (s["clean"], s["clean_behind"]) for s in doc["sources"]}
+        clean = clean_at(nxt)
+        assert near == {p: (clean[p], vouched[p] - clean[p]) for p in _RUN_WIDTH}
+
+        # reading the whole partition at once says the same
+        nxt, doc, _ = view(1000)
+        whole = {s["partition"]: (s["clean"], s["clean_behind"]) for s in doc["sources"]}
+        clean = clean_at(nxt)
+        assert whole == {p: (clean[p], vouched[p] - clean[p]) for p in _RUN_WIDTH}

@@ -19,7 +19,7 @@ What it reads (all on the low side, nothing is written):
   the **clean topic** has come (``clean``), and the sender's vouched offset minus it is how far the
   clean topic is behind what the sender vouched for (``clean_behind``). When the dedup reads
   further back than the raw tail, a second window of ``--scan-records`` raw records ending at its
-  next offset is read for this.
+  next offset is read for this (the part of it the tail does not hold).
 
 A person is needed (exit code 1, each reason one line) when a gap is open (a resend is due), a
 source partition's last heartbeat is older than ``--silent-after`` seconds (link or sender down),
@@ -290,8 +290,8 @@ def dedup_next_offsets(metrics: Mapping[str, float]) -> dict[tuple[str, int], in
 
 
 def _read_raw_tail(config: StatusConfig, obs: Observation, now_ms: float) -> None:
-    """The last ``scan_records`` of each raw partition; and, where the dedup reads further back,
-    the ``scan_records`` before its next offset (for ``clean`` only)."""
+    """The last ``scan_records`` of each raw partition; and the ``scan_records`` before the
+    dedup's next offset, where the tail does not hold them (for ``clean`` only)."""
     from confluent_kafka import TopicPartition  # noqa: PLC0415
 
     from runtime import kafka  # noqa: PLC0415
@@ -319,10 +319,13 @@ def _read_raw_tail(config: StatusConfig, obs: Observation, now_ms: float) -> Non
                 )
                 if high <= low:
                     continue
-                tail[(topic, p)] = (max(low, high - scan), high)
+                start = max(low, high - scan)
+                tail[(topic, p)] = (start, high)
                 nxt = obs.dedup_next.get((topic, p))
-                if nxt is not None and low < nxt <= high - scan:
-                    head[(topic, p)] = (max(low, nxt - scan), nxt)
+                # the window before nxt, less what the tail holds: a tail starting just below
+                # nxt (at a heartbeat, say) would otherwise be all of it
+                if nxt is not None and max(low, nxt - scan) < min(nxt, start):
+                    head[(topic, p)] = (max(low, nxt - scan), min(nxt, start))
         _read_ranges(consumer, config, tail, lambda msg: _observe_raw(obs, msg, now_ms))
         _read_ranges(consumer, config, head, lambda msg: _observe_raw(obs, msg, now_ms, tail=False))
     finally:

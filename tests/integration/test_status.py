@@ -20,7 +20,7 @@ from confluent_kafka import Producer
 
 from common.gap_record import GapReport, GapState, gap_key, gap_value
 from common.raw_run import SESSION_HEADER, RunBuilder
-from common.raw_topic import HEARTBEAT_HEADERS, heartbeat_records
+from common.raw_topic import CONTROL_HEADER, HEARTBEAT, heartbeat_records
 from common.wire.events import Heartbeat
 from kafka_diode.local_kafka.broker import free_port
 from kafka_diode.pipeline import Pipeline, PipelineSpec
@@ -255,7 +255,9 @@ def _heartbeat_record(topic: str, partition: int, high: int) -> Record:
         low_offsets=((topic, partition, 0),), counters=(),
     )  # fmt: skip
     ((_, _, key, value),) = heartbeat_records(beat)
-    return Record(key=key.encode(), value=value, headers=tuple(HEARTBEAT_HEADERS), partition=0)
+    return Record(
+        key=key.encode(), value=value, headers=((CONTROL_HEADER, HEARTBEAT),), partition=0
+    )
 
 
 def _dedup_next(endpoint: str, raw_topic: str) -> int | None:
@@ -268,12 +270,13 @@ def _dedup_next(endpoint: str, raw_topic: str) -> int | None:
 def test_clean_comes_from_the_window_before_the_dedups_next_offset_when_the_tail_lies_past_it(
     downstream_kafka: Any, tmp_path: Path
 ) -> None:
-    """A raw partition of 120 records as the receiver writes them (rounds of a run of each of two
-    source partitions, then a heartbeat of each); a real dedup reads the first 40 in one
-    micro-batch and, its trigger an hour long, stays there. The raw tail (--scan-records 10)
-    holds no record below the dedup's next offset: ``clean`` and ``clean_behind`` come from the
-    second window, the 10 records before that offset, and match what the clean topic holds and
-    what reading the whole partition says."""
+    """A raw partition of 120 records as the receiver writes them (30 rounds of a run of each of
+    two source partitions, 10 and 5 records, then a heartbeat of each); a real dedup reads the
+    first 40 (10 rounds) in one micro-batch and, its trigger an hour long, stays there. The raw
+    tail (--scan-records 10) holds no record below the dedup's next offset: ``clean`` (99 and
+    49) and ``clean_behind`` (200 and 100) come from the second window, the 10 records before
+    that offset, and match what the clean topic holds, what a tail starting just below that
+    offset says and what reading the whole partition says."""
     bootstrap = downstream_kafka.bootstrap
     raw = create_topic(downstream_kafka, partitions=1)
     source = "orders"
@@ -334,17 +337,18 @@ def test_clean_comes_from_the_window_before_the_dedups_next_offset_when_the_tail
             def attempt() -> tuple[int, Any] | None:
                 before = _dedup_next(dedup, raw)
                 got = read_once()
-                return (
-                    (before, got)
-                    if before is not None and before == _dedup_next(dedup, raw)
-                    else None
-                )
+                if before is None or before != _dedup_next(dedup, raw):
+                    return None
+                return before, got
 
-            result: tuple[int, Any] = waited(attempt, 120, 0.5, message="the dedup at rest")
+            result = waited(attempt, 120, 0.5, message="the dedup at rest")
+            assert result is not None
             return result
 
-        def view(scan: int, *args: str) -> tuple[int, dict[str, Any], Any]:
-            def read_once() -> Any:
+        def view(scan: int, *args: str) -> tuple[int, dict[str, Any], int]:
+            """The dedup's next offset, status --json and its exit code."""
+
+            def read_once() -> tuple[int, dict[str, Any]]:
                 result = _status_of(
                     bootstrap, raw, gap_topic, "--json", "--dedup-metrics", dedup,
                     "--scan-records", str(scan), "--silent-after", "3600", *args,
@@ -358,7 +362,7 @@ def test_clean_comes_from_the_window_before_the_dedups_next_offset_when_the_tail
         nxt, doc, code = view(10, "--max-clean-lag", "150")
         assert read <= nxt <= high - 10, "the dedup must read further back than the raw tail"
         clean = clean_at(nxt)
-        if nxt == read:  # as planned (module docstring of the test: 200 and 100 behind)
+        if nxt == read:  # as planned (the docstring)
             assert clean == {0: 99, 1: 49}
         sources = {s["partition"]: s for s in doc["sources"] if s["topic"] == source}
         assert sorted(sources) == [0, 1], doc

@@ -633,8 +633,12 @@ def summarize_case(
     stalled: bool, spy_out: Path | None,
 ) -> dict[str, Any]:  # fmt: skip
     series = sampler.series
-    first, last = series[0][1], series[-1][1]
     n = consumer.unique
+    # CPU up to the first sample after the last record arrived: the seconds a stalled run (lost
+    # records) then waits for more are not work done for the records delivered
+    until = consumer.last_time + SAMPLE_S if n else series[-1][0]
+    first = series[0][1]
+    last = next((v for t, v in series if t >= until), series[-1][1])
     elapsed = consumer.last_time - produced["first"] if n else 0.0
     fill_s = produced.get("fill_s", produced.get("last", 0.0) - produced["first"])
     stages: dict[str, Any] = {
@@ -1048,6 +1052,8 @@ def build_plan(args: argparse.Namespace) -> tuple[list[Case], list[Case]]:
             Case(size=10_000, records=10_000, backlog=True),
         ]
     cases = [replace(c, relay=relay, dedup=not args.no_dedup) for c in cases]
+    if args.pace_mbps:
+        cases = [replace(c, rate_bytes=args.pace_mbps * 1e6) for c in cases]
     rates: list[Case] = []
     if args.sweep or args.rate_sweep:
         size = 200
@@ -1069,6 +1075,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="0,5,10,20,40,80",
                     help="offered MB/s for the rate sweep (0 = unpaced)")  # fmt: skip
     ap.add_argument("--rate-records", type=int, default=200_000)
+    ap.add_argument("--pace-mbps", type=float, default=0.0,
+                    help="the sender's rate_bytes for every case, MB/s (0: unpaced)")  # fmt: skip
     ap.add_argument("--relay", default=None, help="netem profile for a relay (default: direct)")
     ap.add_argument("--no-dedup", action="store_true", help="end at the raw topic")
     ap.add_argument("--no-baselines", action="store_true")

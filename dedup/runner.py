@@ -15,10 +15,11 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from common import settings
+from common.errors import KafkaClientError
 from dedup.config import DedupConfig
 from dedup.idle_tick import IdleTicker
 from dedup.raw_position import reads_behind
-from runtime import service
+from runtime import kafka, service
 
 if TYPE_CHECKING:
     from common.metrics import CollectorRegistry
@@ -28,6 +29,10 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED = 0, 1
 STOP_WAIT_S = 300.0
+#: Seconds one probe of the downstream cluster may take at start-up (``wait_for_kafka``).
+KAFKA_PROBE_S = 10.0
+#: While waiting for the downstream cluster at start-up, a WARNING this often (seconds).
+KAFKA_WAIT_SAY_S = 60.0
 
 
 def run(
@@ -44,18 +49,21 @@ def run(
     log.info("dedup settings: %s", json.dumps(settings.describe(config)))
     metrics = DedupMetrics()
     serve(metrics.registry, config.metrics_port, config.metrics_addr)
-    writer = TransactionalBatchWriter(writer_settings(config, WriterSettings), metrics)
-    raw = raw_position_metrics(config, metrics.registry)
-    jars = [str(path) for path in spark_connector_jars()]
-    spark = job.build_session(config, jars)
-    query = job.start_query(spark, config, writer)
-    ticker, close_ticks = idle_ticker(config)
     stop = threading.Event()
 
     def on_stop(signame: str) -> None:
         log.info("%s: stopping after the running micro-batch", signame)
         stop.set()
 
+    with service.thread_signals(service.StopRequests(on_stop)):
+        if not wait_for_kafka(config, stop):
+            return EXIT_OK
+    writer = TransactionalBatchWriter(writer_settings(config, WriterSettings), metrics)
+    raw = raw_position_metrics(config, metrics.registry)
+    jars = [str(path) for path in spark_connector_jars()]
+    spark = job.build_session(config, jars)
+    query = job.start_query(spark, config, writer)
+    ticker, close_ticks = idle_ticker(config)
     requests = service.StopRequests(
         on_stop,
         on_again=lambda _signame: query.stop(),
@@ -78,6 +86,43 @@ def run(
         writer.close()
         raw.close()
         stop_spark(spark, requested=stop.is_set())
+
+
+def wait_for_kafka(
+    config: DedupConfig,
+    stop: threading.Event,
+    *,
+    probe_timeout: float = KAFKA_PROBE_S,
+    say_every: float = KAFKA_WAIT_SAY_S,
+) -> bool:
+    """Wait, before Spark starts, until the downstream cluster answers; False if ``stop`` was set
+    first. A start while the cluster is away (a restart by systemd during an outage) therefore
+    waits instead of failing: failing starts would use up the unit's start limit
+    (``StartLimitBurst``) and leave the dedup down after the outage (docs/dedup.md "Kafka away").
+    """
+    conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
+    began = time.monotonic()
+    said = -say_every
+    while not stop.is_set():
+        try:
+            kafka.broker_count(conf, probe_timeout)
+        except KafkaClientError as exc:
+            waited = time.monotonic() - began
+            if waited - said >= say_every:
+                said = waited
+                log.warning(
+                    "downstream Kafka at %s does not answer (%s); waiting for it (%.0f s so "
+                    "far) before starting Spark",
+                    config.bootstrap_servers,
+                    exc,
+                    waited,
+                )
+            stop.wait(1.0)  # a retry interval with a stop check, not a synchronisation
+            continue
+        if time.monotonic() - began > probe_timeout:
+            log.info("downstream Kafka answers after %.0f s", time.monotonic() - began)
+        return True
+    return False
 
 
 def _jvm_gone(exc: BaseException) -> bool:
@@ -186,7 +231,6 @@ def _graceful_stop(query: Any, writer: Any) -> None:
 def idle_ticker(config: DedupConfig) -> tuple[IdleTicker, Callable[[], None]]:
     """The driver's ticker over a producer to the control topic, and what closes it."""
     from common import raw_topic  # noqa: PLC0415
-    from runtime import kafka  # noqa: PLC0415
 
     producer = kafka.producer({"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf})
 

@@ -29,7 +29,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from common.raw_run import expand_run
+from common.raw_run import SESSION_HEADER, RunBuilder, expand_run
 from common.raw_topic import CONTROL_HEADER
 from kafka_diode.local_kafka.broker import LocalBroker, broker_by_name, free_port, list_brokers
 
@@ -352,3 +352,20 @@ def reap_orphan_test_brokers() -> None:
 
 
 atexit.register(stop_test_brokers)
+
+
+def raw_run_record(
+    topic: str, partition: int, first: int, last: int, session: bytes = bytes(range(16))
+) -> Record:
+    """A run of source offsets ``first..last`` as the receiver writes it (common/raw_run.py), for
+    raw partition 0; each record's value is its source offset, its key ``k<offset>``."""
+    ts = int(time.time() * 1000) - 3_600_000
+    run = RunBuilder(topic, partition, 1, first, ts)
+    for offset in range(first, last + 1):
+        run.append(offset, ts + offset, b"k%d" % offset, b"%d" % offset, ())
+    return Record(
+        key=run.key().encode(),
+        value=run.encode(),
+        headers=((SESSION_HEADER, session.hex().encode()),),
+        partition=0,
+    )

@@ -19,14 +19,13 @@ import pytest
 from confluent_kafka import Producer
 
 from common.gap_record import GapReport, GapState, gap_key, gap_value
-from common.raw_run import SESSION_HEADER, RunBuilder
 from common.raw_topic import CONTROL_HEADER, HEARTBEAT, heartbeat_records
 from common.wire.events import Heartbeat
 from kafka_diode.local_kafka.broker import free_port
 from kafka_diode.pipeline import Pipeline, PipelineSpec
 from kafka_diode.processes import ProcessGroup, diode_command, wait_until
 from kafka_diode.status import dedup_next_offsets, scrape
-from tests.kafka_helpers import Record, consume_all, create_topic, produce_records
+from tests.kafka_helpers import Record, consume_all, create_topic, produce_records, raw_run_record
 from tests.kafka_helpers import wait_until as waited
 
 pytestmark = pytest.mark.kafka
@@ -231,21 +230,6 @@ _RUN_WIDTH = {0: 10, 1: 5}
 _SESSION = bytes(range(16))
 
 
-def _run_record(topic: str, partition: int, first: int, last: int) -> Record:
-    """A run of ``first..last`` as the receiver writes it (common/raw_run.py), in raw partition
-    0; each record's value is its source offset."""
-    ts = int(time.time() * 1000) - 3_600_000
-    run = RunBuilder(topic, partition, 1, first, ts)
-    for offset in range(first, last + 1):
-        run.append(offset, ts + offset, b"k%d" % offset, b"%d" % offset, ())
-    return Record(
-        key=run.key().encode(),
-        value=run.encode(),
-        headers=((SESSION_HEADER, _SESSION.hex().encode()),),
-        partition=0,
-    )
-
-
 def _heartbeat_record(topic: str, partition: int, high: int) -> Record:
     """The receiver's raw record of a heartbeat vouching for ``0..high``, in raw partition 0."""
     now = int(time.time() * 1000)
@@ -288,7 +272,7 @@ def test_clean_comes_from_the_window_before_the_dedups_next_offset_when_the_tail
     for r in range(rounds):
         for p, width in _RUN_WIDTH.items():
             runs.append((len(records), p, (r + 1) * width - 1))
-            records.append(_run_record(source, p, r * width, (r + 1) * width - 1))
+            records.append(raw_run_record(source, p, r * width, (r + 1) * width - 1, _SESSION))
         records += [_heartbeat_record(source, p, (r + 1) * w - 1) for p, w in _RUN_WIDTH.items()]
     assert produce_records(bootstrap, raw, records) == [(0, o) for o in range(len(records))]
     high = len(records)

@@ -250,3 +250,28 @@ def test_a_stop_during_a_write_waits_for_it_to_return() -> None:
     assert query.stopped_at is not None
     assert ended
     assert query.stopped_at >= ended[0]
+
+
+def _unreachable_config() -> Any:
+    return from_sources(
+        env={
+            "RAW_TOPICS": "raw",
+            "BOOTSTRAP_SERVERS": "127.0.0.1:1",  # nothing listens on port 1
+            "STATE_DIR_CONFIG": "/tmp/unused-checkpoint",
+            "CLEAN_TOPIC": "clean.{topic}",
+            "GAP_TOPIC": "gaps",
+        }
+    )
+
+
+def test_waiting_for_kafka_says_so_and_a_stop_ends_the_wait(caplog: Any) -> None:
+    stop = threading.Event()
+    timer = threading.Timer(2.0, stop.set)  # the operator's SIGTERM, two seconds in
+    timer.start()
+    began = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="dedup.runner"):
+        assert runner.wait_for_kafka(_unreachable_config(), stop, probe_timeout=0.3) is False
+    assert time.monotonic() - began < 10
+    (line,) = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
+    assert "127.0.0.1:1" in line
+    assert "before starting Spark" in line

@@ -63,12 +63,7 @@ from receiver.metrics import (
     make_registry,
 )
 from receiver.pubkey_glue import PublicKeyGlue
-from receiver.topic_check import (
-    check_raw_replication,
-    ensure_raw_topic,
-    raw_topic_problem,
-    template_topics_problems,
-)
+from receiver.topic_check import check_template, ensure_raw_topic, raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 from runtime import file_watch, key_files, link_key, metrics_http, service
 
@@ -178,14 +173,7 @@ class Receiver:
             # (receiver/kafka_sink.py); a replication the cluster cannot give, or an existing
             # topic it names that is too narrow, stops us now
             try:
-                if self.config.create_raw_topic:
-                    await loop.run_in_executor(None, check_raw_replication, self.config)
-                found, problems = await loop.run_in_executor(
-                    None, template_topics_problems, self.config
-                )
-                if problems:
-                    raise ConfigError(f"raw topic template {self.config.raw_topic}",
-                                      "; ".join(problems))  # fmt: skip
+                found = await loop.run_in_executor(None, check_template, self.config)
             except ConfigError:
                 await sink.close(0)
                 raise

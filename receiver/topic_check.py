@@ -64,30 +64,6 @@ def template_topics(template: str, names: Iterable[str]) -> list[str]:
     return sorted(n for n in names if pattern.fullmatch(n) and not n.startswith("__"))
 
 
-def template_topics_problems(config: ReceiverConfig) -> tuple[list[str], list[str]]:
-    """For a ``{topic}`` template at start-up: the existing topics it can name, and why any of
-    them cannot take the largest raw record (as :func:`raw_topic_problem`). A cluster that does
-    not answer, or configurations it will not describe, are not an error here (logged; each
-    topic is checked when first used).
-    """
-    conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka}
-    try:
-        found = template_topics(config.raw_topic, kafka.topic_names(conf, config.metadata_timeout))
-        configs = kafka.topic_configs(conf, found, config.metadata_timeout)
-    except KafkaClientError as exc:
-        log.warning("cannot check the existing raw topics of %s now (%s); each is checked when "
-                    "its first record arrives", config.raw_topic, exc)  # fmt: skip
-        return [], []
-    key, size = config.raw_size_setting()
-    problems = [
-        problem
-        for name in found
-        if (problem := size_problem(name, configs[name], size, key,
-                                    both_sides=key == "max_record_size")) is not None
-    ]  # fmt: skip
-    return found, problems
-
-
 def raw_topic_spec(config: ReceiverConfig, topic: str) -> kafka.TopicSpec:
     """How the receiver creates ``topic``: the settings' partitions and replication, and the
     ``max.message.bytes`` its largest raw record needs."""
@@ -103,30 +79,51 @@ def raw_topic_spec(config: ReceiverConfig, topic: str) -> kafka.TopicSpec:
     )
 
 
-def check_raw_replication(config: ReceiverConfig) -> None:
-    """For a ``{topic}`` template, whose raw topics are made while running: stop the start-up now
-    when the cluster has fewer brokers than ``raw_topic_replication`` (every creation would be
-    refused). An unreachable cluster is not an error here (logged).
+def check_template(config: ReceiverConfig) -> list[str]:
+    """Start-up checks of a ``{topic}`` template, whose raw topics are made while running, from
+    one metadata request: the cluster has ``raw_topic_replication`` brokers (``create_raw_topic``;
+    every creation would be refused otherwise), and every existing topic the template can name
+    admits the largest raw record (as :func:`raw_topic_problem`). A cluster that does not answer,
+    or configurations it will not describe, are not an error here (logged: the receiver starts
+    and each topic is checked at its first use). Returns the topics checked.
 
     Raises:
-        ConfigError: naming ``raw_topic_replication``.
+        ConfigError: naming ``raw_topic_replication``, or the raw topic template with every topic
+            too small and its ``kafka-configs`` command.
     """
-    if not config.create_raw_topic or config.raw_topic_replication == -1:
-        return
     conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka}
     try:
-        brokers = kafka.broker_count(conf, config.metadata_timeout)
+        brokers, names = kafka.cluster_metadata(conf, config.metadata_timeout)
     except KafkaClientError as exc:
-        log.warning("cannot count the downstream brokers now (%s); not checked", exc)
-        return
-    if brokers < config.raw_topic_replication:
+        log.warning("cannot reach the downstream cluster now (%s); the raw topics of %s are "
+                    "checked when their first records arrive", exc, config.raw_topic)  # fmt: skip
+        return []
+    wanted = config.raw_topic_replication
+    if config.create_raw_topic and wanted != -1 and brokers < wanted:
         raise ConfigError(
             "raw_topic_replication",
-            f"{config.raw_topic_replication} replicas for the raw topics of {config.raw_topic!r},"
+            f"{wanted} replicas for the raw topics of {config.raw_topic!r},"
             f" but the cluster at {config.bootstrap_servers} has {brokers} broker(s)",
             "set raw_topic_replication (and raw_topic_min_insync_replicas) to at most the "
             "cluster's broker count, e.g. 1 and 1 for a single-broker test cluster",
         )
+    found = template_topics(config.raw_topic, names)
+    try:
+        configs = kafka.topic_configs(conf, found, config.metadata_timeout)
+    except KafkaClientError as exc:
+        log.warning("cannot read the configuration of the raw topics of %s (%s); each is "
+                    "checked when its first record arrives", config.raw_topic, exc)  # fmt: skip
+        return []
+    key, size = config.raw_size_setting()
+    problems = [
+        problem
+        for name in found
+        if (problem := size_problem(name, configs[name], size, key,
+                                    both_sides=key == "max_record_size")) is not None
+    ]  # fmt: skip
+    if problems:
+        raise ConfigError(f"raw topic template {config.raw_topic}", "; ".join(problems))
+    return found
 
 
 def ensure_raw_topic(config: ReceiverConfig, topic: str) -> bool:

@@ -234,22 +234,21 @@ def broker_count(conf: Mapping[str, Any], timeout: float) -> int:
     Raises:
         KafkaClientError: the cluster did not answer within ``timeout`` seconds.
     """
-    try:
-        return len(admin(conf).list_topics(timeout=timeout).brokers)
-    except KafkaException as exc:
-        raise error(exc, f"cannot reach Kafka at {conf.get('bootstrap.servers', '?')}") from exc
+    return cluster_metadata(conf, timeout)[0]
 
 
-def topic_names(conf: Mapping[str, Any], timeout: float) -> list[str]:
-    """The names of the cluster's topics (internal ones included).
+def cluster_metadata(conf: Mapping[str, Any], timeout: float) -> tuple[int, list[str]]:
+    """How many brokers the cluster's metadata lists, and its topics' names (internal ones
+    included), from one metadata request.
 
     Raises:
         KafkaClientError: the cluster did not answer within ``timeout`` seconds.
     """
     try:
-        return list(admin(conf).list_topics(timeout=timeout).topics)
+        meta = admin(conf).list_topics(timeout=timeout)
     except KafkaException as exc:
         raise error(exc, f"cannot reach Kafka at {conf.get('bootstrap.servers', '?')}") from exc
+    return len(meta.brokers), list(meta.topics)
 
 
 def topic_config(conf: Mapping[str, Any], topic: str, timeout: float) -> dict[str, str]:

@@ -24,7 +24,9 @@ from tests.chaos.harness import Run, Scenario, append_result, check
 SCENARIOS: list[tuple[Scenario, bool]] = [
     # The CI subset first (not slow), then the rest of the matrix.
     (Scenario(name="hostile", profile="hostile", seed=170, resend_copies=2), False),
-    (Scenario(name="dedup-sigkill", fault="dedup-sigkill", seed=190, produce_seconds=30), False),
+    # slow since the CI failover case came (CI time): a dedup SIGKILL + restart stays in CI in
+    # tests/integration/test_dedup.py (real Kafka) and test_dedup_cluster.py (standalone cluster)
+    (Scenario(name="dedup-sigkill", fault="dedup-sigkill", seed=190, produce_seconds=30), True),
     (Scenario(name="loss-1", profile="lossy-1", seed=101), True),
     (Scenario(name="loss-5", profile="lossy-5", seed=105), True),
     # A fifth of the datagrams is lost: the resend crosses the same link, so it sends 3 copies.

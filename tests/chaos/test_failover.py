@@ -107,8 +107,8 @@ def test_failover(
 #: its slow twin and with a single upstream broker (the fault is downstream), so that it costs CI
 #: ~3 min instead of ~4.5 (measured: the slow case with two clusters took 269 s here).
 CI_CASE = Scenario(
-    name="ci-txn-coordinator-sigkill", cluster_fault="txn-coordinator-sigkill", records=3000,
-    produce_seconds=40, seed=311, receiver_first=True,
+    name="ci-txn-coordinator-sigkill", cluster_fault="txn-coordinator-sigkill", records=2400,
+    produce_seconds=30, seed=311, receiver_first=True,
 )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from tests.kafka_helpers import consume_all, create_topic, produce_records, raw_
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 #: How long the cluster stays away after the dedup said it waits (it probes once a second).
-OUTAGE_S = 15.0
+OUTAGE_S = 6.0
 
 
 def test_a_dedup_started_while_kafka_is_away_waits_then_delivers(tmp_path: Path) -> None:

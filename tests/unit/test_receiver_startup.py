@@ -24,7 +24,8 @@ def test_metrics_are_served_only_after_the_sockets_are_bound(
 ) -> None:
     config = ReceiverConfig(
         bootstrap_servers="127.0.0.1:1",  # no broker needed: nothing decodes into records
-        raw_topic="raw.{topic}",  # a template: no start-up metadata wait
+        raw_topic="raw.{topic}",  # a template: one start-up metadata request, bounded below
+        metadata_timeout=1.0,  # no broker: that request fails after this, then the sockets open
         listen_host="127.0.0.1",
         listen_port=0,
         allow_cleartext=True,

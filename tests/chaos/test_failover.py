@@ -28,7 +28,7 @@ from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from kafka_diode.local_kafka.cluster import LocalCluster
 from kafka_diode.verify import Verdict
 from runtime import kafka
-from tests.chaos.harness import Run, Scenario, append_result, check
+from tests.chaos.harness import Outcome, Run, Scenario, append_result, check
 
 SCENARIOS = [
     Scenario(name="raw-leader-sigkill", cluster_fault="raw-leader-sigkill", records=6000,
@@ -88,18 +88,27 @@ def test_failover(
     chaos_results: Path,
     tmp_path: Path,
 ) -> None:
-    run = Run(
-        scenario, tmp_path, upstream=upstream_cluster, downstream=downstream_cluster,
-        settle_timeout=420,
-    )  # fmt: skip
+    outcome = _strict_run(scenario, upstream_cluster, downstream_cluster, chaos_results, tmp_path)
+    assert outcome.events, "the fault did nothing"
+
+
+def _strict_run(
+    scenario: Scenario,
+    upstream: LocalBroker | LocalCluster,
+    downstream: LocalCluster,
+    chaos_results: Path,
+    tmp_path: Path,
+) -> Outcome:
+    """Run ``scenario`` and hold it to the strict promise: nothing was lost on the link, so the
+    first verdict is already whole, without a resend."""
+    run = Run(scenario, tmp_path, upstream=upstream, downstream=downstream, settle_timeout=420)
     outcome = run.execute()
     append_result(chaos_results, outcome)
     check(run, outcome, fail=pytest.fail)
-    # nothing was lost on the link: the first verdict is already whole, without a resend
     assert outcome.resend_passes == 0, run.explain()
     assert outcome.gaps_reported == 0, run.explain()
     assert outcome.delivered == outcome.records == scenario.records, run.explain()
-    assert outcome.events, "the fault did nothing"
+    return outcome
 
 
 #: The case CI runs (issue 25: "one case in CI if it fits the time"): the dedup's transaction
@@ -123,16 +132,7 @@ def test_the_dedups_transaction_coordinator_sigkilled_in_ci(
     chaos_results: Path,
     tmp_path: Path,
 ) -> None:
-    run = Run(
-        CI_CASE, tmp_path, upstream=upstream_kafka, downstream=downstream_cluster,
-        settle_timeout=420,
-    )  # fmt: skip
-    outcome = run.execute()
-    append_result(chaos_results, outcome)
-    check(run, outcome, fail=pytest.fail)
-    assert outcome.resend_passes == 0, run.explain()
-    assert outcome.gaps_reported == 0, run.explain()
-    assert outcome.delivered == outcome.records == CI_CASE.records, run.explain()
+    outcome = _strict_run(CI_CASE, upstream_kafka, downstream_cluster, chaos_results, tmp_path)
     assert any("SIGKILL" in e for e in outcome.events), outcome.events
 
 

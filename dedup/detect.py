@@ -28,7 +28,7 @@ from __future__ import annotations
 import array
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +40,7 @@ from common.raw_run import RunBuilder, check_run
 from common.raw_topic import PROVENANCE_HEADERS
 from dedup import gaps
 from dedup.rows import COLUMN_NAMES, KIND_GAP, KIND_RUN, KIND_STAT, STAT_COLUMNS, pack_selection
+from dedup.worker_heap import FreezeOnLoad
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming.state import GroupState
@@ -66,6 +67,9 @@ class DetectParams:
     """Memory budget of one partition's state."""
     scan_interval_ms: int
     """Milliseconds between gap scans of one partition."""
+    heap: FreezeOnLoad = field(default_factory=FreezeOnLoad)
+    """Unpickled in a Python worker, freezes its loaded code out of the collector's walks
+    (``dedup/worker_heap.py``)."""
 
 
 _COLUMN = {name: i for i, name in enumerate(COLUMN_NAMES)}

@@ -57,6 +57,7 @@ from dedup.fence import init_producer, read_last_marker
 from dedup.metrics import DedupMetrics
 from dedup.rows import STAT_COLUMNS
 from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER, PartitionWriter
+from dedup.worker_heap import FreezeOnLoad
 from dedup.writer_settings import BatchResult, WriterSettings
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,9 @@ class TaskSpec:
     windows: Mapping[str, TimestampWindow] = field(default_factory=dict)
     """Clean topics the driver checked at start-up (a fixed CLEAN_TOPIC) and the timestamps
     each accepts; the tasks check any other clean topic at its first use in their process."""
+    heap: FreezeOnLoad = field(default_factory=FreezeOnLoad)
+    """Unpickled in a Python worker, freezes its loaded code out of the collector's walks
+    (``dedup/worker_heap.py``)."""
 
 
 class TransactionalBatchWriter:

@@ -54,7 +54,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from common.raw_run import RunBuilder  # noqa: E402
 from dedup import job  # noqa: E402
 from dedup.config import from_sources  # noqa: E402
-from dedup.runner import writer_settings  # noqa: E402
+from dedup.runner import idle_ticker, writer_settings  # noqa: E402
 from dedup.writer import TransactionalBatchWriter  # noqa: E402
 from dedup.writer_settings import WriterSettings  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
@@ -316,8 +316,16 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         profile["cpu_s_per_million_by_process"] = split
         # Gaps are reported by time (two scans GAP_EMIT_INTERVAL_SEC apart), not by data: keep the
         # query running three intervals more, outside the measured CPU, so that each layout's gap
-        # topic holds its final states before the two are compared.
-        query.awaitTermination(3 * config.gap_emit_interval_sec + 2)
+        # topic holds its final states before the two are compared. Scans run only in batches,
+        # and without input only the driver's ticks make batches: tick as `kafka-diode dedup` does.
+        ticker, close_ticks = idle_ticker(config)
+        try:
+            settled = time.monotonic() + 3 * config.gap_emit_interval_sec + 2
+            while time.monotonic() < settled:
+                ticker.poll(time.monotonic(), batches_seen=writer.batches_seen, in_batch=False)
+                query.awaitTermination(0.5)
+        finally:
+            close_ticks()
         return seconds, profile
     finally:
         query.stop()

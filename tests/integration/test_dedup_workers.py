@@ -1,0 +1,78 @@
+"""What the dedup's SparkSession gives its Python workers, seen from inside a real worker.
+
+The allocator settings (``dedup/job.py WORKER_ALLOCATOR_ENV``) and the heap freeze carried with
+a task's function (``dedup/worker_heap.py``) only matter in Spark's forked Python workers, so
+they are checked there: a ``mapInArrow`` task reports its process's state back to the driver.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+
+from dedup import job
+from dedup.config import from_sources
+from dedup.detect import DetectParams
+
+pytestmark = [pytest.mark.spark]
+
+PARAMS = DetectParams(
+    window_size=1000,
+    max_windows=10,
+    max_expired_gaps=10,
+    max_state_bytes=1 << 20,
+    scan_interval_ms=10_000,
+)
+
+
+def report(params: DetectParams, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """In the worker: its Arrow pool, allocator environment and frozen object count."""
+    import gc  # noqa: PLC0415
+    import os  # noqa: PLC0415
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict(
+        {
+            "window_size": [params.window_size],
+            "pool": [pa.default_memory_pool().backend_name],
+            "mmap_threshold": [os.environ.get("MALLOC_MMAP_THRESHOLD_", "")],
+            "trim_threshold": [os.environ.get("MALLOC_TRIM_THRESHOLD_", "")],
+            "frozen": [gc.get_freeze_count()],
+        }
+    )
+
+
+def test_the_python_workers_run_with_the_dedups_allocator_and_a_frozen_heap(tmp_path) -> None:
+    config = from_sources(
+        {
+            "BOOTSTRAP_SERVERS": "127.0.0.1:1",
+            "RAW_TOPICS": "raw",
+            "STATE_DIR_CONFIG": str(tmp_path / "state"),
+            "SPARK_MASTER": "local[1]",
+        }
+    )
+    spark = job.build_session(config, [])
+    try:
+        rows = (
+            spark.range(4, numPartitions=2)
+            .mapInArrow(
+                functools.partial(report, PARAMS),
+                "window_size long, pool string, mmap_threshold string, trim_threshold string, "
+                "frozen long",
+            )
+            .collect()
+        )
+    finally:
+        spark.stop()
+    assert len(rows) == 2
+    for row in rows:
+        assert row.window_size == PARAMS.window_size  # the params arrived intact
+        assert row.pool == "system"
+        assert row.mmap_threshold == job.WORKER_ALLOCATOR_ENV["MALLOC_MMAP_THRESHOLD_"]
+        assert row.trim_threshold == job.WORKER_ALLOCATOR_ENV["MALLOC_TRIM_THRESHOLD_"]
+        # unpickling the params froze the worker's loaded code (pandas, pyarrow, pyspark)
+        assert row.frozen > 10_000

@@ -14,7 +14,6 @@ import contextlib
 import gc
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -79,51 +78,10 @@ class PartitionWriter:
         self._clean_names: dict[str, str] = {}
         #: milliseconds the last ``_start`` took (producer, init_transactions, marker read)
         self.fence_ms = 0
-        self._fencing: threading.Thread | None = None
-        self._fence_outcome: list[Producer | BaseException] = []
 
     def close(self) -> None:
-        """Drop the producer (idempotent); waits for a fence started early to end first, so
-        that no producer outlives its task."""
-        try:
-            self._join_fence()
-        except Exception as exc:  # noqa: BLE001  nothing was published: the fence was not needed
-            log.warning("partition %d: an unused early fence failed: %s", self.partition, exc)
+        """Drop the producer (idempotent)."""
         self._producer = None
-
-    def fence_early(self) -> None:
-        """Start the fence (``_start``) now, in a thread, so that it overlaps the task's wait for
-        the stateful step's first rows instead of following it; ``write_batches`` waits for it.
-
-        The fence's order is unchanged (``init_transactions``, then the marker read), only its
-        start is earlier; a task with nothing to publish fences too, and writes nothing.
-        """
-        if self._producer is not None or self._fencing is not None:
-            return
-
-        def fence() -> None:
-            try:
-                self._fence_outcome.append(self._start())
-            except BaseException as exc:  # noqa: BLE001  handed to the task's thread below
-                self._fence_outcome.append(exc)
-
-        self._fencing = threading.Thread(target=fence, name=f"fence-p{self.partition}", daemon=True)
-        self._fencing.start()
-
-    def _join_fence(self) -> Producer | None:
-        """The early fence's producer (None if none was started); its error, raised here."""
-        if self._fencing is None:
-            return None
-        self._fencing.join()
-        self._fencing = None
-        outcome = self._fence_outcome.pop()
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
-
-    def _fenced_producer(self) -> Producer:
-        producer = self._join_fence()
-        return producer if producer is not None else self._start()
 
     def _start(self) -> Producer:
         started = time.monotonic()
@@ -181,7 +139,7 @@ class PartitionWriter:
                     continue
                 if producer is None:
                     if self._producer is None:
-                        self._producer = self._fenced_producer()
+                        self._producer = self._start()
                     if batch_id <= max(self._last_committed, self.floor):
                         log.info(
                             "batch %d partition %d already committed (marker %d): skipped",

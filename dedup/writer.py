@@ -327,8 +327,6 @@ def write_partition_task(
     writer = PartitionWriter(
         spec.settings, spec.query_id, partition, floor=spec.floor, windows=spec.windows
     )
-    # the fence overlaps the stateful step, whose rows this task waits for (same stage)
-    writer.fence_early()
     try:
         # streamed: one Arrow batch of payload in this task at a time (write_batches)
         result = writer.write_batches(

@@ -100,36 +100,6 @@ def test_a_zombie_attempt_is_fenced_and_the_retry_writes_once(downstream_kafka) 
     assert markers(bootstrap, settings) == [f"{query}:0".encode()] * 2
 
 
-def test_an_early_fence_fences_the_zombie_and_an_unused_one_writes_nothing(
-    downstream_kafka,
-) -> None:
-    """The write task starts its fence before its rows arrive (``fence_early``): the zombie is
-    fenced all the same, and a task with nothing to publish leaves no marker."""
-    bootstrap = downstream_kafka.bootstrap
-    settings, query = setup(bootstrap)
-    zombie = PartitionWriter(settings, query, 0)
-    retry = PartitionWriter(settings, query, 0)
-    idle = PartitionWriter(settings, query, 0)
-    outcome: dict[str, object] = {}
-
-    def executor_declared_lost() -> None:
-        retry.fence_early()  # fences the zombie in the background, before the retry has rows
-        outcome["retry"] = retry.write_table(batch(0, 20), 5)
-
-    try:
-        with pytest.raises(ServiceError, match="partition 0 failed and was aborted"):
-            zombie.write_table(batch(0, 20), 5, before_commit=executor_declared_lost)
-        idle.fence_early()
-        nothing = idle.write_batches([], 6)
-    finally:
-        for w in (zombie, retry, idle):
-            w.close()
-    assert outcome["retry"].records == 20  # type: ignore[attr-defined]
-    assert nothing.skipped
-    assert clean_offsets(bootstrap, settings) == Counter(range(20))
-    assert markers(bootstrap, settings) == [f"{query}:0".encode()]
-
-
 def test_a_batch_committed_before_a_crash_is_skipped_by_the_next_attempt(downstream_kafka) -> None:
     bootstrap = downstream_kafka.bootstrap
     settings, query = setup(bootstrap)

@@ -516,6 +516,8 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             "SHUFFLE_PARTITIONS": "2",
             "PERSIST_INTERVAL_MS": "0",
         }
+        # the dedup's Kafka client settings, as `kafka-diode dedup` takes them (KAFKA_CONF_*)
+        env.update({k: v for k, v in os.environ.items() if k.startswith("KAFKA_CONF_")})
         if args.max_offsets_per_trigger:
             env["MAX_OFFSETS_PER_TRIGGER"] = str(args.max_offsets_per_trigger)
         elif layout == "records":

@@ -9,10 +9,12 @@ timestamp = the moment the record is offered, so a run's linger counts) at each 
 ``read_committed`` consumer of the clean topic takes, per record, ``now - source timestamp``:
 the time the dedup adds between a record's arrival in the raw topic and its visibility to a
 reader of the clean topic (the sender/receiver add their own, see bench/e2e.py). Per rate:
-p50, p99, max and the achieved rate. Records produced in the first second of each phase count
-for it (a phase change is a step, not a backlog). Then ``--idle-seconds`` with no input: the
-dedup's CPU when idle (``dedup_idle_cores``; with ``--idle-heartbeat-s``, a live sender's
-heartbeats arrive meanwhile). Needs a broker: ``--bootstrap`` (default:
+p50, p99, max and the achieved rate. ``--source-partitions N`` spreads the records over N source
+partitions (source partition p in raw partition p mod 3, as the receiver maps them): what a
+link of many topics or partitions costs per micro-batch. Records produced in the first second
+of each phase count for it (a phase change is a step, not a backlog). Then ``--idle-seconds``
+with no input: the dedup's CPU when idle (``dedup_idle_cores``; with ``--idle-heartbeat-s``, a
+live sender's heartbeats arrive meanwhile). Needs a broker: ``--bootstrap`` (default:
 start one). Last line: one JSON object.
 
     .venv/bin/python bench/dedup_latency.py --rates 1000,5000,20000 --seconds 30
@@ -124,7 +126,7 @@ class Runs:
                             self.topic,
                             run.encode(),
                             run.key().encode(),
-                            partition,
+                            partition % PARTITIONS,
                             headers=[("diode.session", SESSION)],
                         )
                         break
@@ -150,7 +152,7 @@ def produce_at(
         # what is owed by now (not per tick: a late wake-up must not lower the rate)
         owed = rate * elapsed - sent
         while owed >= 1:
-            partition = sent % PARTITIONS
+            partition = sent % len(next_offset)
             offset = next_offset[partition]
             next_offset[partition] += 1
             now = time.time_ns() // 1_000_000
@@ -167,8 +169,9 @@ def produce_at(
             ]
             while True:
                 try:
-                    producer.produce(topic, VALUE, b"src:%d:%d" % (partition, offset), partition,
-                                     headers=headers, timestamp=now)  # fmt: skip
+                    producer.produce(topic, VALUE, b"src:%d:%d" % (partition, offset),
+                                     partition % PARTITIONS, headers=headers,
+                                     timestamp=now)  # fmt: skip
                     break
                 except BufferError:
                     producer.poll(0.01)
@@ -251,6 +254,12 @@ def main() -> int:
     )
     parser.add_argument("--spark-master", default="local[2]")
     parser.add_argument(
+        "--source-partitions",
+        type=int,
+        default=PARTITIONS,
+        help="source partitions the records are spread over (raw partition: p mod 3)",
+    )
+    parser.add_argument(
         "--layout",
         choices=("runs", "records"),
         default="runs",
@@ -302,8 +311,12 @@ def main() -> int:
     watcher.start()
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
     load_start = os.getloadavg()[0]
-    next_offset = [0] * PARTITIONS
-    result: dict[str, object] = {"bench": "dedup_latency", "trigger_ms": args.trigger_ms}
+    next_offset = [0] * args.source_partitions
+    result: dict[str, object] = {
+        "bench": "dedup_latency",
+        "trigger_ms": args.trigger_ms,
+        "source_partitions": args.source_partitions,
+    }
     try:
         # warm-up: the query is up and has delivered (Spark start, first batches)
         first, _ = produce_at(producer, raw, 100, 1.0, next_offset, args.layout)

@@ -95,12 +95,15 @@ class DedupConfig:
     shuffle_partitions: int = 0
     """spark.sql.shuffle.partitions of the stateful step; 0 = the number of cores of the driver.
     Fixed by the first run of a checkpoint (Spark keeps it in the checkpoint)."""
-    max_offsets_per_trigger: int = 2_000
+    max_offsets_per_trigger: int = 10_000
     """Most raw records read per micro-batch. A raw record is a run (up to the receiver's
-    ``run_max_bytes``, 1 MiB by default) or, in a v1 raw topic, one record: this bounds the
-    payload of a batch (2,000 runs of 1 MiB at most; ~110 MB at a 40k records/s backlog of
-    200-byte records) and so the records of one transaction. Raise it while a v1 backlog drains
-    (docs/dedup.md "Upgrading from layout v1")."""
+    ``run_max_bytes``, 64 KiB by default, or one larger record) or, in a v1 raw topic, one
+    record. It bounds the payload of a batch (10,000 runs of 64 KiB: 640 MB at most) and so the
+    records of one transaction, and it caps the input rate: a receiver writes up to 50 runs a
+    second per busy source partition, so a link spread over many partitions needs about 50 x
+    partitions x the batch time (docs/operations.md "Sizing"). Links of records above 64 KiB:
+    lower it so that it times the record size stays within about half the heap. Raise it while a
+    v1 backlog drains (docs/dedup.md "Upgrading from layout v1")."""
     arrow_max_records_per_batch: int = 100_000
     """Rows per Arrow batch between the JVM and Python (about 100k is fastest here)."""
     fail_on_data_loss: bool = False

@@ -44,10 +44,12 @@ _TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 #: run) gets its delivery report in Python: a success counts the run's records as delivered, a
 #: failure names its offsets (one report per run, not per source record: receiver/kafka_sink.py).
 PINNED_KAFKA = {"enable.idempotence": "true", "acks": "all", "delivery.report.only.error": "false"}
-#: Defaults of the run settings (docs/receiver.md, "Runs"). About 1 MiB, and with the 4 KiB of
-#: key, header and framing (common.topic_limits.RECORD_OVERHEAD) still below the 1,048,588 bytes a
-#: Kafka topic admits by default, so a receiver configured for a default raw topic keeps starting.
-DEFAULT_RUN_MAX_BYTES = 1_000_000
+#: Defaults of the run settings (docs/receiver.md, "Runs"). 64 KiB: a dedup micro-batch holds up
+#: to MAX_OFFSETS_PER_TRIGGER runs, and a 1.5 GB batch of 1 MB runs ran a local dedup's JVM out of
+#: memory (it exits, and again at each restart); 10,000 runs of 64 KiB (640 MB) pass in its
+#: default heap (docs/benchmarks.md, "Run size and the dedup's heap"). 64 KiB still holds ~250
+#: records of 200 B, so the per-run costs stay amortised.
+DEFAULT_RUN_MAX_BYTES = 65_536
 DEFAULT_RUN_LINGER = 0.02
 #: Throughput-oriented producer defaults; ``kafka`` overrides any of them. linger.ms 100 rather
 #: than 20: fuller batches (up to batch.size) cut the downstream broker's CPU per record by about a

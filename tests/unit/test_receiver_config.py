@@ -50,8 +50,8 @@ def test_producer_config_pins_idempotence_and_bounds_the_queue() -> None:
 
 def test_the_largest_raw_record_is_a_run_or_one_record_whichever_is_larger() -> None:
     small = _build(file_values={"allow_cleartext": True, "max_record_size": 10_000})
-    assert small.raw_size_setting() == ("run_max_bytes", 1_000_000)
-    assert small.producer_config()["message.max.bytes"] == str(1_000_000 + 4096)
+    assert small.raw_size_setting() == ("run_max_bytes", 65_536)
+    assert small.producer_config()["message.max.bytes"] == str(65_536 + 4096)
     large = _build(file_values={"allow_cleartext": True})
     assert large.raw_size_setting() == ("max_record_size", 16 * 1024 * 1024)
 

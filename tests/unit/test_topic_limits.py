@@ -95,7 +95,7 @@ def test_the_receivers_producer_admits_max_record_size() -> None:
     assert int(small.producer_config()["message.max.bytes"]) == record_limit(1024)  # a run
     # records smaller than the run cap: the run cap decides what the raw topic must admit
     default_runs = ReceiverConfig(allow_cleartext=True, max_record_size=1000, max_message_size=5096)
-    assert int(default_runs.producer_config()["message.max.bytes"]) == record_limit(1_000_000)
+    assert int(default_runs.producer_config()["message.max.bytes"]) == record_limit(65_536)
     bigger = ReceiverConfig(allow_cleartext=True, kafka={"message.max.bytes": "50000000"})
     assert bigger.producer_config()["message.max.bytes"] == "50000000"  # a larger one is kept
 

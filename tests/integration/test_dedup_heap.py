@@ -1,0 +1,84 @@
+"""The run size and batch size defaults against the dedup's default heap (slow: ~2 minutes).
+
+A backlog of 1.5 GB of 1 KB records in runs cut at the receiver's default ``run_max_bytes``,
+deduped by ``kafka-diode dedup`` with its own defaults (``local[2]``, Spark's 1 GB driver heap,
+``MAX_OFFSETS_PER_TRIGGER``): every record reaches the clean topic once. With the receiver's
+earlier default (1 MB runs) the same backlog made batches of ~1.5 GB, Arrow could not allocate a
+group's buffers (``OutOfMemoryException``) and the JVM exited (docs/benchmarks.md "Run size and
+the dedup's heap").
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from common.raw_run import RunBuilder
+from receiver.config import DEFAULT_RUN_MAX_BYTES
+from tests.integration.test_dedup import (
+    BASE_TS,
+    SESSION,
+    SOURCE,
+    finish,
+    job_env,
+    run_dedup,
+)
+from tests.kafka_helpers import Record, consume_all, create_topic, produce_records
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
+
+VALUE_BYTES = 1000
+RECORDS_PER_PARTITION = 500_000
+PARTITIONS = 3
+
+
+def runs(partition: int) -> list[Record]:
+    """One partition's backlog as the receiver writes it: runs as full as ``run_max_bytes``."""
+    out: list[Record] = []
+    run: RunBuilder | None = None
+    size = 0
+    for offset in range(RECORDS_PER_PARTITION):
+        key, value = b"k%d" % offset, b"%d:" % offset + b"v" * VALUE_BYTES
+        if run is not None and size + len(key) + len(value) + 64 > DEFAULT_RUN_MAX_BYTES:
+            out.append(_record(run, partition))
+            run = None
+        if run is None:
+            run, size = RunBuilder(SOURCE, partition, 1, offset, BASE_TS + offset), 0
+        run.append(offset, BASE_TS + offset, key, value, ())
+        size += len(key) + len(value) + 64
+    assert run is not None
+    out.append(_record(run, partition))
+    return out
+
+
+def _record(run: RunBuilder, partition: int) -> Record:
+    value = run.encode()
+    assert len(value) <= DEFAULT_RUN_MAX_BYTES
+    return Record(
+        key=run.key().encode(),
+        value=value,
+        headers=(("diode.session", SESSION.hex().encode()),),
+        partition=partition,
+    )
+
+
+def test_a_backlog_of_1kb_records_passes_the_default_heap(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    raw = kafka_topic(downstream_kafka, partitions=PARTITIONS)
+    for partition in range(PARTITIONS):
+        produce_records(downstream_kafka, raw, runs(partition), timeout=300)
+    clean_topic = f"clean.{raw}.{SOURCE}"
+    create_topic(downstream_kafka, clean_topic, partitions=PARTITIONS)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
+    # the defaults under test: no MAX_OFFSETS_PER_TRIGGER, no heap setting; windows for 200k
+    env |= {"WINDOW_SIZE": "65536", "MAX_WINDOWS": "16", "PERSIST_INTERVAL_MS": "1000"}
+    finish(run_dedup(env, "--until-idle", "10"), timeout=900)
+
+    total = PARTITIONS * RECORDS_PER_PARTITION
+    clean = consume_all(downstream_kafka, clean_topic, expected_count=total, timeout=300)
+    seen = Counter((r.partition, r.timestamp - BASE_TS) for r in clean)
+    assert len(seen) == total
+    assert max(seen.values()) == 1
+    assert {(p, o) for p, o in seen if o >= RECORDS_PER_PARTITION} == set()

@@ -92,3 +92,17 @@ def test_help_lists_every_variable() -> None:
             assert name.upper() in text
     assert "SPARK_CONF_<NAME>" in text
     assert "KAFKA_CONF_<NAME>" in text
+
+
+def test_the_batch_default_fits_the_receivers_default_runs() -> None:
+    """``MAX_OFFSETS_PER_TRIGGER`` against what the receiver's run defaults write (docs/
+    operations.md "Many source partitions"): a trigger's worth of runs from 128 busy source
+    partitions fits one batch (with 2,000, 128 partitions at 5,000 records/s fell behind), and a
+    batch of full runs stays within the 640 MB that tests/integration/test_dedup_heap.py carries
+    through the default heap."""
+    from receiver.config import DEFAULT_RUN_LINGER, DEFAULT_RUN_MAX_BYTES  # noqa: PLC0415
+
+    cfg = from_sources(BASE)
+    runs_per_trigger = 128 / DEFAULT_RUN_LINGER * cfg.persist_interval_ms / 1000
+    assert cfg.max_offsets_per_trigger >= runs_per_trigger
+    assert cfg.max_offsets_per_trigger * DEFAULT_RUN_MAX_BYTES <= 640 * 2**20

@@ -45,6 +45,7 @@ from common.raw_topic import (
     WITHHELD_LAST,
 )
 from dedup import gaps
+from dedup.buckets import BUCKET_TOPIC
 from dedup.detect import (
     KIND_DATA,
     KIND_HEARTBEAT,
@@ -57,10 +58,15 @@ from dedup.detect import (
 )
 
 
-def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
+def classify(
+    raw: DataFrame, topics: Sequence[str], bucket_keys: Sequence[int] | None = None
+) -> DataFrame:
     """Parse keys, tell runs from v1 records from control from malformed; keep data payloads.
 
     ``topics`` is ``(*RAW_TOPICS, CONTROL_TOPIC)``: a record of any other topic is malformed.
+    ``bucket_keys`` (bucketed state layout, ``dedup/buckets.py``): per state partition, the
+    group key that Spark places there; a row then also carries its group key ``(g_topic,
+    g_partition)``, the bucket of the state partition its source (topic, partition) hashes to.
     """
     control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
     if topics:  # the control topic's ticks are no input (a tick elsewhere is malformed)
@@ -137,7 +143,7 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
         ELSE {KIND_MALFORMED} END as tinyint)"""
     typed = flagged.select("*", F.expr(kind).alias("kind"))
     data = f"kind IN ({KIND_DATA}, {KIND_RUN_IN})"
-    return typed.select(
+    out = typed.select(
         F.expr(f"if(coalesce(key_ok, false), src_topic, '{UNPARSED_TOPIC}')").alias("src_topic"),
         F.expr(f"if(coalesce(key_ok, false), part, {UNPARSED_PARTITION})").alias("src_partition"),
         F.expr("coalesce(if(key_ok, first, -1), -1)").alias("src_offset"),
@@ -162,6 +168,15 @@ def classify(raw: DataFrame, topics: Sequence[str]) -> DataFrame:
             f"THEN coalesce({_json_long(CHAIN_COUNT)} * 256 + {_json_long(CHAIN_INDEX)}, -1) "
             "ELSE -1 END"
         ).alias("hb_chain"),
+    )
+    if not bucket_keys:
+        return out
+    keys = ", ".join(str(int(j)) for j in bucket_keys)
+    slot = f"cast(pmod(hash(src_topic, src_partition), {len(bucket_keys)}) as int) + 1"
+    return out.select(
+        "*",
+        F.lit(BUCKET_TOPIC).alias("g_topic"),
+        F.expr(f"element_at(array({keys}), {slot})").alias("g_partition"),
     )
 
 

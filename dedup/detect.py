@@ -1,11 +1,14 @@
-"""The dedup's stateful step: the gap detector over one source partition's rows of a micro-batch.
+"""The dedup's stateful step: the gap detectors over one group's rows of a micro-batch.
 
 Runs in the **executors**, inside ``applyInPandasWithState`` (``dedup/job.py`` wires it): Spark
-calls :func:`detect_group` once per source (topic, partition) with data in a micro-batch, and once
-per processing-time timeout for a partition without data. Nothing here imports pyspark at run
-time (``GroupState`` is only a type), so the unit tests call it with pandas frames and a stand-in.
+calls :func:`detect_group` once per group with data in a micro-batch, and once per
+processing-time timeout for a group without data. A group is a **bucket** (``dedup/buckets.py``:
+the source partitions of one state partition, their detectors in one state value; the call splits
+its rows by source partition) or, in a checkpoint created before the buckets, one source (topic,
+partition) (``dedup/state_layout.py``). Nothing here imports pyspark at run time (``GroupState``
+is only a type), so the unit tests call it with pandas frames and a stand-in.
 
-Theory of operation, per call:
+Theory of operation, per source partition (:func:`detect_partition`):
 
 1. **Resets first**, before the saved state is read (a reset discards it, readable or not).
 2. **Data** (``dedup/classify.py`` kinds): v2 runs are checked against their key
@@ -21,6 +24,8 @@ Theory of operation, per call:
    delivered), then **heartbeats** (highest offset, per share chain, and each low offset).
 4. **Scan** when ``GAP_EMIT_INTERVAL_SEC`` has passed since the last one; ``now`` is Spark's batch
    timestamp (in the offset log), so a replayed batch computes the same output from the same state.
+   A bucket scans each of its partitions on that partition's own schedule (those without rows
+   too), and its timeout is the soonest scan due.
 """
 
 from __future__ import annotations
@@ -38,7 +43,7 @@ from common import gap_record
 from common.errors import LocalProtocolError, RemoteProtocolError
 from common.raw_run import RunBuilder, check_run
 from common.raw_topic import PROVENANCE_HEADERS
-from dedup import gaps
+from dedup import buckets, gaps
 from dedup.rows import COLUMN_NAMES, KIND_GAP, KIND_RUN, KIND_STAT, STAT_COLUMNS, pack_selection
 from dedup.worker_heap import FreezeOnLoad
 
@@ -84,23 +89,57 @@ class _Output:
     to ``OUTPUT_DDL``'s type when it converts the frames to Arrow.
     """
 
-    def __init__(self, topic: str, partition: int) -> None:
-        self.topic, self.partition = topic, partition
-        self.rows: list[tuple[str, dict[str, Any]]] = []
+    def __init__(self) -> None:
+        self.rows: list[tuple[str, str, int, dict[str, Any]]] = []
 
-    def add(self, kind: str, **values: Any) -> None:
-        self.rows.append((kind, values))
+    def add(self, kind: str, topic: str, partition: int, **values: Any) -> None:
+        self.rows.append((kind, topic, partition, values))
 
     def frame(self) -> pd.DataFrame:
         table = np.full((len(self.rows), len(COLUMN_NAMES)), None, dtype=object)
-        table[:, _COLUMN["src_topic"]] = self.topic
-        table[:, _COLUMN["src_partition"]] = self.partition
-        for i, (kind, values) in enumerate(self.rows):
+        topic_col, partition_col = _COLUMN["src_topic"], _COLUMN["src_partition"]
+        for i, (kind, topic, partition, values) in enumerate(self.rows):
             row = table[i]
-            row[0] = kind
+            row[0], row[topic_col], row[partition_col] = kind, topic, partition
             for name, value in values.items():
                 row[_COLUMN[name]] = value
         return pd.DataFrame(table, columns=list(COLUMN_NAMES), copy=False)
+
+
+class Rows:
+    """Some rows of one call's input, as numpy arrays per column (taken from the frame once).
+
+    A bucket's call splits its rows by source partition with ``take``: indexing arrays costs
+    microseconds where slicing a pandas frame per partition cost ~0.1 ms.
+    """
+
+    def __init__(self, columns: dict[str, np.ndarray[Any, Any]]) -> None:
+        self._columns = columns
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> Rows:
+        return cls({str(name): frame[name].to_numpy() for name in frame.columns})
+
+    def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
+        return self._columns[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._columns
+
+    def __len__(self) -> int:
+        return len(self._columns["kind"])
+
+    def take(self, index: np.ndarray[Any, Any]) -> Rows:
+        return Rows({name: column[index] for name, column in self._columns.items()})
+
+    def by_partition(self) -> dict[tuple[str, int], np.ndarray[Any, Any]]:
+        """Row indexes per source ``(topic, partition)``, in first-appearance order."""
+        groups: dict[tuple[str, int], list[int]] = {}
+        topics = self._columns["src_topic"].tolist()
+        partitions = self._columns["src_partition"].tolist()
+        for i, key in enumerate(zip(topics, partitions, strict=True)):
+            groups.setdefault((str(key[0]), int(key[1])), []).append(i)
+        return {key: np.asarray(rows, dtype=np.intp) for key, rows in groups.items()}
 
 
 def detect_group(
@@ -109,28 +148,94 @@ def detect_group(
     frames: Iterator[pd.DataFrame],
     state: GroupState,
 ) -> Iterator[pd.DataFrame]:
-    """Run the detector over one source partition's rows of one micro-batch (or its timeout)."""
-    topic, partition = str(key[0]), int(key[1])
+    """Run the detector over one group's rows of one micro-batch (or its timeout).
+
+    A group is a bucket (key ``("", j)``, ``j >= 0``: checkpoints created by this version,
+    ``dedup/buckets.py``) or one source partition (checkpoints created before it).
+    """
+    g_topic, g_partition = str(key[0]), int(key[1])
     now = int(state.getCurrentProcessingTimeMs())
     parts = [f for f in frames if len(f)]
     batch = (
         (parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)) if parts else None
     )
-    stats = dict.fromkeys(STAT_COLUMNS, 0)
-    if topic == UNPARSED_TOPIC and partition == UNPARSED_PARTITION:
-        stats["malformed"] = 0 if batch is None else len(batch)
-        out = _Output(topic, partition)
-        out.add(KIND_STAT, state_bytes=0, **stats)
-        yield out.frame()
-        return
+    rows = None if batch is None else Rows.from_frame(batch)
+    out = _Output()
+    if g_topic == buckets.BUCKET_TOPIC and g_partition >= 0:
+        _detect_bucket(params, rows, state, now, out)
+    elif g_topic == UNPARSED_TOPIC and g_partition == UNPARSED_PARTITION:
+        _count_unparsed(0 if rows is None else len(rows), out)
+    else:
+        saved = (bytes(state.get[0]), int(state.get[1])) if state.exists else None
+        blob, last_scan = detect_partition(
+            params,
+            g_topic,
+            g_partition,
+            rows,
+            saved,
+            now,
+            out,
+        )
+        state.update((blob, last_scan))
+        state.setTimeoutDuration(params.scan_interval_ms)
+    yield out.frame()
 
+
+def _count_unparsed(count: int, out: _Output) -> None:
+    stats = dict.fromkeys(STAT_COLUMNS, 0)
+    stats["malformed"] = count
+    out.add(KIND_STAT, UNPARSED_TOPIC, UNPARSED_PARTITION, state_bytes=0, **stats)
+
+
+def _detect_bucket(
+    params: DetectParams, rows: Rows | None, state: GroupState, now: int, out: _Output
+) -> None:
+    """One bucket's call: each source partition with rows, then each whose scan is due."""
+    if state.exists:
+        bucket = buckets.BucketState.from_bytes(bytes(state.get[0]))
+    else:
+        bucket = buckets.BucketState()
+    seen: set[tuple[str, int]] = set()
+    groups = {} if rows is None else rows.by_partition()
+    for key in sorted(groups):
+        index = groups[key]
+        if key == (UNPARSED_TOPIC, UNPARSED_PARTITION):
+            _count_unparsed(len(index), out)
+            continue
+        seen.add(key)
+        assert rows is not None  # groups is empty without rows
+        part = rows.take(index)
+        blob, last_scan = detect_partition(params, key[0], key[1], part, bucket.get(key), now, out)
+        bucket.put(key, blob, last_scan)
+    for key in bucket.due(now, params.scan_interval_ms):
+        if key not in seen:
+            blob, last_scan = detect_partition(
+                params, key[0], key[1], None, bucket.get(key), now, out
+            )
+            bucket.put(key, blob, last_scan)
+    state.update((bucket.to_bytes(), -1))
+    state.setTimeoutDuration(bucket.next_due_in(now, params.scan_interval_ms))
+
+
+def detect_partition(  # noqa: PLR0917  one call per source partition and batch
+    params: DetectParams,
+    topic: str,
+    partition: int,
+    rows: Rows | None,
+    saved: tuple[bytes, int] | None,
+    now: int,
+    out: _Output,
+) -> tuple[bytes, int]:
+    """One source partition's rows of one batch (or its scan): adds its output rows to ``out``,
+    returns its detector's bytes and last scan time to save."""
+    stats = dict.fromkeys(STAT_COLUMNS, 0)
     config = gaps.DetectorConfig(
         window_size=params.window_size,
         max_windows=params.max_windows,
         max_expired_gaps=params.max_expired_gaps,
         max_state_bytes=params.max_state_bytes,
     )
-    kinds = batch["kind"].to_numpy() if batch is not None else np.empty(0, dtype=np.int8)
+    kinds = rows["kind"] if rows is not None else np.empty(0, dtype=np.int8)
     stats["resets"] = int(np.count_nonzero(kinds == KIND_RESET))
     if stats["resets"]:
         # docs/dedup.md "Reset": the reset applies before this batch's records, and before the
@@ -138,32 +243,31 @@ def detect_group(
         log.warning("reset of %s:%d requested: state cleared", topic, partition)
         detector = gaps.PartitionDetector(topic, partition, config, reset_at_ms=now)
         last_scan = now
-    elif state.exists:
-        blob, last_scan = state.get
+    elif saved is not None:
+        blob, last_scan = saved
         detector = load_detector(bytes(blob), config, topic, partition)
     else:
         detector, last_scan = gaps.PartitionDetector(topic, partition, config), now
     below_before, budget_before = detector.below_window, detector.budget_evictions
 
-    out = _Output(topic, partition)
-    if batch is not None:
+    if rows is not None:
         stats["malformed"] = int(np.count_nonzero(kinds == KIND_MALFORMED))
-        offsets = batch["src_offset"].to_numpy()
+        offsets = rows["src_offset"]
         data = np.flatnonzero((kinds == KIND_DATA) | (kinds == KIND_RUN_IN))
         if len(data):
-            _observe_data(detector, batch, data, out, now, stats)
+            _observe_data(detector, rows, data, out, now, stats)
         held = np.flatnonzero(kinds == KIND_WITHHELD)
         if len(held):
             # After the records: an offset that came both as a record and withheld (the rules
             # changed between a send and a resend) is delivered.
-            lasts = batch["hb_low"].to_numpy()
+            lasts = rows["hb_low"]
             stats["withheld"] = sum(
                 detector.withhold(int(offsets[i]), int(lasts[i]), now) for i in held.tolist()
             )
-        beats = batch[kinds == KIND_HEARTBEAT]
+        beats = np.flatnonzero(kinds == KIND_HEARTBEAT)
         stats["heartbeats"] = len(beats)
         if len(beats):
-            apply_heartbeats(detector, beats, now)
+            apply_heartbeats(detector, rows.take(beats), now)
 
     reports: list[gaps.GapReport] = []
     if now - last_scan >= params.scan_interval_ms:
@@ -174,36 +278,38 @@ def detect_group(
         log.warning("%s:%d: %s", topic, partition, warning)
     for report in reports:
         out.add(
-            KIND_GAP, gap_key=gap_record.gap_key(report), gap_value=gap_record.gap_value(report)
+            KIND_GAP,
+            topic,
+            partition,
+            gap_key=gap_record.gap_key(report),
+            gap_value=gap_record.gap_value(report),
         )
 
     blob = detector.to_bytes()
-    state.update((blob, last_scan))
-    state.setTimeoutDuration(params.scan_interval_ms)
     stats["open_gaps"] = len(detector.reported_open())
     stats["chains_missing"] = detector.chains_missing
     stats["below_window"] = detector.below_window - below_before
     stats["budget_evictions"] = detector.budget_evictions - budget_before
     stats["expired_gaps"] = sum(1 for r in reports if r.state is gaps.GapState.EXPIRED)
-    out.add(KIND_STAT, state_bytes=len(blob), **stats)
-    yield out.frame()
+    out.add(KIND_STAT, topic, partition, state_bytes=len(blob), **stats)
+    return blob, last_scan
 
 
-def _observe_data(  # noqa: PLR0917  one call per group and batch
+def _observe_data(  # noqa: PLR0917  one call per source partition and batch
     detector: gaps.PartitionDetector,
-    batch: pd.DataFrame,
+    batch: Rows,
     rows: np.ndarray[Any, Any],
     out: _Output,
     now: int,
     stats: dict[str, int],
 ) -> None:
     """Observe the data rows ``rows`` of ``batch``; adds a ``run`` row for what is first seen."""
-    topic, partition = out.topic, out.partition
-    kinds = batch["kind"].to_numpy()
-    firsts = batch["src_offset"].to_numpy()
-    lasts = batch["src_last"].to_numpy()
-    strides = batch["stride"].to_numpy()
-    payloads = batch["payload"].to_numpy()
+    topic, partition = detector.topic, detector.partition
+    kinds = batch["kind"]
+    firsts = batch["src_offset"]
+    lasts = batch["src_last"]
+    strides = batch["stride"]
+    payloads = batch["payload"]
     rows = rows[np.argsort(firsts[rows], kind="stable")]
     total = delivered = 0
     for i in rows.tolist():
@@ -239,7 +345,13 @@ def _observe_data(  # noqa: PLR0917  one call per group and batch
                 [((a - first) // stride, (b - first) // stride) for a, b in ranges]
             )
         out.add(
-            KIND_RUN, src_offset=first, payload=bytes(payload), selection=selection, records=taken
+            KIND_RUN,
+            topic,
+            partition,
+            src_offset=first,
+            payload=bytes(payload),
+            selection=selection,
+            records=taken,
         )
     stats["delivered"] = delivered
     stats["duplicates"] = total - delivered
@@ -257,14 +369,14 @@ def _index_ranges(verdicts: list[bool]) -> list[tuple[int, int]]:
     return out
 
 
-def _v1_as_run(batch: pd.DataFrame, i: int, topic: str, partition: int, offset: int) -> bytes:
+def _v1_as_run(batch: Rows, i: int, topic: str, partition: int, offset: int) -> bytes:
     """A first-seen v1 raw record (docs/topics.md "Layout v1") re-encoded as a run of one.
 
     ``classify`` checked what this relies on: the four provenance headers last, in order, and a
     ``diode.timestamp`` that is a signed 64-bit decimal.
     """
-    names = list(batch["h_keys"].iat[i])
-    values = list(batch["h_values"].iat[i])
+    names = list(batch["h_keys"][i])
+    values = list(batch["h_values"][i])
     n = len(PROVENANCE_HEADERS)
     key, stamp, kind = values[-n], values[-n + 1], values[-n + 2]
     ts_type = {b"0": 0, b"1": 1, b"2": 2}.get(bytes(kind) if kind is not None else b"", 1)
@@ -273,7 +385,7 @@ def _v1_as_run(batch: pd.DataFrame, i: int, topic: str, partition: int, offset: 
         (str(name), None if value is None else bytes(value))
         for name, value in zip(names[:-n], values[:-n], strict=True)
     )
-    value = batch["payload"].iat[i]
+    value = batch["payload"][i]
     run = RunBuilder(topic, partition, ts_type, offset, timestamp)
     run.append(
         offset,
@@ -310,11 +422,11 @@ def load_detector(
         ) from exc
 
 
-def apply_heartbeats(detector: gaps.PartitionDetector, beats: pd.DataFrame, now: int) -> None:
+def apply_heartbeats(detector: gaps.PartitionDetector, beats: Rows, now: int) -> None:
     """Apply one batch's heartbeat rows: the highest offset (per share chain, or of all the
     unchained ones), and each valid low offset."""
-    highs = beats["src_offset"].to_numpy()
-    chains = beats["hb_chain"].to_numpy() if "hb_chain" in beats else np.full(len(beats), -1)
+    highs = beats["src_offset"]
+    chains = beats["hb_chain"] if "hb_chain" in beats else np.full(len(beats), -1)
     plain = chains < 0
     if plain.any():
         detector.heartbeat(int(highs[plain].max()), now)

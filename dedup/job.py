@@ -6,9 +6,11 @@ Where each step runs (docs/dedup.md "How it works" has the long form):
    (``includeHeaders``; ``startingOffsets=earliest`` for a new checkpoint; at most
    ``MAX_OFFSETS_PER_TRIGGER`` raw records per micro-batch). Each raw payload is read here, once.
 2. **Classify** (executors, JVM): ``dedup/classify.py``, both raw layouts, no regex on keys.
-3. **Detect** (executors, Python): ``dedup/detect.py`` in ``applyInPandasWithState`` per source
-   (topic, partition), state = the detector's bytes in the RocksDB state store; first-seen runs
-   leave with their payload (``dedup/rows.py``).
+3. **Detect** (executors, Python): ``dedup/detect.py`` in ``applyInPandasWithState`` per
+   bucket (one per state partition, holding many source partitions' detectors:
+   ``dedup/buckets.py``), or per source (topic, partition) in a checkpoint created before the
+   buckets (``dedup/state_layout.py``), state in the RocksDB state store; first-seen runs leave
+   with their payload (``dedup/rows.py``).
 4. **Write** (executors, same stage, no shuffle): ``dedup/writer.py`` maps the stateful step's
    output with one write task per state partition, each committing one Kafka transaction
    (``dedup/transaction.py``); the driver only plans batches, starts the tasks and folds their
@@ -38,7 +40,9 @@ from dedup import spark_compat
 from dedup.classify import classify
 from dedup.config import DedupConfig
 from dedup.detect import DetectParams, detect_group
+from dedup.gaps import GapStateError
 from dedup.rows import OUTPUT_DDL
+from dedup.state_layout import LAYOUT_FILE, StateLayout, decide
 
 if TYPE_CHECKING:
     from dedup.writer import TransactionalBatchWriter
@@ -126,8 +130,8 @@ def raw_stream(spark: SparkSession, config: DedupConfig) -> DataFrame:
     return reader.load()
 
 
-def detected(classified: DataFrame, config: DedupConfig) -> DataFrame:
-    """The stateful step: per source (topic, partition), the detector over each micro-batch."""
+def detected(classified: DataFrame, config: DedupConfig, layout: StateLayout) -> DataFrame:
+    """The stateful step: per bucket (or per source partition), the detector over each batch."""
     params = DetectParams(
         window_size=config.window_size,
         max_windows=config.max_windows,
@@ -141,7 +145,8 @@ def detected(classified: DataFrame, config: DedupConfig) -> DataFrame:
     ) -> Iterator[pd.DataFrame]:
         return detect_group(params, key, frames, state)
 
-    return classified.groupBy("src_topic", "src_partition").applyInPandasWithState(
+    keys = ("g_topic", "g_partition") if layout.bucketed else ("src_topic", "src_partition")
+    return classified.groupBy(*keys).applyInPandasWithState(
         func,
         outputStructType=OUTPUT_DDL,
         stateStructType=STATE_SCHEMA,
@@ -163,7 +168,12 @@ def start_query(
     writer.ensure_topics([config.gap_topic, config.progress_topic], compact=True)
     raw = raw_stream(spark, config)
     topics = (*config.raw_topics, config.control_topic)
-    output = transform(raw) if transform is not None else detected(classify(raw, topics), config)
+    if transform is not None:
+        output = transform(raw)
+    else:
+        layout = state_layout(spark, config)
+        keys = bucket_keys(spark, layout.state_partitions) if layout.bucketed else None
+        output = detected(classify(raw, topics, keys), config, layout)
     query = (
         output.writeStream.queryName("kafka-diode-dedup")
         .foreachBatch(writer)
@@ -173,3 +183,72 @@ def start_query(
     )
     writer.bind(str(query.id))
     return query
+
+
+# -- the checkpoint's state layout (driver) ----------------------------------------------------
+
+
+def state_layout(spark: SparkSession, config: DedupConfig) -> StateLayout:
+    """The checkpoint's layout (``dedup/state_layout.py``), recorded for a new checkpoint.
+
+    Through Hadoop's file system, as Spark reads the checkpoint (local, HDFS, object stores).
+    """
+    jvm: Any = spark.sparkContext._jvm
+    hadoop_conf = spark.sparkContext._jsc.hadoopConfiguration()
+    root = jvm.org.apache.hadoop.fs.Path(config.state_dir_config)
+    fs = root.getFileSystem(hadoop_conf)
+    offsets = jvm.org.apache.hadoop.fs.Path(root, "offsets")
+    has_offsets = bool(fs.exists(offsets)) and len(fs.listStatus(offsets)) > 0
+    marker = jvm.org.apache.hadoop.fs.Path(root, LAYOUT_FILE)
+    recorded = None
+    if fs.exists(marker):
+        stream = fs.open(marker)
+        try:
+            recorded = bytes(jvm.org.apache.commons.io.IOUtils.toByteArray(stream)).decode()
+        finally:
+            stream.close()
+    layout = decide(
+        recorded,
+        has_offsets=has_offsets,
+        state_partitions=config.effective_shuffle_partitions(),
+    )
+    if not has_offsets:
+        out = fs.create(marker, True)
+        try:
+            out.write(bytearray(layout.to_json().encode()))
+        finally:
+            out.close()
+    log.info(
+        "state layout: %s%s",
+        layout.kind,
+        f" ({layout.state_partitions} buckets)"
+        if layout.bucketed
+        else " (one group per source partition: a checkpoint created before the buckets, "
+        'docs/dedup.md "State layout")',
+    )
+    return layout
+
+
+def bucket_keys(spark: SparkSession, partitions: int) -> list[int]:
+    """Per state partition ``s``, a ``j`` such that Spark places the group ``("", j)`` in ``s``.
+
+    Spark places a group by ``pmod(hash(key), partitions)`` (Murmur3, the SQL ``hash``), so each
+    bucket gets a task of its own, and a source partition lands in the state partition it had
+    in the per-partition layout (``classify``). Computed by Spark itself, not re-implemented.
+    """
+    wanted: dict[int, int] = {}
+    tried = 0
+    while len(wanted) < partitions and tried < partitions * 1024:
+        rows = (
+            spark.range(tried, tried + partitions * 64)
+            .selectExpr(
+                "cast(id as int) as j", f"pmod(hash('', cast(id as int)), {partitions}) as s"
+            )
+            .collect()
+        )
+        for row in rows:
+            wanted.setdefault(int(row.s), int(row.j))
+        tried += partitions * 64
+    if len(wanted) < partitions:
+        raise GapStateError(f"no bucket key found for each of {partitions} state partitions")
+    return [wanted[s] for s in range(partitions)]

@@ -14,8 +14,10 @@ per source partition) for the metrics (``dedup/metrics.py``).
 
 Argument (docs/dedup.md "Effectively once" has the long form):
 
-1. **Fixed partitions.** The stateful step is hash-partitioned by source (topic, partition) into
-   ``spark.sql.shuffle.partitions`` partitions, a number Spark fixes for a checkpoint at its
+1. **Fixed partitions.** The stateful step is hash-partitioned by its group key (a bucket of
+   source partitions, or one source partition in a checkpoint from before the buckets:
+   ``dedup/state_layout.py``) into ``spark.sql.shuffle.partitions`` partitions, a number Spark
+   fixes for a checkpoint at its
    first run. The write tasks follow it without a shuffle, so task ``p`` of batch ``N`` always
    holds exactly the groups of state partition ``p``, computed from the same input offsets and
    the same state version: a replayed (batch, partition) has the same output.

@@ -20,6 +20,7 @@ class FakeState:
 
     def __init__(self, value: tuple[bytes, int] | None = None, now: int = 10_000) -> None:
         self.value, self.now = value, now
+        self.timeout_ms: int | None = None
 
     @property
     def exists(self) -> bool:
@@ -36,8 +37,8 @@ class FakeState:
     def update(self, value: tuple[bytes, int]) -> None:
         self.value = value
 
-    def setTimeoutDuration(self, _ms: int) -> None:
-        pass
+    def setTimeoutDuration(self, ms: int) -> None:
+        self.timeout_ms = ms
 
 
 def run_value(

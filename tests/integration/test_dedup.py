@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from common.raw_run import RunBuilder
+from dedup.state_layout import LAYOUT_FILE
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -209,9 +210,13 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path)
     assert open_offsets == {(p, o) for p, offs in missing.items() for o in offs}
 
 
+@pytest.mark.parametrize("layout", ["buckets", "partitions"])
 def test_sigkill_and_restart_neither_duplicates_nor_loses(
-    downstream_kafka, kafka_topic, tmp_path
+    downstream_kafka, kafka_topic, tmp_path, layout
 ) -> None:
+    """Both state layouts (docs/dedup.md "State layout"): buckets, what a new checkpoint gets,
+    and one group per source partition, what checkpoints from before the buckets keep (asked
+    for here by the operator's record in a new checkpoint)."""
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
     per_partition = 20_000
@@ -227,8 +232,16 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, tag),
            "MAX_OFFSETS_PER_TRIGGER": "30", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
     clean_topic = f"clean.{tag}.{SOURCE}"
+    record = Path(env["STATE_DIR_CONFIG"]) / LAYOUT_FILE
+    if layout == "partitions":
+        record.parent.mkdir(parents=True)
+        record.write_text('{"layout": "partitions"}')
 
-    kill_once_committed(run_dedup(env), downstream_kafka, clean_topic, 9_000)
+    proc = run_dedup(env)
+    kill_once_committed(proc, downstream_kafka, clean_topic, 9_000)
+    assert json.loads(record.read_text())["layout"] == layout
+    log_text = proc.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
+    assert f"state layout: {layout}" in log_text
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert before < 3 * per_partition, "the kill came too late to test anything"
 

@@ -1,0 +1,78 @@
+"""Which state layout a checkpoint uses: decided once, when the checkpoint is created.
+
+- **buckets** (checkpoints created by this version): the stateful step groups by bucket, one per
+  state partition, each holding the detectors of many source partitions (``dedup/buckets.py``).
+- **partitions** (checkpoints created before it): one group per source (topic, partition), the
+  detector's bytes as the state value.
+
+Spark keys a checkpoint's state by the grouping key and cannot move state between keys, so a
+checkpoint keeps the layout it was created with. The choice is recorded in a small JSON file in
+the checkpoint directory, next to Spark's own (``LAYOUT_FILE``); a checkpoint with Spark offsets
+and no such file is from before it, so it keeps per-partition groups. An operator who wants a new
+checkpoint with per-partition groups writes ``{"layout": "partitions"}`` there before its first
+start (docs/dedup.md "State layout").
+
+Pure: the decision and the file's format. ``dedup/job.py`` reads and writes the file through
+Hadoop's file system (the checkpoint may be on HDFS or an object store), on the **driver**.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Final
+
+from dedup.gaps import GapStateError
+
+LAYOUT_FILE: Final = "kafka-diode-state-layout.json"
+BUCKETS: Final = "buckets"
+PARTITIONS: Final = "partitions"
+
+
+@dataclass(frozen=True, slots=True)
+class StateLayout:
+    """A checkpoint's layout; ``state_partitions`` is Spark's for the checkpoint (buckets only)."""
+
+    kind: str
+    state_partitions: int = 0
+
+    @property
+    def bucketed(self) -> bool:
+        return self.kind == BUCKETS
+
+    def to_json(self) -> str:
+        return json.dumps({"layout": self.kind, "state_partitions": self.state_partitions})
+
+
+def decide(recorded: str | None, *, has_offsets: bool, state_partitions: int) -> StateLayout:
+    """The layout of a checkpoint.
+
+    ``recorded`` is ``LAYOUT_FILE``'s text (None if absent), ``has_offsets`` whether Spark has
+    planned a batch in it, ``state_partitions`` the configured ``SHUFFLE_PARTITIONS`` (Spark
+    fixes it for a checkpoint at its first batch, so it counts only for a new one).
+
+    Raises:
+        GapStateError: the file exists but is not one this version wrote.
+    """
+    if recorded is None:
+        # a checkpoint with offsets and no record is from before this file
+        return StateLayout(PARTITIONS) if has_offsets else StateLayout(BUCKETS, state_partitions)
+    try:
+        fields = json.loads(recorded)
+        kind, partitions = fields["layout"], int(fields.get("state_partitions", 0))
+    except (ValueError, TypeError, KeyError) as exc:
+        raise GapStateError(
+            f"{LAYOUT_FILE} in the checkpoint is unreadable ({exc}): restore it from a backup "
+            f'of STATE_DIR, or write {{"layout": "partitions"}} if this checkpoint was created '
+            'before the bucketed layout (docs/dedup.md "State layout")'
+        ) from exc
+    if kind == PARTITIONS:
+        return StateLayout(PARTITIONS)
+    if kind == BUCKETS and partitions >= 1:
+        # before its first planned batch, Spark takes the configured count, so the record does
+        return StateLayout(BUCKETS, partitions if has_offsets else state_partitions)
+    raise GapStateError(
+        f"{LAYOUT_FILE} in the checkpoint names layout {kind!r} with {partitions} state "
+        "partitions, which this version does not know: a checkpoint of a newer version "
+        '(docs/dedup.md "State layout")'
+    )

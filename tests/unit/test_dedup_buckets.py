@@ -1,0 +1,167 @@
+"""The bucketed state layout (``dedup/buckets.py``, ``dedup/detect.py``) without Spark.
+
+The property: a bucket that holds many source partitions gives exactly the output (first-seen
+runs with their selections, gap reports, counters) of one group per source partition, called in
+the same batches (with rows, or with a scan due), whatever the interleaving of partitions, runs
+that overlap earlier ones, heartbeats and the time between batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dedup import buckets, detect
+from dedup.gaps import GapStateError
+from dedup.rows import COLUMN_NAMES
+from tests.dedup_support import FakeState, run_value
+
+INTERVAL = 1_000
+PARAMS = detect.DetectParams(
+    window_size=64,
+    max_windows=8,
+    max_expired_gaps=100,
+    max_state_bytes=1 << 20,
+    scan_interval_ms=INTERVAL,
+)
+PARTITIONS = [("a", 0), ("a", 1), ("b", 0), ("b", 7)]
+BUCKET = (buckets.BUCKET_TOPIC, 3)
+
+# one item: (source partition index, heartbeat?, first offset, count)
+items = st.tuples(
+    st.integers(0, len(PARTITIONS) - 1), st.booleans(), st.integers(0, 150), st.integers(1, 12)
+)
+batches = st.lists(
+    st.tuples(st.lists(items, max_size=8), st.integers(0, 2 * INTERVAL)), min_size=1, max_size=8
+)
+
+
+def _row(topic: str, partition: int, heartbeat: bool, first: int, count: int) -> dict[str, Any]:
+    last = first + count - 1
+    return {
+        "src_topic": topic,
+        "src_partition": partition,
+        "kind": detect.KIND_HEARTBEAT if heartbeat else detect.KIND_RUN_IN,
+        "src_offset": last if heartbeat else first,
+        "src_last": last,
+        "stride": 1,
+        "payload": None
+        if heartbeat
+        else run_value(first, last, topic=topic, partition=partition, tag=b"v"),
+        "h_keys": None,
+        "h_values": None,
+        "hb_low": -1,
+        "hb_started": -1,
+        "hb_chain": -1,
+    }
+
+
+def _per_partition(out: pd.DataFrame) -> dict[tuple[str, int], list[tuple[Any, ...]]]:
+    found: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+    for row in out.itertuples(index=False):
+        values = tuple(None if pd.isna(v) else v for v in row)  # type: ignore[call-overload]
+        found.setdefault((values[1], values[2]), []).append(values)
+    return found
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches)
+def test_a_bucket_gives_exactly_the_output_of_one_group_per_partition(
+    plan: list[tuple[list[tuple[int, bool, int, int]], int]],
+) -> None:
+    now = 10_000
+    single = {key: FakeState(now=now) for key in PARTITIONS}
+    bucket = FakeState(now=now)
+    for batch_items, step in plan:
+        now += step
+        rows = [_row(*PARTITIONS[i], hb, first, n) for i, hb, first, n in batch_items]
+        expected: dict[tuple[str, int], list[tuple[Any, ...]]] = {}
+        for key in PARTITIONS:
+            mine = [r for r in rows if (r["src_topic"], r["src_partition"]) == key]
+            state = single[key]
+            state.now = now
+            due = state.exists and now - state.get[1] >= INTERVAL
+            if mine or due:
+                frames = [pd.DataFrame(mine)] if mine else []
+                (out,) = detect.detect_group(PARAMS, key, iter(frames), state)
+                expected.update(_per_partition(out))
+        bucket.now = now
+        frames = [pd.DataFrame(rows)] if rows else []
+        (out,) = detect.detect_group(PARAMS, BUCKET, iter(frames), bucket)
+        assert list(out.columns) == list(COLUMN_NAMES)
+        assert _per_partition(out) == expected
+        saved = buckets.BucketState.from_bytes(bucket.get[0])
+        for key in saved:
+            assert saved.get(key) == single[key].get
+        assert bucket.timeout_ms == saved.next_due_in(now, INTERVAL)
+
+
+def test_a_quiet_partition_is_scanned_when_its_scan_is_due_not_before() -> None:
+    state = FakeState(now=10_000)
+    first = [_row("a", 0, False, 0, 5), _row("a", 0, False, 8, 2)]  # 5-7 missing
+    list(detect.detect_group(PARAMS, BUCKET, iter([pd.DataFrame(first)]), state))
+    assert state.timeout_ms == INTERVAL
+    gaps_seen = []
+    for now in (10_500, 11_000, 12_000):
+        state.now = now
+        (out,) = detect.detect_group(PARAMS, BUCKET, iter([]), state)
+        gaps_seen.append(len(out[out["kind"] == "gap"]))
+        scanned = len(out[out["kind"] == "stat"])
+        assert scanned == (0 if now == 10_500 else 1)
+    assert gaps_seen == [0, 0, 1]  # reported open at the second scan that saw it
+
+
+def test_unparsed_rows_in_a_bucket_are_counted_as_malformed() -> None:
+    bad = _row("a", 0, False, 0, 1) | {
+        "src_topic": detect.UNPARSED_TOPIC,
+        "src_partition": detect.UNPARSED_PARTITION,
+        "kind": detect.KIND_MALFORMED,
+        "payload": None,
+    }
+    state = FakeState()
+    (out,) = detect.detect_group(PARAMS, BUCKET, iter([pd.DataFrame([bad, bad])]), state)
+    stats = out[out["kind"] == "stat"]
+    assert stats["src_partition"].tolist() == [detect.UNPARSED_PARTITION]
+    assert stats["malformed"].tolist() == [2]
+    assert len(buckets.BucketState.from_bytes(state.get[0])) == 0
+
+
+@given(
+    st.dictionaries(
+        st.tuples(st.text(min_size=1, max_size=20), st.integers(-1, 2**31 - 1)),
+        st.tuples(st.binary(max_size=64), st.integers(-(2**63), 2**63 - 1)),
+        max_size=10,
+    )
+)
+def test_the_container_round_trips(entries: dict[tuple[str, int], tuple[bytes, int]]) -> None:
+    data = buckets.BucketState(entries).to_bytes()
+    back = buckets.BucketState.from_bytes(data)
+    assert {key: back.get(key) for key in back} == entries
+    assert back.to_bytes() == data
+
+
+@pytest.mark.parametrize(
+    "mangle",
+    [
+        lambda b: b[:-1],
+        lambda b: b + b"\0",
+        lambda b: b"KDGD" + b[4:],
+        lambda b: b[:7],
+    ],
+)
+def test_a_damaged_container_is_refused(mangle: Any) -> None:
+    data = buckets.BucketState({("t", 1): (b"blob", 5)}).to_bytes()
+    with pytest.raises(GapStateError, match="bucket"):
+        buckets.BucketState.from_bytes(mangle(data))
+
+
+def test_the_timeout_is_the_soonest_scan() -> None:
+    bucket = buckets.BucketState({("a", 0): (b"", 1_000), ("a", 1): (b"", 1_700)})
+    assert bucket.next_due_in(1_500, 1_000) == 500
+    assert bucket.next_due_in(2_500, 1_000) == 1
+    assert buckets.BucketState().next_due_in(0, 1_000) == 1_000
+    assert bucket.due(2_000, 1_000) == [("a", 0)]

@@ -36,6 +36,12 @@ _ENTRY: Final = struct.Struct("<HiqQ")
 #: A Kafka topic name is at most 249 characters; a longer one here means a corrupt container.
 MAX_TOPIC_BYTES: Final = 249 * 4
 
+#: The detectors of one bucket together stay below this (a Spark state value round-trips up to
+#: ~256 MiB, measured): each gets ``min(MAX_STATE_BYTES, BUCKET_STATE_BYTES / its partitions)``.
+BUCKET_STATE_BYTES: Final = 192 << 20
+#: The least budget a detector gets (``MAX_STATE_BYTES``'s own minimum), however full its bucket.
+MIN_STATE_BYTES: Final = 4096
+
 #: Group key topic of a bucket: ``("", j)`` with ``j >= 0``. No Kafka topic has an empty name,
 #: and the unparsed group of the per-partition layout is ``("", -1)``.
 BUCKET_TOPIC: Final = ""
@@ -61,6 +67,11 @@ class BucketState:
 
     def put(self, key: Key, blob: bytes, last_scan_ms: int) -> None:
         self._entries[key] = (blob, last_scan_ms)
+
+    def budget(self, max_state_bytes: int, joining: int = 0) -> int:
+        """Each detector's state budget once ``joining`` new partitions are in the bucket."""
+        share = BUCKET_STATE_BYTES // max(1, len(self._entries) + joining)
+        return min(max_state_bytes, max(MIN_STATE_BYTES, share))
 
     def due(self, now_ms: int, interval_ms: int) -> list[Key]:
         """Partitions whose last scan is at least ``interval_ms`` old, in key order."""

@@ -59,14 +59,19 @@ from dedup.detect import (
 
 
 def classify(
-    raw: DataFrame, topics: Sequence[str], bucket_keys: Sequence[int] | None = None
+    raw: DataFrame,
+    topics: Sequence[str],
+    bucket_keys: Sequence[int] | None = None,
+    state_partitions: int = 0,
 ) -> DataFrame:
     """Parse keys, tell runs from v1 records from control from malformed; keep data payloads.
 
     ``topics`` is ``(*RAW_TOPICS, CONTROL_TOPIC)``: a record of any other topic is malformed.
-    ``bucket_keys`` (bucketed state layout, ``dedup/buckets.py``): per state partition, the
-    group key that Spark places there; a row then also carries its group key ``(g_topic,
-    g_partition)``, the bucket of the state partition its source (topic, partition) hashes to.
+    ``bucket_keys`` (bucketed state layout, ``dedup/buckets.py``): the group key of each bucket,
+    the buckets of state partition ``s`` at ``s * per .. s * per + per - 1`` of
+    ``state_partitions`` (``dedup/job.py bucket_keys``); a row then also carries its group key
+    ``(g_topic, g_partition)``: a bucket of the state partition its source (topic, partition)
+    hashes to (Spark's own placement), chosen by a second, independent hash.
     """
     control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
     if topics:  # the control topic's ticks are no input (a tick elsewhere is malformed)
@@ -172,7 +177,11 @@ def classify(
     if not bucket_keys:
         return out
     keys = ", ".join(str(int(j)) for j in bucket_keys)
-    slot = f"cast(pmod(hash(src_topic, src_partition), {len(bucket_keys)}) as int) + 1"
+    per = len(bucket_keys) // state_partitions
+    slot = (
+        f"cast(pmod(hash(src_topic, src_partition), {state_partitions}) * {per} "
+        f"+ pmod(xxhash64(src_topic, src_partition), {per}) as int) + 1"
+    )
     return out.select(
         "*",
         F.lit(BUCKET_TOPIC).alias("g_topic"),

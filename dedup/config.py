@@ -85,7 +85,8 @@ class DedupConfig:
     once); beyond it the oldest are reported expired and forgotten."""
     max_state_bytes: int = 64 * 1024 * 1024
     """Memory budget of one partition's detector state; beyond it the oldest windows are evicted
-    early (their gaps reported) and a warning names this setting. Keep it below ~256 MiB."""
+    early (their gaps reported) and a warning names this setting. Keep it below ~256 MiB. The
+    detectors of one bucket share 192 MiB besides (docs/dedup.md "State layout")."""
     gap_emit_interval_sec: float = 10.0
     """Seconds between gap scans per partition; a gap seen by two consecutive scans is reported."""
     persist_interval_ms: int = 1_000

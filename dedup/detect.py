@@ -197,6 +197,8 @@ def _detect_bucket(
         bucket = buckets.BucketState()
     seen: set[tuple[str, int]] = set()
     groups = {} if rows is None else rows.by_partition()
+    joining = sum(1 for key in groups if bucket.get(key) is None and key[1] >= 0)
+    budget = bucket.budget(params.max_state_bytes, joining)
     for key in sorted(groups):
         index = groups[key]
         if key == (UNPARSED_TOPIC, UNPARSED_PARTITION):
@@ -205,12 +207,14 @@ def _detect_bucket(
         seen.add(key)
         assert rows is not None  # groups is empty without rows
         part = rows.take(index)
-        blob, last_scan = detect_partition(params, key[0], key[1], part, bucket.get(key), now, out)
+        blob, last_scan = detect_partition(
+            params, key[0], key[1], part, bucket.get(key), now, out, budget
+        )
         bucket.put(key, blob, last_scan)
     for key in bucket.due(now, params.scan_interval_ms):
         if key not in seen:
             blob, last_scan = detect_partition(
-                params, key[0], key[1], None, bucket.get(key), now, out
+                params, key[0], key[1], None, bucket.get(key), now, out, budget
             )
             bucket.put(key, blob, last_scan)
     state.update((bucket.to_bytes(), -1))
@@ -225,15 +229,21 @@ def detect_partition(  # noqa: PLR0917  one call per source partition and batch
     saved: tuple[bytes, int] | None,
     now: int,
     out: _Output,
+    max_state_bytes: int | None = None,
 ) -> tuple[bytes, int]:
     """One source partition's rows of one batch (or its scan): adds its output rows to ``out``,
-    returns its detector's bytes and last scan time to save."""
+    returns its detector's bytes and last scan time to save.
+
+    ``max_state_bytes``: the partition's share of its bucket's budget, when below
+    ``MAX_STATE_BYTES`` (``buckets.BucketState.budget``).
+    """
     stats = dict.fromkeys(STAT_COLUMNS, 0)
+    budget = params.max_state_bytes if max_state_bytes is None else max_state_bytes
     config = gaps.DetectorConfig(
         window_size=params.window_size,
         max_windows=params.max_windows,
         max_expired_gaps=params.max_expired_gaps,
-        max_state_bytes=params.max_state_bytes,
+        max_state_bytes=budget,
     )
     kinds = rows["kind"] if rows is not None else np.empty(0, dtype=np.int8)
     stats["resets"] = int(np.count_nonzero(kinds == KIND_RESET))
@@ -274,8 +284,15 @@ def detect_partition(  # noqa: PLR0917  one call per source partition and batch
         reports.extend(detector.scan(now))
         last_scan = now
     reports.extend(detector.drain_reports())
+    shared = (
+        ""
+        if budget >= params.max_state_bytes
+        else f" (here: this partition's share of its bucket's {buckets.BUCKET_STATE_BYTES} "
+        "bytes, MAX_STATE_BYTES being higher; more buckets need a new checkpoint with a higher "
+        'SHUFFLE_PARTITIONS, docs/dedup.md "State layout")'
+    )
     for warning in detector.drain_warnings():
-        log.warning("%s:%d: %s", topic, partition, warning)
+        log.warning("%s:%d: %s%s", topic, partition, warning, shared)
     for report in reports:
         out.add(
             KIND_GAP,

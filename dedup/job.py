@@ -50,8 +50,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 spark_compat.apply()
 
-#: Bytes of one Arrow batch handed to a Python worker (``SPARK_CONF_*`` overrides it).
-ARROW_MAX_BYTES_PER_BATCH = 64 << 20
+#: Bytes of one Arrow batch handed to a Python worker (``SPARK_CONF_*`` overrides it). 16 MiB,
+#: not 64: the JVM spent ~1 CPU-s more per million 200 B records building 64 MiB batches (a
+#: bucket's rows fill them; docs/benchmarks.md "State by bucket"), and a worker holds less.
+ARROW_MAX_BYTES_PER_BATCH = 16 << 20
 
 #: The Python workers' allocator (``spark.executorEnv.*``; ``--spark-conf`` overrides each).
 #: Payload passes through the workers in buffers of up to an Arrow batch; with pyarrow's
@@ -172,8 +174,8 @@ def start_query(
         output = transform(raw)
     else:
         layout = state_layout(spark, config)
-        keys = bucket_keys(spark, layout.state_partitions) if layout.bucketed else None
-        output = detected(classify(raw, topics, keys), config, layout)
+        keys = bucket_keys(spark, layout) if layout.bucketed else None
+        output = detected(classify(raw, topics, keys, layout.state_partitions), config, layout)
     query = (
         output.writeStream.queryName("kafka-diode-dedup")
         .foreachBatch(writer)
@@ -221,7 +223,8 @@ def state_layout(spark: SparkSession, config: DedupConfig) -> StateLayout:
     log.info(
         "state layout: %s%s",
         layout.kind,
-        f" ({layout.state_partitions} buckets)"
+        f" ({layout.buckets_per_partition} buckets in each of {layout.state_partitions} state "
+        "partitions)"
         if layout.bucketed
         else " (one group per source partition: a checkpoint created before the buckets, "
         'docs/dedup.md "State layout")',
@@ -229,26 +232,30 @@ def state_layout(spark: SparkSession, config: DedupConfig) -> StateLayout:
     return layout
 
 
-def bucket_keys(spark: SparkSession, partitions: int) -> list[int]:
-    """Per state partition ``s``, a ``j`` such that Spark places the group ``("", j)`` in ``s``.
+def bucket_keys(spark: SparkSession, layout: StateLayout) -> list[int]:
+    """The group key ``("", j)`` of each bucket: bucket ``s * per + k`` (``per`` buckets per state
+    partition) is one that Spark places in state partition ``s``.
 
-    Spark places a group by ``pmod(hash(key), partitions)`` (Murmur3, the SQL ``hash``), so each
-    bucket gets a task of its own, and a source partition lands in the state partition it had
-    in the per-partition layout (``classify``). Computed by Spark itself, not re-implemented.
+    Spark places a group by ``pmod(hash(key), partitions)`` (Murmur3, the SQL ``hash``), so the
+    buckets of a state partition run in its task, and a source partition lands in the state
+    partition it had in the per-partition layout (``classify``). Computed by Spark itself, not
+    re-implemented.
     """
-    wanted: dict[int, int] = {}
+    partitions, per = layout.state_partitions, layout.buckets_per_partition
+    found: dict[int, list[int]] = {s: [] for s in range(partitions)}
     tried = 0
-    while len(wanted) < partitions and tried < partitions * 1024:
+    while any(len(js) < per for js in found.values()) and tried < layout.buckets * 1024:
         rows = (
-            spark.range(tried, tried + partitions * 64)
+            spark.range(tried, tried + layout.buckets * 64)
             .selectExpr(
                 "cast(id as int) as j", f"pmod(hash('', cast(id as int)), {partitions}) as s"
             )
             .collect()
         )
         for row in rows:
-            wanted.setdefault(int(row.s), int(row.j))
-        tried += partitions * 64
-    if len(wanted) < partitions:
-        raise GapStateError(f"no bucket key found for each of {partitions} state partitions")
-    return [wanted[s] for s in range(partitions)]
+            if len(found[int(row.s)]) < per:
+                found[int(row.s)].append(int(row.j))
+        tried += layout.buckets * 64
+    if any(len(js) < per for js in found.values()):
+        raise GapStateError(f"no bucket keys found for each of {partitions} state partitions")
+    return [j for s in range(partitions) for j in found[s]]

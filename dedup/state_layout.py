@@ -27,21 +27,37 @@ from dedup.gaps import GapStateError
 LAYOUT_FILE: Final = "kafka-diode-state-layout.json"
 BUCKETS: Final = "buckets"
 PARTITIONS: Final = "partitions"
+#: Buckets per state partition in a new checkpoint. More than one bounds a bucket's state (the
+#: sum of its source partitions' detectors, one Spark state value: ~256 MiB round-trips, ~1.1 GiB
+#: fails, measured) at a few milliseconds per bucket and batch.
+BUCKETS_PER_PARTITION: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
 class StateLayout:
-    """A checkpoint's layout; ``state_partitions`` is Spark's for the checkpoint (buckets only)."""
+    """A checkpoint's layout; ``state_partitions`` is Spark's for the checkpoint and
+    ``buckets_per_partition`` how many buckets each holds (buckets only)."""
 
     kind: str
     state_partitions: int = 0
+    buckets_per_partition: int = 0
 
     @property
     def bucketed(self) -> bool:
         return self.kind == BUCKETS
 
+    @property
+    def buckets(self) -> int:
+        return self.state_partitions * self.buckets_per_partition
+
     def to_json(self) -> str:
-        return json.dumps({"layout": self.kind, "state_partitions": self.state_partitions})
+        return json.dumps(
+            {
+                "layout": self.kind,
+                "state_partitions": self.state_partitions,
+                "buckets_per_partition": self.buckets_per_partition,
+            }
+        )
 
 
 def decide(recorded: str | None, *, has_offsets: bool, state_partitions: int) -> StateLayout:
@@ -54,12 +70,14 @@ def decide(recorded: str | None, *, has_offsets: bool, state_partitions: int) ->
     Raises:
         GapStateError: the file exists but is not one this version wrote.
     """
+    new = StateLayout(BUCKETS, state_partitions, BUCKETS_PER_PARTITION)
     if recorded is None:
         # a checkpoint with offsets and no record is from before this file
-        return StateLayout(PARTITIONS) if has_offsets else StateLayout(BUCKETS, state_partitions)
+        return StateLayout(PARTITIONS) if has_offsets else new
     try:
         fields = json.loads(recorded)
         kind, partitions = fields["layout"], int(fields.get("state_partitions", 0))
+        per_partition = int(fields.get("buckets_per_partition", 1))
     except (ValueError, TypeError, KeyError) as exc:
         raise GapStateError(
             f"{LAYOUT_FILE} in the checkpoint is unreadable ({exc}): restore it from a backup "
@@ -68,9 +86,9 @@ def decide(recorded: str | None, *, has_offsets: bool, state_partitions: int) ->
         ) from exc
     if kind == PARTITIONS:
         return StateLayout(PARTITIONS)
-    if kind == BUCKETS and partitions >= 1:
+    if kind == BUCKETS and partitions >= 1 and per_partition >= 1:
         # before its first planned batch, Spark takes the configured count, so the record does
-        return StateLayout(BUCKETS, partitions if has_offsets else state_partitions)
+        return StateLayout(BUCKETS, partitions, per_partition) if has_offsets else new
     raise GapStateError(
         f"{LAYOUT_FILE} in the checkpoint names layout {kind!r} with {partitions} state "
         "partitions, which this version does not know: a checkpoint of a newer version "

@@ -165,3 +165,42 @@ def test_the_timeout_is_the_soonest_scan() -> None:
     assert bucket.next_due_in(2_500, 1_000) == 1
     assert buckets.BucketState().next_due_in(0, 1_000) == 1_000
     assert bucket.due(2_000, 1_000) == [("a", 0)]
+
+
+def test_the_detectors_of_a_bucket_share_its_budget() -> None:
+    bucket = buckets.BucketState({("a", p): (b"", 0) for p in range(3)})
+    assert bucket.budget(64 << 20) == 64 << 20  # 192 MiB / 3
+    assert bucket.budget(64 << 20, joining=1) == buckets.BUCKET_STATE_BYTES // 4
+    assert bucket.budget(1 << 20, joining=1) == 1 << 20
+
+
+def test_a_partition_over_its_share_of_the_bucket_evicts_and_says_why(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    params = detect.DetectParams(
+        window_size=4096,
+        max_windows=64,
+        max_expired_gaps=100,
+        max_state_bytes=1 << 30,  # above the bucket's share: the share is the budget
+        scan_interval_ms=INTERVAL,
+    )
+    many = {("x", p): (b"", 10_000) for p in range(buckets.BUCKET_STATE_BYTES // 8192)}
+    share = buckets.BucketState(many).budget(params.max_state_bytes, joining=1)
+    assert 4096 <= share < 8192
+    # every other offset of 16 windows: each window a bitmap of its own, over the share
+    rows = detect.Rows.from_frame(
+        pd.DataFrame([_row("a", 0, False, o, 1) for o in range(0, 16 * 4096, 2)])
+    )
+    out = detect._Output()
+    blob, _ = detect.detect_partition(params, "a", 0, rows, None, 10_000, out, share)
+    stats = out.frame().query("kind == 'stat'")
+    assert stats["budget_evictions"].tolist()[0] > 0
+    assert "share of its bucket" in caplog.text
+    full = detect._Output()
+    detect.detect_partition(params, "a", 0, rows, None, 10_000, full)  # the setting's budget
+    assert full.frame().query("kind == 'stat'")["budget_evictions"].tolist() == [0]
+
+
+def test_a_share_never_drops_below_the_least_budget() -> None:
+    crowded = buckets.BucketState({("x", p): (b"", 0) for p in range(100_000)})
+    assert crowded.budget(64 << 20) == buckets.MIN_STATE_BYTES

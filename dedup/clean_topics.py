@@ -65,48 +65,65 @@ _checked_lock = threading.Lock()
 
 
 def checked_clean_topic(settings: WriterSettings, topic: str) -> TimestampWindow:
-    """At first use of a clean topic (per process): create it if missing (with our settings,
-    never by a broker's auto-create), refuse it if it cannot take the largest record, learn which
-    timestamps it accepts (docs/topics.md "Timestamps").
+    """``checked_clean_topics`` of one topic."""
+    return checked_clean_topics(settings, [topic])[topic]
+
+
+def checked_clean_topics(
+    settings: WriterSettings, topics: Iterable[str]
+) -> dict[str, TimestampWindow]:
+    """At first use of clean topics (per process): create those missing (with our settings,
+    never by a broker's auto-create), refuse one that cannot take the largest record, learn
+    which timestamps each accepts (docs/topics.md "Timestamps"). Topics not checked yet in this
+    process are checked together: one creation request and one describe for all (a write task
+    of a link with many topics otherwise paid two admin round trips per topic).
 
     Raises:
-        ServiceError: the topic's max.message.bytes is below what MAX_RECORD_SIZE needs.
+        ServiceError: a topic's max.message.bytes is below what MAX_RECORD_SIZE needs.
     """
-    key = (settings.bootstrap_servers, topic, settings.max_record_size)
+    wanted = list(dict.fromkeys(topics))
+    found: dict[str, TimestampWindow] = {}
     with _checked_lock:
-        window = _checked.get(key)
-    if window is not None:
-        return window
-    ensure_topics(settings, [topic])
-    window = _check_clean_topic(settings, topic)
+        for topic in wanted:
+            window = _checked.get((settings.bootstrap_servers, topic, settings.max_record_size))
+            if window is not None:
+                found[topic] = window
+    missing = [t for t in wanted if t not in found]
+    if not missing:
+        return found
+    ensure_topics(settings, missing)
+    checked = _check_clean_topics(settings, missing)
     with _checked_lock:
-        if len(_checked) >= MAX_CHECKED_TOPICS:
+        if len(_checked) + len(checked) > MAX_CHECKED_TOPICS:
             _checked.clear()  # bounded; a topic checked again costs one describe
-        _checked[key] = window
-    return window
+        for topic, window in checked.items():
+            _checked[(settings.bootstrap_servers, topic, settings.max_record_size)] = window
+    return found | checked
 
 
-def _check_clean_topic(settings: WriterSettings, topic: str) -> TimestampWindow:
+def _check_clean_topics(settings: WriterSettings, topics: list[str]) -> dict[str, TimestampWindow]:
     try:
-        configs = kafka.topic_config(base_conf(settings), topic, KAFKA_TIMEOUT_S)
+        configs = kafka.topic_configs(base_conf(settings), topics, KAFKA_TIMEOUT_S)
     except KafkaClientError as exc:
-        log.warning("cannot read the configuration of clean topic %s (%s)", topic, exc)
-        return TimestampWindow()
-    problem = size_problem(topic, configs, settings.max_record_size, "MAX_RECORD_SIZE")
-    if problem is not None:
-        raise ServiceError(f"clean {problem}")
-    window = timestamp_window(configs)
-    if not window.unlimited:
-        log.warning(
-            "clean topic %s does not take every source timestamp (%s): records outside it "
-            "are written with the dedup's time and their own in the diode.original-timestamp "
-            "header (metric kafka_diode_dedup_timestamps_replaced_total). To keep every "
-            "timestamp: kafka-configs --alter --entity-type topics --entity-name %s "
-            "--add-config message.timestamp.after.max.ms=%d,message.timestamp.before.max.ms=%d",
-            topic,
-            window.describe(),
-            topic,
-            LONG_MAX,
-            LONG_MAX,
-        )
-    return window
+        log.warning("cannot read the configuration of clean topics %s (%s)", topics, exc)
+        return dict.fromkeys(topics, TimestampWindow())
+    windows = {}
+    for topic in topics:
+        problem = size_problem(topic, configs[topic], settings.max_record_size, "MAX_RECORD_SIZE")
+        if problem is not None:
+            raise ServiceError(f"clean {problem}")
+        window = windows[topic] = timestamp_window(configs[topic])
+        if not window.unlimited:
+            log.warning(
+                "clean topic %s does not take every source timestamp (%s): records outside it "
+                "are written with the dedup's time and their own in the diode.original-timestamp "
+                "header (metric kafka_diode_dedup_timestamps_replaced_total). To keep every "
+                "timestamp: kafka-configs --alter --entity-type topics --entity-name %s "
+                "--add-config message.timestamp.after.max.ms=%d,message.timestamp.before.max.ms=%d",
+                topic,
+                window.describe(),
+                topic,
+                LONG_MAX,
+                LONG_MAX,
+            )
+    return windows

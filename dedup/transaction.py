@@ -26,7 +26,7 @@ from common.errors import RemoteProtocolError, ServiceError
 from common.topic_limits import TimestampWindow
 from common.wire.batch_decode import decode_record_groups
 from common.wire.events import RecordGroup
-from dedup.clean_topics import checked_clean_topic
+from dedup.clean_topics import checked_clean_topic, checked_clean_topics
 from dedup.faults import fault, fault_during
 from dedup.fence import (
     MARKER_PARTITION,
@@ -205,6 +205,13 @@ class PartitionWriter:
             log.warning("abort of %s failed; the producer is dropped", self.transactional_id)
             self._producer = None
 
+    def _check_new_topics(self, source_topics: list[str]) -> None:
+        """Check the clean topics of ``source_topics`` this writer has not seen, together."""
+        names = [self.clean_name(t) for t in source_topics]
+        new = [name for name in names if name not in self._windows]
+        if new:
+            self._windows.update(checked_clean_topics(self.settings, new))
+
     def _partition_count(self, producer: Producer, topic: str) -> int:
         count = self._partitions.get(topic)
         if count is None:
@@ -243,6 +250,7 @@ class PartitionWriter:
         if runs.num_rows == 0:
             return
         now_ms = int(time.time() * 1000)
+        self._check_new_topics(runs.column("src_topic").unique().to_pylist())
         targets: dict[tuple[str, int], tuple[str, int, tuple[int, int]]] = {}
         payload_bytes = record_bytes = replaced = 0
         for topic, partition, payload, selection in zip(

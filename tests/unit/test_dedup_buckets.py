@@ -192,7 +192,7 @@ def test_a_partition_over_its_share_of_the_bucket_evicts_and_says_why(
         pd.DataFrame([_row("a", 0, False, o, 1) for o in range(0, 16 * 4096, 2)])
     )
     out = detect._Output()
-    blob, _ = detect.detect_partition(params, "a", 0, rows, None, 10_000, out, share)
+    detect.detect_partition(params, "a", 0, rows, None, 10_000, out, share)
     stats = out.frame().query("kind == 'stat'")
     assert stats["budget_evictions"].tolist()[0] > 0
     assert "share of its bucket" in caplog.text

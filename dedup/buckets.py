@@ -5,9 +5,10 @@ micro-batch (the group's Arrow slice turned into pandas column by column, its st
 output frame turned back into Arrow, its state row and timeout in the JVM): ~3-4 ms of Python per
 group and batch, measured (docs/benchmarks.md "Many source partitions"). Grouping by source
 partition made that cost grow with the number of topics a link carries. A checkpoint created by
-this version groups by **bucket** instead: one bucket per state partition (the Spark task that
-holds it), so a batch calls the stateful function at most once per task, and the function splits
-its rows by source partition itself, in numpy.
+this version groups by **bucket** instead: a fixed number of buckets per state partition (the
+Spark task that holds them; ``dedup/state_layout.py``), so a batch calls the stateful function a
+fixed number of times per task whatever the fan-in, and the function splits its rows by source
+partition itself, in numpy.
 
 A bucket's state value is a container (this module, pure): per source partition, the detector's
 own bytes (``gaps.PartitionDetector.to_bytes``) and the time of its last gap scan. Blobs are kept
@@ -84,10 +85,6 @@ class BucketState:
             return interval_ms
         soonest = min(last for _, last in self._entries.values()) + interval_ms
         return max(1, soonest - now_ms)
-
-    def state_bytes(self) -> int:
-        """Bytes of the saved detectors (the container's own framing not counted)."""
-        return sum(len(blob) for blob, _ in self._entries.values())
 
     def to_bytes(self) -> bytes:
         """The container, entries in key order (a replayed batch saves the same bytes)."""

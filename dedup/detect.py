@@ -284,15 +284,15 @@ def detect_partition(  # noqa: PLR0917  one call per source partition and batch
         reports.extend(detector.scan(now))
         last_scan = now
     reports.extend(detector.drain_reports())
-    shared = (
-        ""
-        if budget >= params.max_state_bytes
-        else f" (here: this partition's share of its bucket's {buckets.BUCKET_STATE_BYTES} "
-        "bytes, MAX_STATE_BYTES being higher; more buckets need a new checkpoint with a higher "
-        'SHUFFLE_PARTITIONS, docs/dedup.md "State layout")'
-    )
     for warning in detector.drain_warnings():
-        log.warning("%s:%d: %s%s", topic, partition, warning, shared)
+        why = ""
+        if budget < params.max_state_bytes:
+            why = (
+                f" (here: this partition's share of its bucket's {buckets.BUCKET_STATE_BYTES} "
+                "bytes, MAX_STATE_BYTES being higher; more buckets need a new checkpoint with a "
+                'higher SHUFFLE_PARTITIONS, docs/dedup.md "State layout")'
+            )
+        log.warning("%s:%d: %s%s", topic, partition, warning, why)
     for report in reports:
         out.add(
             KIND_GAP,

@@ -7,7 +7,7 @@ Where each step runs (docs/dedup.md "How it works" has the long form):
    ``MAX_OFFSETS_PER_TRIGGER`` raw records per micro-batch). Each raw payload is read here, once.
 2. **Classify** (executors, JVM): ``dedup/classify.py``, both raw layouts, no regex on keys.
 3. **Detect** (executors, Python): ``dedup/detect.py`` in ``applyInPandasWithState`` per
-   bucket (one per state partition, holding many source partitions' detectors:
+   bucket (8 per state partition, each holding many source partitions' detectors:
    ``dedup/buckets.py``), or per source (topic, partition) in a checkpoint created before the
    buckets (``dedup/state_layout.py``), state in the RocksDB state store; first-seen runs leave
    with their payload (``dedup/rows.py``).

@@ -1,7 +1,8 @@
 """Which state layout a checkpoint uses: decided once, when the checkpoint is created.
 
-- **buckets** (checkpoints created by this version): the stateful step groups by bucket, one per
-  state partition, each holding the detectors of many source partitions (``dedup/buckets.py``).
+- **buckets** (checkpoints created by this version): the stateful step groups by bucket,
+  ``BUCKETS_PER_PARTITION`` per state partition, each holding the detectors of many source
+  partitions (``dedup/buckets.py``).
 - **partitions** (checkpoints created before it): one group per source (topic, partition), the
   detector's bytes as the state value.
 

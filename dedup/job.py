@@ -74,6 +74,7 @@ WORKER_ALLOCATOR_ENV = {
 #: processes per batch at 2 state partitions, 0.17 of a core at one batch a second here
 #: (docs/benchmarks.md "Checkpoint files without forks"). The ``FileSystem`` one renames with
 #: ``File.renameTo`` (atomic on a local file system) and forks only the ``chmod``.
+CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 FILESYSTEM_CHECKPOINT_MANAGER = (
     "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
 )
@@ -88,7 +89,7 @@ def checkpoint_conf(state_dir: str) -> dict[str, str]:
     files go through Hadoop's ``FileSystem`` API instead of ``FileContext`` (above); elsewhere
     (HDFS, object stores) Spark's own choice stays.
     """
-    conf = {"spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled": "true"}
+    conf = {CHANGELOG_CHECKPOINTING: "true"}
     scheme = urllib.parse.urlparse(state_dir).scheme
     if scheme in ("", "file"):
         conf["spark.sql.streaming.checkpointFileManagerClass"] = FILESYSTEM_CHECKPOINT_MANAGER

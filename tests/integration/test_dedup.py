@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from common.raw_run import RunBuilder
+from dedup.job import CHANGELOG_CHECKPOINTING
 from dedup.state_layout import LAYOUT_FILE
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records, wait_until
 
@@ -210,13 +211,18 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path)
     assert open_offsets == {(p, o) for p, offs in missing.items() for o in offs}
 
 
-@pytest.mark.parametrize("layout", ["buckets", "partitions"])
+@pytest.mark.parametrize(
+    ("layout", "first_commits"),
+    [("buckets", "changelogs"), ("partitions", "changelogs"), ("buckets", "snapshots")],
+)
 def test_sigkill_and_restart_neither_duplicates_nor_loses(
-    downstream_kafka, kafka_topic, tmp_path, layout
+    downstream_kafka, kafka_topic, tmp_path, layout, first_commits
 ) -> None:
     """Both state layouts (docs/dedup.md "State layout"): buckets, what a new checkpoint gets,
     and one group per source partition, what checkpoints from before the buckets keep (asked
-    for here by the operator's record in a new checkpoint)."""
+    for here by the operator's record in a new checkpoint). ``snapshots``: the killed run
+    commits its state as earlier versions did (a RocksDB snapshot per commit), the restart as
+    this one does (changelogs, docs/dedup.md "Checkpoint files")."""
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
     per_partition = 20_000
@@ -237,7 +243,10 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
         record.parent.mkdir(parents=True)
         record.write_text('{"layout": "partitions"}')
 
-    proc = run_dedup(env)
+    first_env = dict(env)
+    if first_commits == "snapshots":
+        first_env[f"SPARK_CONF_{CHANGELOG_CHECKPOINTING.replace('.', '_')}"] = "false"
+    proc = run_dedup(first_env)
     kill_once_committed(proc, downstream_kafka, clean_topic, 9_000)
     assert json.loads(record.read_text())["layout"] == layout
     log_text = proc.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
@@ -245,10 +254,12 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert before < 3 * per_partition, "the kill came too late to test anything"
     # the state commits as RocksDB changelogs (dedup/job.py checkpoint_conf), written through
-    # Hadoop's FileSystem API: the restart below recovers from them
-    assert list((Path(env["STATE_DIR_CONFIG"]) / "state").rglob("*.changelog"))
+    # Hadoop's FileSystem API: the restart below recovers from them, or from the snapshots
+    state_dir = Path(env["STATE_DIR_CONFIG"]) / "state"
+    assert bool(list(state_dir.rglob("*.changelog"))) == (first_commits == "changelogs")
 
     finish(run_dedup(env, "--until-idle", "8"))
+    assert list(state_dir.rglob("*.changelog"))
     clean = consume_all(downstream_kafka, clean_topic, timeout=60)
     counts = Counter((r.partition, r.timestamp) for r in clean)
     assert [k for k, n in counts.items() if n > 1] == []

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from dedup.job import CHANGELOG_CHECKPOINTING as CHANGELOG
 from dedup.job import FILESYSTEM_CHECKPOINT_MANAGER, checkpoint_conf
 
-CHANGELOG = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -69,31 +68,19 @@ WORKER_ALLOCATOR_ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
 }
 
-#: Spark's default checkpoint file manager for ``file:`` goes through Hadoop's ``FileContext``,
-#: which forks ``readlink`` for every rename and ``chmod`` for every file it creates: ~30
-#: processes per batch at 2 state partitions, 0.17 of a core at one batch a second here
-#: (docs/benchmarks.md "Checkpoint files without forks"). The ``FileSystem`` one renames with
-#: ``File.renameTo`` (atomic on a local file system) and forks only the ``chmod``.
 CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
-FILESYSTEM_CHECKPOINT_MANAGER = (
-    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
-)
 
 
-def checkpoint_conf(state_dir: str) -> dict[str, str]:
-    """Spark settings for how the checkpoint's files are written (driver and executors).
+def checkpoint_conf() -> dict[str, str]:
+    """Spark settings for how the state is committed (driver and executors).
 
     RocksDB commits a changelog per batch instead of uploading a snapshot of each state
     partition (a snapshot every few batches, in the background); Spark reads either form and
-    switches an existing checkpoint in both directions. On a local file system the checkpoint
-    files go through Hadoop's ``FileSystem`` API instead of ``FileContext`` (above); elsewhere
-    (HDFS, object stores) Spark's own choice stays.
+    switches an existing checkpoint in both directions. The checkpoint file manager stays
+    Spark's: the ``FileSystem``-based one avoids ``FileContext``'s ``readlink`` processes but
+    made a 32-topic backlog 19 % dearer (docs/benchmarks.md "Checkpoint files without forks").
     """
-    conf = {CHANGELOG_CHECKPOINTING: "true"}
-    scheme = urllib.parse.urlparse(state_dir).scheme
-    if scheme in ("", "file"):
-        conf["spark.sql.streaming.checkpointFileManagerClass"] = FILESYSTEM_CHECKPOINT_MANAGER
-    return conf
+    return {CHANGELOG_CHECKPOINTING: "true"}
 
 
 STATE_SCHEMA = StructType(
@@ -133,7 +120,7 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         # no batch without input: the driver's ticks (dedup/idle_tick.py) make one per gap-scan
         # interval instead of one per trigger, each ~0.9 CPU-s (docs/dedup.md "Idle cost")
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-        **checkpoint_conf(config.state_dir_config),
+        **checkpoint_conf(),
     }
     if jars:
         conf["spark.jars"] = ",".join(jars)

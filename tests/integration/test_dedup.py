@@ -253,8 +253,8 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     assert f"state layout: {layout}" in log_text
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert before < 3 * per_partition, "the kill came too late to test anything"
-    # the state commits as RocksDB changelogs (dedup/job.py checkpoint_conf), written through
-    # Hadoop's FileSystem API: the restart below recovers from them, or from the snapshots
+    # the state commits as RocksDB changelogs (dedup/job.py checkpoint_conf): the restart below
+    # recovers from them, or from the snapshots
     state_dir = Path(env["STATE_DIR_CONFIG"]) / "state"
     assert bool(list(state_dir.rglob("*.changelog"))) == (first_commits == "changelogs")
 

@@ -47,6 +47,8 @@ from common import raw_topic  # noqa: E402
 from common.raw_run import RunBuilder  # noqa: E402
 from common.wire.events import Heartbeat  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
+from receiver.config import DEFAULT_HEARTBEAT_REPEAT_INTERVAL  # noqa: E402
+from receiver.heartbeat_repeats import HeartbeatRepeats  # noqa: E402
 
 PARTITIONS = 3
 VALUE = b"v" * 200
@@ -82,8 +84,11 @@ class CleanWatcher(threading.Thread):
         self.consumer.close()
 
 
-def heartbeat(producer: Producer, topic: str, next_offset: list[int]) -> None:
-    """One heartbeat control record per source partition, as the receiver writes them."""
+def heartbeat(
+    producer: Producer, topic: str, next_offset: list[int], repeats: HeartbeatRepeats
+) -> None:
+    """A sender's heartbeat of every source partition, written as the receiver writes it: one
+    control record per partition that ``repeats`` (the receiver's own filter) lets through."""
     now = time.time_ns() // 1_000_000
     beat = Heartbeat(
         session_id=bytes.fromhex(SESSION.decode()),
@@ -95,7 +100,10 @@ def heartbeat(producer: Producer, topic: str, next_offset: list[int]) -> None:
         low_offsets=tuple(("src", p, 0) for p in range(len(next_offset))),
         counters=(),
     )
-    for _topic, partition, key, value in raw_topic.heartbeat_records(beat):
+    selected = repeats.select(beat, time.monotonic())
+    if selected is None:
+        return
+    for _topic, partition, key, value in raw_topic.heartbeat_records(selected):
         producer.produce(topic, value, key.encode(), partition % PARTITIONS,
                          headers=raw_topic.HEARTBEAT_HEADERS)  # fmt: skip
     producer.flush(5)
@@ -247,6 +255,12 @@ def main() -> int:
         help="in the idle phase, a heartbeat per partition every this many s (0: a silent link)",
     )
     parser.add_argument(
+        "--heartbeat-repeat-s",
+        type=float,
+        default=DEFAULT_HEARTBEAT_REPEAT_INTERVAL,
+        help="the receiver's heartbeat_repeat_interval for the idle heartbeats (0: every one)",
+    )
+    parser.add_argument(
         "--idle-seconds",
         type=float,
         default=20.0,
@@ -344,9 +358,11 @@ def main() -> int:
         idle_start = group_usage(dedup.pid)[0]
         idle_end_at = time.monotonic() + args.idle_seconds
         next_beat = time.monotonic()
+        repeats = HeartbeatRepeats(args.heartbeat_repeat_s)
         while time.monotonic() < idle_end_at and dedup.poll() is None:
             if args.idle_heartbeat_s and time.monotonic() >= next_beat:
-                heartbeat(producer, raw, next_offset)  # a live sender's, as the receiver writes
+                # a live sender's heartbeat, as the receiver writes it
+                heartbeat(producer, raw, next_offset, repeats)
                 next_beat += args.idle_heartbeat_s
             time.sleep(0.1)  # a fixed measuring window, not a synchronisation
         idle_cpu = group_usage(dedup.pid)[0] - idle_start
@@ -373,6 +389,7 @@ def main() -> int:
             "dedup_peak_hwm_sum_mb": round(memory.peak_hwm / 1e6),
             "idle_seconds": args.idle_seconds,
             "idle_heartbeat_s": args.idle_heartbeat_s,
+            "heartbeat_repeat_s": args.heartbeat_repeat_s,
             "dedup_idle_cores": round(idle_cpu / max(args.idle_seconds, 1e-9), 3),
             "records_total": total,
             "seen_total": len(samples),

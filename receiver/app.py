@@ -304,7 +304,7 @@ class Receiver:
             elif kind is Heartbeat:
                 assert isinstance(event, Heartbeat)
                 stats.heartbeats += 1
-                sink.write_heartbeat(event)
+                sink.write_heartbeat(event, now)
             elif kind is ResendMarker:
                 assert isinstance(event, ResendMarker)
                 stats.resend_markers += 1

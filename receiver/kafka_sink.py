@@ -90,6 +90,7 @@ from common.raw_topic import (
 )
 from common.wire.events import Heartbeat, RecordBatch, Withheld
 from receiver.config import ReceiverConfig
+from receiver.heartbeat_repeats import HeartbeatRepeats
 from receiver.loss_report import LossReport, format_ranges
 from receiver.metrics import DOWNSTREAM_OVERFLOW, ReceiverStats
 from receiver.runs import Run, RunCoalescer
@@ -185,6 +186,8 @@ class RawTopicSink:
         self._stats = stats
         self._rlog = RateLimitedLog(log)
         self._producer_factory = producer_factory
+        #: which partitions of a heartbeat say something new (the dedup batches on each record)
+        self._repeats = HeartbeatRepeats(config.heartbeat_repeat_interval)
         #: checks a raw topic's limits (receiver.topic_check) when it is first used; None: off
         self._topic_check = topic_check
         self._checks: dict[str, concurrent.futures.Future[str | None]] = {}
@@ -351,10 +354,16 @@ class RawTopicSink:
         """Records in open runs (coalescing, not yet produced)."""
         return self._runs.records
 
-    def write_heartbeat(self, beat: Heartbeat) -> None:
+    def write_heartbeat(self, beat: Heartbeat, now: float | None = None) -> None:
         """One control record per partition of ``beat`` (docs/topics.md, heartbeats), each after
-        that partition's open runs."""
-        self._write_control(heartbeat_records(beat), HEARTBEAT_HEADERS)
+        that partition's open runs; a partition whose heartbeat repeats the last one written is
+        skipped for ``heartbeat_repeat_interval`` (``receiver/heartbeat_repeats.py``)."""
+        repeats = self._repeats
+        dropped = repeats.dropped
+        selected = repeats.select(beat, time.monotonic() if now is None else now)
+        self._stats.heartbeat_repeats += repeats.dropped - dropped
+        if selected is not None:
+            self._write_control(heartbeat_records(selected), HEARTBEAT_HEADERS)
 
     def write_withheld(self, event: Withheld) -> None:
         """One control record per range of ``event`` (docs/topics.md, withheld ranges), each after

@@ -53,6 +53,9 @@ class ReceiverStats:
     """Source records decoded (duplicates from the sender included)."""
     heartbeats: int = 0
     """Sender heartbeats decoded."""
+    heartbeat_repeats: int = 0
+    """Heartbeat partitions not written to the raw topic: they repeated the last one written
+    less than ``heartbeat_repeat_interval`` ago (receiver/heartbeat_repeats.py)."""
     resend_markers: int = 0
     withheld_ranges: int = 0
     """Resend start/end markers decoded."""
@@ -141,6 +144,12 @@ class ReceiverCollector(Collector):
             ("bytes", "Datagram bytes read from the UDP sockets.", s.bytes),
             ("records", "Source records decoded.", s.records),
             ("heartbeats", "Sender heartbeats decoded.", s.heartbeats),
+            (
+                "heartbeat_repeats_skipped",
+                "Heartbeat partitions not written to the raw topic: a repeat of the last one "
+                "written, within heartbeat_repeat_interval.",
+                s.heartbeat_repeats,
+            ),
             ("resend_markers", "Resend markers decoded.", s.resend_markers),
             (
                 "withheld_ranges",

@@ -163,6 +163,53 @@ def test_records_and_heartbeats_reach_the_raw_topic(downstream_kafka, kafka_topi
         assert value["low_offset"] == {0: 0, 4: 4}[int(r.key.decode().split(":")[1])]
 
 
+@pytest.mark.parametrize(("interval", "expected"), [("30", 3), ("0", 10)])
+def test_a_heartbeat_that_repeats_the_last_one_is_not_written_again(
+    downstream_kafka, kafka_topic, tmp_path, interval, expected
+):
+    """A live sender on a quiet link heartbeats every 2 s with the same offsets; each raw record
+    would make the dedup run a micro-batch for nothing (receiver/heartbeat_repeats.py)."""
+    raw_topic = kafka_topic(downstream_kafka, partitions=3)
+    key_file = tmp_path / "keys.json"
+    ring = write_key_file(key_file)
+    extra = ["--heartbeat-repeat-interval", interval]
+    with ReceiverProcess(
+        downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file, extra=extra
+    ) as rx:
+        link = Link(rx.port, ring)
+        highs = [(9, 7), (9, 7), (9, 7), (12, 7), (12, 7)]  # partition 0 moves once
+        for i, (high0, high1) in enumerate(highs, start=1):
+            link.send(
+                [
+                    d.data
+                    for d in link.encoder.heartbeat(
+                        sender_id="s1",
+                        started_at_ms=1,
+                        sent_at_ms=1_700_000_000_000 + 2_000 * i,  # changes every time
+                        high_offsets=(("orders.eu", 0, high0), ("orders.eu", 1, high1)),
+                        low_offsets=(("orders.eu", 0, 0), ("orders.eu", 1, 1)),
+                        counters=(("sent", i),),
+                    )
+                ]
+            )
+            wait_until(lambda i=i: rx.metric("heartbeats_total") >= i, 30, message="decoded")
+        wait_until(
+            lambda: rx.metric("delivered_records_total") >= expected, 30, message="delivered"
+        )
+        skipped = rx.metric("heartbeat_repeats_skipped_total")
+        assert rx.terminate() == 0
+    assert skipped == 10 - expected
+    consumed = consume_all(downstream_kafka, raw_topic, timeout=60)  # to the end: nothing more
+    keys = sorted(r.key.decode() for r in consumed)
+    if interval == "0":
+        assert keys == sorted(
+            ["orders.eu:0:9"] * 3 + ["orders.eu:0:12"] * 2 + ["orders.eu:1:7"] * 5
+        )
+    else:
+        assert keys == ["orders.eu:0:12", "orders.eu:0:9", "orders.eu:1:7"]
+    assert all(r.headers == (("diode.control", b"heartbeat"),) for r in consumed)
+
+
 def _bomb(ring: KeyRing) -> bytes:
     """An authentic datagram whose gzip payload inflates to 8 MiB (limit: 2 MiB)."""
     session = os.urandom(16)

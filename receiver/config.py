@@ -51,7 +51,7 @@ PINNED_KAFKA = {"enable.idempotence": "true", "acks": "all", "delivery.report.on
 #: records of 200 B, so the per-run costs stay amortised.
 DEFAULT_RUN_MAX_BYTES = 65_536
 DEFAULT_RUN_LINGER = 0.02
-DEFAULT_HEARTBEAT_REPEAT_INTERVAL = 30.0
+DEFAULT_HEARTBEAT_REPEAT_INTERVAL = 10.0
 #: Throughput-oriented producer defaults; ``kafka`` overrides any of them. linger.ms 100 rather
 #: than 20: fuller batches (up to batch.size) cut the downstream broker's CPU per record by about a
 #: third at 150k records/s (docs/benchmarks.md, Receiver); 100 ms is noise next to the dedup's
@@ -150,7 +150,8 @@ class ReceiverConfig:
     heartbeat_repeat_interval: float = DEFAULT_HEARTBEAT_REPEAT_INTERVAL
     """Seconds between raw-topic writes of a partition's heartbeat that repeats the last one
     written (same session, high and low offset); a changed one is written at once. Each
-    heartbeat record makes the dedup run a micro-batch (0: write every heartbeat)."""
+    heartbeat record makes the dedup run a micro-batch (0: write every heartbeat). Keep it
+    below 'kafka-diode status --silent-after' (30 s), which reads the last one's age."""
     create_raw_topic: bool = True
     """Create a missing raw topic with raw_topic_partitions, raw_topic_replication,
     raw_topic_min_insync_replicas and the max.message.bytes the largest raw record needs: a fixed

@@ -11,7 +11,9 @@ once changes nothing when it comes again (``gaps.PartitionDetector.heartbeat``).
 heartbeat record is written when any of these changed since the last one written for that
 (sender, chain, partition), and otherwise once per ``repeat_interval`` seconds (a dedup whose
 state was reset, or that starts over a raw topic whose older records retention removed, learns
-the tail again within that time). ``sent_at_ms`` is not compared: it changes every time.
+the tail again within that time, and ``kafka-diode status``, which reads the age of a
+partition's last heartbeat record as the link's liveness, sees one at least that often).
+``sent_at_ms`` is not compared: it changes every time.
 
 Bounded: at most ``max_entries`` remembered partitions; past that the memory starts over, which
 only writes more heartbeats, never fewer.

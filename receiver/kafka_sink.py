@@ -416,7 +416,9 @@ class RawTopicSink:
         # strict bound: a run that would take the backlog past its limit overflows whole
         if self._backlog_records + max(1, records) > self._config.backlog_max_records:
             self._stats.drop(DOWNSTREAM_OVERFLOW, max(1, records))
-            if records:  # control records (heartbeats) are repeated by the sender anyway
+            # control records (heartbeats) are repeated by the sender anyway (an unchanged one
+            # is written again within heartbeat_repeat_interval)
+            if records:
                 self._lose(self._overflow, item[1], item[2], range(item[3], item[4] + 1, item[5]))
             return
         queue = self._backlog.get(raw)

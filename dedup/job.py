@@ -114,6 +114,8 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         "spark.ui.enabled": "false",
         "spark.ui.showConsoleProgress": "false",
         "spark.python.worker.reuse": "true",
+        # workers forked with their code already loaded and shared (dedup/worker_daemon.py)
+        "spark.python.daemon.module": "dedup.worker_daemon",
         "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         **{f"spark.executorEnv.{name}": value for name, value in WORKER_ALLOCATOR_ENV.items()},
         "spark.sql.streaming.stopTimeout": "120s",

@@ -1,8 +1,9 @@
 """What the dedup's SparkSession gives its Python workers, seen from inside a real worker.
 
-The allocator settings (``dedup/job.py WORKER_ALLOCATOR_ENV``) and the heap freeze carried with
-a task's function (``dedup/worker_heap.py``) only matter in Spark's forked Python workers, so
-they are checked there: a ``mapInArrow`` task reports its process's state back to the driver.
+The allocator settings (``dedup/job.py WORKER_ALLOCATOR_ENV``), the heap freeze carried with
+a task's function (``dedup/worker_heap.py``) and the daemon that forks the workers with their code
+loaded (``dedup/worker_daemon.py``) only matter in Spark's forked Python workers, so they are
+checked there: a ``mapInArrow`` task reports its process's state back to the driver.
 """
 
 from __future__ import annotations
@@ -29,9 +30,11 @@ PARAMS = DetectParams(
 
 
 def report(params: DetectParams, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """In the worker: its Arrow pool, allocator environment and frozen object count."""
+    """In the worker: its Arrow pool, allocator environment, frozen objects and its parent."""
     import gc  # noqa: PLC0415
     import os  # noqa: PLC0415
+
+    from dedup import worker_daemon  # noqa: PLC0415
 
     for _ in batches:
         pass
@@ -42,6 +45,8 @@ def report(params: DetectParams, batches: Iterator[pa.RecordBatch]) -> Iterator[
             "mmap_threshold": [os.environ.get("MALLOC_MMAP_THRESHOLD_", "")],
             "trim_threshold": [os.environ.get("MALLOC_TRIM_THRESHOLD_", "")],
             "frozen": [gc.get_freeze_count()],
+            "preloaded_by": [worker_daemon.preloaded_by or 0],
+            "parent": [os.getppid()],
         }
     )
 
@@ -62,7 +67,7 @@ def test_the_python_workers_run_with_the_dedups_allocator_and_a_frozen_heap(tmp_
             .mapInArrow(
                 functools.partial(report, PARAMS),
                 "window_size long, pool string, mmap_threshold string, trim_threshold string, "
-                "frozen long",
+                "frozen long, preloaded_by long, parent long",
             )
             .collect()
         )
@@ -76,3 +81,6 @@ def test_the_python_workers_run_with_the_dedups_allocator_and_a_frozen_heap(tmp_
         assert row.trim_threshold == job.WORKER_ALLOCATOR_ENV["MALLOC_TRIM_THRESHOLD_"]
         # unpickling the params froze the worker's loaded code (pandas, pyarrow, pyspark)
         assert row.frozen > 10_000
+        # the worker was forked by our daemon after it had imported the workers' code: the module
+        # came with the fork (a worker importing it itself would see no preload, 0 here)
+        assert row.preloaded_by == row.parent

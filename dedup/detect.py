@@ -305,6 +305,7 @@ def detect_partition(  # noqa: PLR0917  one call per source partition and batch
     blob = detector.to_bytes()
     stats["open_gaps"] = len(detector.reported_open())
     stats["chains_missing"] = detector.chains_missing
+    stats["pending_gaps"] = detector.pending_gaps
     stats["below_window"] = detector.below_window - below_before
     stats["budget_evictions"] = detector.budget_evictions - budget_before
     stats["expired_gaps"] = sum(1 for r in reports if r.state is gaps.GapState.EXPIRED)

@@ -727,6 +727,14 @@ class PartitionDetector:
         warnings, self._warnings = self._warnings, []
         return warnings
 
+    @property
+    def pending_gaps(self) -> int:
+        """Gaps the last scan saw for the first time: the next scan reports them (two-scan rule).
+
+        With none, and no input before the next scan, that scan reports nothing and changes
+        nothing: the state is settled (the driver then ticks less often, dedup/idle_tick.py)."""
+        return len(self._pending)
+
     def reported_open(self) -> list[tuple[int, int]]:
         """Ranges the gap topic currently holds OPEN for this partition (after drained reports)."""
         return sorted((k, v[0]) for k, v in self._reported.items())

@@ -10,6 +10,16 @@ control topic whenever no batch ran for one scan interval: the tick is input, so
 batch, the timeouts fire, the classifier drops the tick. A dead link's gaps are still reported
 (at most one scan interval later than with a batch every trigger), at a tenth of the cost.
 
+**Settled: a tick per ``SETTLED_FACTOR`` intervals.** A tick's batch only runs gap scans, and a
+scan with no input since the last one changes nothing once no partition holds a *pending* gap
+(seen by one scan, reported by the next: ``gaps.PartitionDetector.scan``). So after a batch with
+no input and no output whose scanned partitions hold no pending gap (``dedup/writer.py``
+``settled``; every partition is due at a tick's batch, which comes an interval after the last
+batch), further ticks would change nothing until input arrives, and input makes a batch by
+itself. The ticker then ticks ``SETTLED_FACTOR`` times less often rather than never: a safety
+net should a wall-clock step have left a partition unscanned in the settling batch. A silent
+link then costs one batch per 10 intervals (docs/benchmarks.md "Settled ticks").
+
 Runs in the **driver** (``dedup/runner.py`` polls it twice a second). Pure: the clock and the
 write are passed in.
 """
@@ -17,6 +27,10 @@ write are passed in.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
+
+#: While settled, a tick per this many intervals (100 s at the default 10 s).
+SETTLED_FACTOR: Final = 10
 
 
 class IdleTicker:
@@ -31,13 +45,14 @@ class IdleTicker:
         self._since = now
         self.ticks = 0
 
-    def poll(self, now: float, *, batches_seen: int, in_batch: bool) -> bool:
-        """Tick if the query has been idle for an interval; True if it ticked."""
+    def poll(self, now: float, *, batches_seen: int, in_batch: bool, settled: bool = False) -> bool:
+        """Tick if the query has been idle for an interval (``SETTLED_FACTOR`` intervals when
+        the last batch left the state ``settled``); True if it ticked."""
         if in_batch or batches_seen != self._batches:
             self._batches = batches_seen
             self._since = now
             return False
-        if now - self._since < self.interval:
+        if now - self._since < self.interval * (SETTLED_FACTOR if settled else 1):
             return False
         # a tick that Spark has not yet turned into a batch is not repeated before an interval
         self._since = now

@@ -39,6 +39,8 @@ STAT_COLUMNS: Final = (
     "expired_gaps",
     "withheld",
     "chains_missing",
+    # gaps the partition's last scan saw first and its next scan will report (dedup/idle_tick.py)
+    "pending_gaps",
 )
 
 #: ``(name, Spark DDL type)`` of every output column of the stateful step, in order.

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from common import settings
 from common.errors import KafkaClientError
 from dedup.config import DedupConfig
-from dedup.idle_tick import IdleTicker
+from dedup.idle_tick import SETTLED_FACTOR, IdleTicker
 from dedup.raw_position import reads_behind
 from runtime import kafka, service
 
@@ -153,6 +153,7 @@ def drive(
     """
     last_progress: Any = None
     behind = False  # the last batch left input unread (a bounded batch in a backlog)
+    settled = False  # the last batch changed nothing and left no gap pending (idle_tick.py)
     try:
         while query.isActive:
             query.awaitTermination(0.5)
@@ -169,8 +170,18 @@ def drive(
             # driver can plan for longer than --until-idle
             idle = 0.0 if behind else writer.idle_s(time.monotonic())
             if ticker is not None and not behind:
+                if writer.settled != settled:
+                    settled = writer.settled
+                    log.info(
+                        "gap scans %s: idle ticks every %.0f s",
+                        "settled" if settled else "busy again",
+                        ticker.interval * (SETTLED_FACTOR if settled else 1),
+                    )
                 ticker.poll(
-                    time.monotonic(), batches_seen=writer.batches_seen, in_batch=writer.in_batch
+                    time.monotonic(),
+                    batches_seen=writer.batches_seen,
+                    in_batch=writer.in_batch,
+                    settled=settled,
                 )
             if until_idle is not None and writer.batches_seen and idle >= until_idle:
                 log.info("no input for %.1f s: stopping", until_idle)

@@ -141,6 +141,10 @@ class TransactionalBatchWriter:
         self.batches_seen = 0
         #: monotonic time of the last batch with any input row (for --until-idle)
         self.last_input_at = time.monotonic()
+        #: the last batch had no input and wrote nothing, and no partition it scanned holds a gap
+        #: awaiting its second scan: further scans change nothing until input comes
+        #: (dedup/idle_tick.py ticks less often then)
+        self.settled = False
         #: a batch is being computed and written now (driver thread of Spark's stream execution);
         #: a slow batch is work, not idleness, so --until-idle never stops in the middle of one
         self.in_batch = False
@@ -225,6 +229,7 @@ class TransactionalBatchWriter:
             if self.metrics is not None:
                 self.metrics.replayed.inc()
             self.last = BatchResult(batch_id, skipped=True, fenced=True)
+            self.settled = False  # a replay: what its scans left is not known here
             self.batches_seen += 1
             self.last_input_at = time.monotonic()
             return
@@ -297,6 +302,9 @@ class TransactionalBatchWriter:
         )
         if inputs or records or fenced:
             self.last_input_at = time.monotonic()
+        pending = pc.sum(stats.column("pending_gaps")).as_py() or 0
+        withheld = pc.sum(stats.column("withheld")).as_py() or 0
+        self.settled = not (inputs or withheld or records or gap_count or fenced or pending)
         if not result.skipped:
             self.committed_batches += 1
         if self.metrics is not None:

@@ -11,6 +11,7 @@ Each Spark start costs 15-40 s here, so the module starts Spark three times in t
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -218,6 +219,44 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path,
     }
     assert {g["topic"] for g in latest.values()} == {SOURCE}
     assert open_offsets == {(p, o) for p, offs in missing.items() for o in offs}
+
+
+def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    """dedup/idle_tick.py: once a tick's batch changed nothing and left no gap pending, the
+    driver ticks every SETTLED_FACTOR intervals (10 s here) instead of every interval (1 s)."""
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    tag = raw
+    missing = {10, 11, 12, *range(50, 60)}  # a hole, and a tail only the heartbeat announces
+    records = []
+    for offset in range(50):
+        if offset not in missing:
+            key, value, headers = source_record(0, offset)
+            records.append(raw_record(0, offset, key=key, value=value, headers=headers))
+    records.append(heartbeat(0, 59, low=0))
+    produce_records(downstream_kafka, raw, records)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    proc = run_dedup(env, "--until-idle", "40")
+    finish(proc)
+
+    gap_records = consume_all(downstream_kafka, f"gaps.{tag}", timeout=30)
+    latest = {r.key: json.loads(r.value) for r in gap_records if r.value is not None}
+    open_offsets = {
+        o for g in latest.values() if g["state"] == "open" for o in range(g["first"], g["last"] + 1)
+    }
+    assert open_offsets == missing
+    assert "gap scans settled" in proc.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
+    ticks = [
+        r.timestamp
+        for r in consume_all(downstream_kafka, f"control.{tag}", timeout=30)
+        if r.key == b"tick"
+    ]
+    assert len(ticks) >= 3  # the scans that reported the gaps ran on ticks
+    # busy, a tick follows a second of idleness (measured 2.5 s apart with the batch, 8 s once
+    # at start); settled, ten seconds: two such pauses within the 40 s of idleness
+    pauses = [b - a for a, b in itertools.pairwise(ticks)]
+    assert sum(p >= 9_500 for p in pauses) >= 2, pauses
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pytest
 
 from dedup.metrics import DedupMetrics
+from dedup.rows import STAT_COLUMNS
 from dedup.writer import RESULT_SCHEMA, TransactionalBatchWriter
 from dedup.writer_settings import WriterSettings
 
@@ -56,3 +57,42 @@ def test_replaced_timestamps_of_the_writing_tasks_are_counted_and_logged(
     assert "diode.original-timestamp" in warnings[0]
     writer.account(tasks([(0, 4, 0, False), (1, 0, 0, False)]), 8)
     assert metrics.timestamps_replaced._value.get() == 5
+
+
+def with_stats(task_rows: pa.Table, stats: list[dict[str, int]]) -> pa.Table:
+    """``task_rows`` plus one ``stat`` row per dict (partition ``i`` of topic ``t``)."""
+    columns: dict[str, list[Any]] = {name: [None] * len(stats) for name in RESULT_SCHEMA.names}
+    columns["kind"] = ["stat"] * len(stats)
+    columns["src_topic"] = ["t"] * len(stats)
+    columns["src_partition"] = list(range(len(stats)))
+    columns["task_partition"] = [0] * len(stats)
+    for name in STAT_COLUMNS:
+        columns[name] = [row.get(name, 0) for row in stats]
+    columns["state_bytes"] = [0] * len(stats)
+    return pa.concat_tables([task_rows, pa.Table.from_pydict(columns, schema=RESULT_SCHEMA)])
+
+
+@pytest.mark.parametrize(
+    ("records", "gaps", "fenced", "stat", "settled"),
+    [
+        (0, 0, False, {}, True),  # a tick's batch that scanned and found nothing to do
+        (0, 0, False, {"pending_gaps": 1}, False),  # the next scan reports a gap
+        (0, 1, False, {}, False),  # this scan reported one: the state moved
+        (3, 0, False, {"delivered": 3}, False),  # input
+        (0, 0, False, {"heartbeats": 1}, False),  # a heartbeat may announce a tail gap
+        (0, 0, False, {"duplicates": 2}, False),
+        (0, 0, False, {"resets": 1}, False),
+        (0, 0, False, {"withheld": 5}, False),
+        (0, 0, True, {}, False),  # a replay's stats are not counted: unknown
+    ],
+)
+def test_a_batch_is_settled_only_when_it_changed_nothing_and_left_no_gap_pending(
+    records: int, gaps: int, fenced: bool, stat: dict[str, int], settled: bool
+) -> None:
+    writer = TransactionalBatchWriter(SETTINGS, DedupMetrics())
+    task_rows = tasks([(0, records, 0, fenced), (1, 0, 0, False)])
+    task_rows = task_rows.set_column(
+        task_rows.schema.get_field_index("gaps"), "gaps", pa.array([gaps, 0], pa.int64())
+    )
+    writer.account(with_stats(task_rows, [{}, stat]), 9)
+    assert writer.settled is settled

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedup.idle_tick import IdleTicker
+from dedup.idle_tick import SETTLED_FACTOR, IdleTicker
 
 
 def test_a_tick_after_an_interval_without_a_batch_and_none_while_batches_run() -> None:
@@ -59,3 +59,18 @@ def test_ticks_are_at_least_an_interval_apart_and_never_while_busy(
 def test_an_interval_of_zero_is_refused() -> None:
     with pytest.raises(ValueError, match="tick interval"):
         IdleTicker(lambda: None, 0.0, now=0.0)
+
+
+def test_settled_ticks_come_settled_factor_times_less_often_until_a_batch_moves() -> None:
+    ticks: list[float] = []
+    ticker = IdleTicker(lambda: None, 10.0, now=0.0)
+    for t in range(1, 400):
+        # settled from the start, until a batch with input at 250 s (then busy again)
+        settled = t < 250
+        batches = 1 if t >= 250 else 0
+        if ticker.poll(float(t), batches_seen=batches, in_batch=False, settled=settled):
+            ticks.append(float(t))
+    factor = SETTLED_FACTOR * 10.0
+    assert ticks[:2] == [factor, 2 * factor]
+    # the batch at 250 s restarts the clock, and unsettled ticks come every interval again
+    assert [t for t in ticks if t > 250][:3] == [260.0, 270.0, 280.0]

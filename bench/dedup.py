@@ -43,6 +43,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
+import shutil  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
@@ -425,9 +426,10 @@ def main() -> int:
         bootstrap = broker.bootstrap
     try:
         return measure(args, bootstrap)
-    finally:  # a failed run must not leave its broker behind
+    finally:  # a failed run must not leave its broker, nor its ~1 GB of data, behind
         if broker is not None:
             broker.stop()
+            shutil.rmtree(data_dir, ignore_errors=True)
 
 
 def read_topic(bootstrap: str, topic: str) -> list:
@@ -553,6 +555,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         passthrough("passthrough_warm")
     finally:
         spark.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
     out: dict[str, object] = {
         "bench": "dedup",
         "master": "local[2]",

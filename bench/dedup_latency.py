@@ -33,6 +33,7 @@ import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import re  # noqa: E402
+import shutil  # noqa: E402
 import signal  # noqa: E402
 import subprocess  # noqa: E402
 import tempfile  # noqa: E402
@@ -409,6 +410,9 @@ def main() -> int:
         log.close()
         if broker is not None:
             broker.stop()
+        # the broker's data and the checkpoints (hundreds of MB a run); the dedup's log stays
+        shutil.rmtree(tmp / "kafka", ignore_errors=True)
+        shutil.rmtree(tmp / "checkpoint", ignore_errors=True)
     print(json.dumps(result))
     return 0
 

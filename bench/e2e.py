@@ -1196,6 +1196,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for started_kafka in reversed(started):
             started_kafka.stop()
+        if args.work_dir is None:  # hundreds of MB of broker data per run
+            shutil.rmtree(work, ignore_errors=True)
     print(markdown(result))
     line = json.dumps(result, default=str)
     if args.json_out:

@@ -676,6 +676,7 @@ def main() -> int:
     finally:
         if broker is not None:
             broker.stop()
+        shutil.rmtree(work / "kafka", ignore_errors=True)  # hundreds of MB a run; the profile stays
     zero_loss = [r for r in runs if r["loss_rate"] == 0 and r["undelivered_records"] == 0]
     print(
         f"{'offered rec/s':>14} {'rec/s':>9} {'dgram/s':>8} {'loss':>8} {'rx drops':>9} "

@@ -45,6 +45,10 @@ class IdleTicker:
         self._since = now
         self.ticks = 0
 
+    def idle_wait(self, *, settled: bool) -> float:
+        """Seconds of idleness before a tick: ``SETTLED_FACTOR`` intervals while settled."""
+        return self.interval * (SETTLED_FACTOR if settled else 1)
+
     def poll(self, now: float, *, batches_seen: int, in_batch: bool, settled: bool = False) -> bool:
         """Tick if the query has been idle for an interval (``SETTLED_FACTOR`` intervals when
         the last batch left the state ``settled``); True if it ticked."""
@@ -52,7 +56,7 @@ class IdleTicker:
             self._batches = batches_seen
             self._since = now
             return False
-        if now - self._since < self.interval * (SETTLED_FACTOR if settled else 1):
+        if now - self._since < self.idle_wait(settled=settled):
             return False
         # a tick that Spark has not yet turned into a batch is not repeated before an interval
         self._since = now

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from common import settings
 from common.errors import KafkaClientError
 from dedup.config import DedupConfig
-from dedup.idle_tick import SETTLED_FACTOR, IdleTicker
+from dedup.idle_tick import IdleTicker
 from dedup.raw_position import reads_behind
 from runtime import kafka, service
 
@@ -175,7 +175,7 @@ def drive(
                     log.info(
                         "gap scans %s: idle ticks every %.0f s",
                         "settled" if settled else "busy again",
-                        ticker.interval * (SETTLED_FACTOR if settled else 1),
+                        ticker.idle_wait(settled=settled),
                     )
                 ticker.poll(
                     time.monotonic(),

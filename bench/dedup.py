@@ -408,6 +408,9 @@ def main() -> int:
         "--only", choices=("both", "runs", "records"), default="both", help="layouts to dedup"
     )
     parser.add_argument("--order", choices=("records-first", "runs-first"), default="records-first")
+    parser.add_argument(
+        "--state-partitions", type=int, default=0, help="SHUFFLE_PARTITIONS; 0: the dedup's default"
+    )
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: the default")
     parser.add_argument("--value-bytes", type=int, default=200, help="source value size")
     parser.add_argument(
@@ -515,7 +518,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             "CONTROL_TOPIC": f"{tag}.{name}.control",
             "NEW_TOPIC_PARTITIONS": str(PARTITIONS),
             "SPARK_MASTER": "local[2]",
-            "SHUFFLE_PARTITIONS": "2",
+            "SHUFFLE_PARTITIONS": str(args.state_partitions),
             "PERSIST_INTERVAL_MS": "0",
         }
         # the dedup's Kafka client settings, as `kafka-diode dedup` takes them (KAFKA_CONF_*)
@@ -562,6 +565,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         "source_records": written[layouts[-1]],
         "raw_records": raw_records,
         "fan_in": args.topics,
+        "state_partitions": config("x", "runs").effective_shuffle_partitions(),
         "run_records": args.run_records,
         "value_bytes": len(VALUE),
         "order": measured,

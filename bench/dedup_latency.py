@@ -47,6 +47,7 @@ from bench.e2e import group_pss, group_usage  # noqa: E402
 from common import raw_topic  # noqa: E402
 from common.raw_run import RunBuilder  # noqa: E402
 from common.wire.events import Heartbeat  # noqa: E402
+from dedup.config import from_sources  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 from receiver.config import DEFAULT_HEARTBEAT_REPEAT_INTERVAL  # noqa: E402
 from receiver.heartbeat_repeats import HeartbeatRepeats  # noqa: E402
@@ -267,6 +268,9 @@ def main() -> int:
         default=20.0,
         help="after the rates, this long with no input: the dedup's CPU when idle (0: skip)",
     )
+    parser.add_argument(
+        "--state-partitions", type=int, default=0, help="SHUFFLE_PARTITIONS; 0: the dedup's default"
+    )
     parser.add_argument("--spark-master", default="local[2]")
     parser.add_argument(
         "--source-partitions",
@@ -306,7 +310,7 @@ def main() -> int:
         "PROGRESS_TOPIC": f"{tag}.progress",
         "CONTROL_TOPIC": f"{tag}.control",
         "SPARK_MASTER": args.spark_master,
-        "SHUFFLE_PARTITIONS": "2",
+        "SHUFFLE_PARTITIONS": str(args.state_partitions),
         "PERSIST_INTERVAL_MS": str(args.trigger_ms),
         "WINDOW_SIZE": "1000",
         "MAX_WINDOWS": "1000",
@@ -331,6 +335,7 @@ def main() -> int:
         "bench": "dedup_latency",
         "trigger_ms": args.trigger_ms,
         "source_partitions": args.source_partitions,
+        "state_partitions": from_sources(env).effective_shuffle_partitions(),
     }
     try:
         # warm-up: the query is up and has delivered (Spark start, first batches)

@@ -94,8 +94,9 @@ class DedupConfig:
     spark_master: str = "local[*]"
     """Spark master URL; ignored when started by spark-submit (its --master wins)."""
     shuffle_partitions: int = 0
-    """spark.sql.shuffle.partitions of the stateful step; 0 = the number of cores of the driver.
-    Fixed by the first run of a checkpoint (Spark keeps it in the checkpoint)."""
+    """spark.sql.shuffle.partitions of the stateful step (state partitions = write tasks per
+    batch); 0 = half the driver's cores, at least 1 (each task keeps two Python workers busy at
+    once). Fixed by the first run of a checkpoint (Spark keeps it in the checkpoint)."""
     max_offsets_per_trigger: int = 10_000
     """Most raw records read per micro-batch. A raw record is a run (up to the receiver's
     ``run_max_bytes``, 64 KiB by default, or one larger record) or, in a v1 raw topic, one
@@ -233,9 +234,19 @@ class DedupConfig:
         digest = hashlib.sha256(self.state_dir_config.encode()).hexdigest()[:16]
         return f"kafka-diode-dedup-{digest}"
 
-    def effective_shuffle_partitions(self) -> int:
-        """``shuffle_partitions``, or the driver's core count when it is 0."""
-        return self.shuffle_partitions or max(1, os.cpu_count() or 1)
+    def effective_shuffle_partitions(self, cores: int | None = None) -> int:
+        """``shuffle_partitions``, or half the driver's cores (``cores``, default: this host's)
+        when it is 0.
+
+        Half, because a state partition's task runs two Python workers at once: the stateful
+        step's, streaming into the write task's. One task per core gave a 2-core dedup four
+        workers and no more throughput than one task with two (docs/benchmarks.md "One state
+        partition per two cores").
+        """
+        if self.shuffle_partitions:
+            return self.shuffle_partitions
+        host = os.cpu_count() if cores is None else cores
+        return max(1, (host or 1) // 2)
 
 
 def _check_range(name: str, value: int, low: int, high: int) -> None:

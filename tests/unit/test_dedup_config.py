@@ -1,5 +1,7 @@
 """Dedup configuration (operator names, pass-through, errors), without Spark or Kafka."""
 
+import os
+
 import pytest
 
 from common.errors import ConfigError
@@ -40,6 +42,15 @@ def test_operator_names_and_pass_through() -> None:
 def test_flags_override_environment() -> None:
     cfg = from_sources({**BASE, "WINDOW_SIZE": "1000"}, {"window_size": "50"})
     assert cfg.window_size == 50
+
+
+@pytest.mark.parametrize(("cores", "expected"), [(0, 1), (1, 1), (2, 1), (3, 1), (8, 4)])
+def test_state_partitions_default_to_half_the_cores(cores: int, expected: int) -> None:
+    """A state partition's task keeps two Python workers busy: one per two cores, at least one."""
+    assert from_sources(BASE).effective_shuffle_partitions(cores) == expected
+    host = from_sources(BASE).effective_shuffle_partitions()
+    assert host == from_sources(BASE).effective_shuffle_partitions(os.cpu_count() or 1)
+    assert from_sources({**BASE, "SHUFFLE_PARTITIONS": "3"}).effective_shuffle_partitions(8) == 3
 
 
 def test_transactional_id_is_stable_per_checkpoint() -> None:

@@ -222,6 +222,30 @@ def expand_runs(records: Iterable[ConsumedRecord]) -> list[ConsumedRecord]:
     return [one for record in records for one in expand_run_record(record)]
 
 
+#: Errors of a partition whose topic was created a moment ago (its leader not elected yet).
+_LEADERLESS = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
+
+
+def _high_watermark(consumer: Consumer, topic: str, partition: int, deadline: float) -> int:
+    """The partition's high watermark; retried until ``deadline`` while it has no leader (a
+    clean topic the dedup creates is listed before its leader is elected)."""
+    while True:
+        try:
+            return int(
+                consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10.0)[1]
+            )
+        except KafkaException as exc:
+            if exc.args[0].code() not in _LEADERLESS or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.2)  # polling the leader election under a deadline
+
+
 def consume_all(
     target: Bootstrap,
     topic: str,
@@ -261,10 +285,7 @@ def consume_all(
         # What the topic held when the read began: a partition is read once its last record
         # reached this, even if a live writer (heartbeats) never lets an end-of-partition event
         # find both partitions at their ends at once.
-        high = {
-            p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10.0)[1]
-            for p in partitions
-        }
+        high = {p: _high_watermark(consumer, topic, p, time.monotonic() + 10.0) for p in partitions}
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in partitions])
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout

@@ -293,6 +293,22 @@ def main() -> int:
         broker = LocalBroker("bench-latency", free_port(), data_dir=tmp / "kafka", partitions=3)
         broker.start()
         bootstrap = broker.bootstrap
+    try:  # whatever fails or is interrupted from here on, the broker stops
+        result = _measure(args, rates, bootstrap, tmp)
+    finally:
+        if broker is not None:
+            broker.stop()
+        # the broker's data and the checkpoints (hundreds of MB a run); the dedup's log stays
+        shutil.rmtree(tmp / "kafka", ignore_errors=True)
+        shutil.rmtree(tmp / "checkpoint", ignore_errors=True)
+    print(json.dumps(result))
+    return 0
+
+
+def _measure(
+    args: argparse.Namespace, rates: list[int], bootstrap: str, tmp: Path
+) -> dict[str, object]:
+    """Start the dedup on ``bootstrap``, offer each rate, and return the bench's result."""
     tag = f"lat{int(time.time())}"
     raw, clean = f"{tag}.raw", f"{tag}.clean.src"
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -413,13 +429,7 @@ def main() -> int:
                 dedup.kill()
                 dedup.wait()
         log.close()
-        if broker is not None:
-            broker.stop()
-        # the broker's data and the checkpoints (hundreds of MB a run); the dedup's log stays
-        shutil.rmtree(tmp / "kafka", ignore_errors=True)
-        shutil.rmtree(tmp / "checkpoint", ignore_errors=True)
-    print(json.dumps(result))
-    return 0
+    return result
 
 
 if __name__ == "__main__":

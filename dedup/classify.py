@@ -150,7 +150,12 @@ def classify(
     data = f"kind IN ({KIND_DATA}, {KIND_RUN_IN})"
     out = typed.select(
         F.expr(f"if(coalesce(key_ok, false), src_topic, '{UNPARSED_TOPIC}')").alias("src_topic"),
-        F.expr(f"if(coalesce(key_ok, false), part, {UNPARSED_PARTITION})").alias("src_partition"),
+        # Never null (the outer coalesce): Spark checks a checkpoint's grouping key schema,
+        # nullability included, and releases before the runs grouped by a non-null partition.
+        F.expr(
+            f"coalesce(if(coalesce(key_ok, false), part, {UNPARSED_PARTITION}), "
+            f"{UNPARSED_PARTITION})"
+        ).alias("src_partition"),
         F.expr("coalesce(if(key_ok, first, -1), -1)").alias("src_offset"),
         F.expr("coalesce(if(key_ok AND is_run, last, first), -1)").alias("src_last"),
         F.expr("coalesce(if(key_ok AND is_run, stride, 1), 1)").alias("stride"),

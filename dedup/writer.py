@@ -300,7 +300,10 @@ class TransactionalBatchWriter:
             pc.sum(stats.column(name)).as_py() or 0
             for name in ("delivered", "duplicates", "malformed", "heartbeats", "resets")
         )
-        if inputs or records or fenced:
+        # The first batch of a process restarts the idle clock even without input: until it
+        # ended the query had not looked at the raw topic (the JVM's start, the replay of a
+        # batch the previous process logged but did not commit), so that time is not idleness.
+        if inputs or records or fenced or self.batches_seen == 0:
             self.last_input_at = time.monotonic()
         pending = pc.sum(stats.column("pending_gaps")).as_py() or 0
         withheld = pc.sum(stats.column("withheld")).as_py() or 0

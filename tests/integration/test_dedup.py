@@ -81,7 +81,9 @@ def source_record(partition: int, offset: int) -> tuple[bytes | None, bytes | No
     return key, value, headers
 
 
-def run_dedup(env: dict[str, str], *args: str, timeout: float = 400) -> subprocess.Popen[bytes]:
+def run_dedup(
+    env: dict[str, str], *args: str, timeout: float = 400, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
     # stderr to a file, not a pipe: Spark logs more than a pipe buffer holds, and an unread pipe
     # would block the job mid-run
     log = Path(env["STATE_DIR_CONFIG"]).parent / f"dedup-{time.monotonic_ns()}.log"
@@ -91,6 +93,7 @@ def run_dedup(env: dict[str, str], *args: str, timeout: float = 400) -> subproce
             env={**os.environ, **env},
             stdout=subprocess.DEVNULL,
             stderr=out,
+            cwd=cwd,
         )
     proc.log_path = log  # type: ignore[attr-defined]
     return proc

@@ -96,3 +96,18 @@ def test_a_batch_is_settled_only_when_it_changed_nothing_and_left_no_gap_pending
     )
     writer.account(with_stats(task_rows, [{}, stat]), 9)
     assert writer.settled is settled
+
+
+def test_the_first_batch_restarts_the_idle_clock_even_without_input() -> None:
+    """A restart replays the batch its predecessor logged but did not commit, often one with no
+    input: the JVM's start and that replay took longer than --until-idle (an upgrade from a
+    pre-runs release stopped right after it, before reading the new records). The idle time
+    counts from the end of the first batch; from the second on, only input restarts it."""
+    writer = TransactionalBatchWriter(SETTINGS, DedupMetrics())
+    writer.last_input_at = 0.0  # the process started long ago
+    writer.account(with_stats(tasks([(0, 0, 0, False)]), [{}]), 11)
+    restarted = writer.last_input_at
+    assert restarted > 0.0
+    writer.batches_seen = 1
+    writer.account(with_stats(tasks([(0, 0, 0, False)]), [{}]), 12)
+    assert writer.last_input_at == restarted

@@ -1,0 +1,111 @@
+"""An upgrade on one checkpoint: the previous release's dedup, then this tree's.
+
+The release before raw layout v2 (``PREVIOUS``: v1 raw records only, one state group per source
+partition, rows carrying raw positions) is taken from this repository's own history
+(``git archive``) and runs first on a fresh checkpoint, as a deployed dedup would have; this
+tree's dedup then continues from that checkpoint with v1 records and v2 runs mixed: a run over
+the old tail, a whole copy, a resend that fills the gap the old release reported, and new
+offsets. Every record reaches the clean topic once, byte-identical, and the gap is filled.
+
+Two things broke this before it was tested (docs/dedup.md "Upgrading"): Spark refused the
+checkpoint because the grouping key's ``src_partition`` had become nullable
+(``STATE_STORE_KEY_SCHEMA_NOT_COMPATIBLE``), and ``--until-idle`` stopped after the replayed
+batch, before reading the new records.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tarfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from dedup.state_layout import LAYOUT_FILE
+from tests.integration.test_dedup import (
+    BASE_TS,
+    SOURCE,
+    finish,
+    job_env,
+    raw_record,
+    run_dedup,
+    run_record,
+    source_record,
+)
+from tests.kafka_helpers import Record, consume_all, create_topic, produce_records
+
+pytestmark = [pytest.mark.kafka, pytest.mark.spark]
+
+#: The last commit before raw layout v2 (2026-11-25): what a site upgrades from.
+PREVIOUS = "b5af0ab18251bf7956d226ff01c6e06000833cef"
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def previous_release(tmp_path: Path) -> Path:
+    """``PREVIOUS``'s source tree, extracted from this repository's history."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("needs this repository's git history (a clone, not an sdist)")
+    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"],
+                      capture_output=True, check=False).returncode != 0:  # fmt: skip
+        pytest.skip(f"{PREVIOUS[:7]} is not in this clone's history (a shallow clone)")
+    archive = tmp_path / "previous.tar"
+    subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), PREVIOUS], check=True)
+    tree = tmp_path / "previous"
+    with tarfile.open(archive) as tar:
+        tar.extractall(tree, filter="data")
+    return tree
+
+
+def v1(partition: int, offsets: range) -> list[Record]:
+    return [raw_record(partition, o, key=source_record(partition, o)[0],
+                       value=source_record(partition, o)[1],
+                       headers=source_record(partition, o)[2]) for o in offsets]  # fmt: skip
+
+
+def test_the_previous_release_checkpoint_is_continued_exactly_once(
+    downstream_kafka, kafka_topic, tmp_path, previous_release
+) -> None:
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    tag = raw
+    clean_topic = f"clean.{tag}.{SOURCE}"
+    create_topic(downstream_kafka, clean_topic, partitions=3)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    env["SHUFFLE_PARTITIONS"] = "1"
+
+    # the previous release: v1 records, partition 0's 100..119 lost on the link for now
+    produce_records(downstream_kafka, raw, v1(0, range(100)) + v1(0, range(120, 150))
+                    + v1(1, range(60)) + v1(2, range(30)))  # fmt: skip
+    # its own package first on the path (the working directory, for ``-m``, then PYTHONPATH)
+    old = {**env, "PYTHONPATH": str(previous_release)}
+    finish(run_dedup(old, "--until-idle", "8", cwd=previous_release))
+    checkpoint = Path(env["STATE_DIR_CONFIG"])
+    assert (checkpoint / "commits").is_dir()
+    assert not (checkpoint / LAYOUT_FILE).exists(), "this tree's dedup ran, not the release's"
+    assert len(consume_all(downstream_kafka, clean_topic, timeout=30)) == 220
+
+    # this tree, same checkpoint: runs over the old tail and a copy, the resend, new offsets
+    produce_records(downstream_kafka, raw, [
+        run_record(0, 140, 199), run_record(0, 140, 199), run_record(0, 95, 125),
+        run_record(1, 50, 80), run_record(2, 30, 40), *v1(2, range(41, 45)),
+    ])  # fmt: skip
+    finish(run_dedup(env, "--until-idle", "8"))
+
+    clean = consume_all(downstream_kafka, clean_topic, timeout=30)
+    seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
+    assert [k for k, n in seen.items() if n > 1] == []
+    expected = {(0, o) for o in range(200)} | {(1, o) for o in range(81)}
+    expected |= {(2, o) for o in range(45)}
+    assert set(seen) == expected
+    for r in clean:
+        assert (r.key, r.value, tuple(r.headers)) == source_record(
+            r.partition, r.timestamp - BASE_TS
+        )
+    gaps = consume_all(downstream_kafka, f"gaps.{tag}", timeout=30)
+    latest = {r.key: json.loads(r.value) for r in gaps if r.value is not None}
+    assert [(g["partition"], g["first"], g["last"], g["state"]) for g in latest.values()] == [
+        (0, 100, 119, "filled")
+    ]

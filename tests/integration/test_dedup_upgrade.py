@@ -5,7 +5,8 @@ partition, rows carrying raw positions) is taken from this repository's own hist
 (``git archive``) and runs first on a fresh checkpoint, as a deployed dedup would have; this
 tree's dedup then continues from that checkpoint with v1 records and v2 runs mixed: a run over
 the old tail, a whole copy, a resend that fills the gap the old release reported, and new
-offsets. Every record reaches the clean topic once, byte-identical, and the gap is filled.
+offsets. This tree's ``kafka-diode gaps`` reads the gap the release reported; every record
+reaches the clean topic once, byte-identical, and the gap is filled.
 
 Two things broke this before it was tested (docs/dedup.md "Upgrading"): Spark refused the
 checkpoint because the grouping key's ``src_partition`` had become nullable
@@ -16,8 +17,10 @@ batch, before reading the new records.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 import tarfile
 from collections import Counter
 from pathlib import Path
@@ -86,6 +89,15 @@ def test_the_previous_release_checkpoint_is_continued_exactly_once(
     assert (checkpoint / "commits").is_dir()
     assert not (checkpoint / LAYOUT_FILE).exists(), "this tree's dedup ran, not the release's"
     assert len(consume_all(downstream_kafka, clean_topic, timeout=30)) == 220
+    # this tree's tools read the gap the release reported (what a bundle would carry)
+    listed = subprocess.run(
+        [sys.executable, "-m", "kafka_diode", "gaps", "--json", "--timeout", "30"],
+        env={**os.environ, "BOOTSTRAP_SERVERS": downstream_kafka.bootstrap,
+             "GAP_TOPIC": f"gaps.{tag}"},
+        capture_output=True, text=True, check=True, timeout=120,
+    )  # fmt: skip
+    assert [(g["topic"], g["partition"], g["first"], g["last"])
+            for g in json.loads(listed.stdout)] == [(SOURCE, 0, 100, 119)]  # fmt: skip
 
     # this tree, same checkpoint: runs over the old tail and a copy, the resend, new offsets
     produce_records(downstream_kafka, raw, [

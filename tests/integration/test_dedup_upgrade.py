@@ -1,12 +1,13 @@
-"""An upgrade on one checkpoint: the previous release's dedup, then this tree's.
+"""An upgrade on one checkpoint: a previous release's dedup, then this tree's.
 
-The release before raw layout v2 (``PREVIOUS``: v1 raw records only, one state group per source
-partition, rows carrying raw positions) is taken from this repository's own history
-(``git archive``) and runs first on a fresh checkpoint, as a deployed dedup would have; this
-tree's dedup then continues from that checkpoint with v1 records and v2 runs mixed: a run over
-the old tail, a whole copy, a resend that fills the gap the old release reported, and new
-offsets. This tree's ``kafka-diode gaps`` reads the gap the release reported; every record
-reaches the clean topic once, byte-identical, and the gap is filled.
+Each release in ``PREVIOUS`` (the one before raw layout v2: v1 raw records only, one state
+group per source partition, rows carrying raw positions; and the last one before this test,
+state by bucket) is taken from this repository's own history (``git archive``) and runs first
+on a fresh checkpoint, as a deployed dedup would have. This tree's dedup then continues from
+that checkpoint with v1 records and v2 runs mixed: a run over the old tail, a whole copy, a
+resend that fills the gap the old release reported, and new offsets. This tree's
+``kafka-diode gaps`` reads the gap the release reported; every record reaches the clean topic
+once, byte-identical, and the gap is filled.
 
 Two things broke this before it was tested (docs/dedup.md "Upgrading"): Spark refused the
 checkpoint because the grouping key's ``src_partition`` had become nullable
@@ -42,25 +43,31 @@ from tests.kafka_helpers import Record, consume_all, create_topic, produce_recor
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
-#: The last commit before raw layout v2 (2026-11-25): what a site upgrades from.
-PREVIOUS = "b5af0ab18251bf7956d226ff01c6e06000833cef"
+#: Releases a site upgrades from -> the state layout their new checkpoints record.
+PREVIOUS = {
+    # 2026-11-25, the last commit before raw layout v2: no layout file (one group per partition)
+    "b5af0ab18251bf7956d226ff01c6e06000833cef": None,
+    # 2026-11-29, v2 runs and state by bucket, the last commit before this test
+    "0c88856882e1dacae2f7f7b91be94a4662ff1a1a": "buckets",
+}
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture
-def previous_release(tmp_path: Path) -> Path:
-    """``PREVIOUS``'s source tree, extracted from this repository's history."""
+@pytest.fixture(params=list(PREVIOUS), ids=lambda commit: commit[:7])
+def previous_release(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
+    """A release's commit and its source tree, extracted from this repository's history."""
+    commit: str = request.param
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("needs this repository's git history (a clone, not an sdist)")
-    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{PREVIOUS}^{{commit}}"],
+    if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
                       capture_output=True, check=False).returncode != 0:  # fmt: skip
-        pytest.skip(f"{PREVIOUS[:7]} is not in this clone's history (a shallow clone)")
+        pytest.skip(f"{commit[:7]} is not in this clone's history (a shallow clone)")
     archive = tmp_path / "previous.tar"
-    subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), PREVIOUS], check=True)
+    subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), commit], check=True)
     tree = tmp_path / "previous"
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")
-    return tree
+    return commit, tree
 
 
 def v1(partition: int, offsets: range) -> list[Record]:
@@ -83,11 +90,18 @@ def test_the_previous_release_checkpoint_is_continued_exactly_once(
     produce_records(downstream_kafka, raw, v1(0, range(100)) + v1(0, range(120, 150))
                     + v1(1, range(60)) + v1(2, range(30)))  # fmt: skip
     # its own package first on the path (the working directory, for ``-m``, then PYTHONPATH)
-    old = {**env, "PYTHONPATH": str(previous_release)}
-    finish(run_dedup(old, "--until-idle", "8", cwd=previous_release))
+    commit, tree = previous_release
+    old = {**env, "PYTHONPATH": str(tree)}
+    where = subprocess.run([sys.executable, "-c", "import dedup; print(dedup.__file__)"],
+                           env={**os.environ, **old}, cwd=tree, capture_output=True, text=True,
+                           check=True)  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(tree), where.stdout
+    finish(run_dedup(old, "--until-idle", "8", cwd=tree))
     checkpoint = Path(env["STATE_DIR_CONFIG"])
     assert (checkpoint / "commits").is_dir()
-    assert not (checkpoint / LAYOUT_FILE).exists(), "this tree's dedup ran, not the release's"
+    layout = checkpoint / LAYOUT_FILE
+    recorded = json.loads(layout.read_text())["layout"] if layout.exists() else None
+    assert recorded == PREVIOUS[commit]
     assert len(consume_all(downstream_kafka, clean_topic, timeout=30)) == 220
     # this tree's tools read the gap the release reported (what a bundle would carry)
     listed = subprocess.run(

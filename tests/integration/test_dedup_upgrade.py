@@ -53,21 +53,37 @@ PREVIOUS = {
 REPO = Path(__file__).resolve().parents[2]
 
 
-@pytest.fixture(params=list(PREVIOUS), ids=lambda commit: commit[:7])
-def previous_release(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
-    """A release's commit and its source tree, extracted from this repository's history."""
-    commit: str = request.param
+def extract_release(commit: str, into: Path) -> Path:
+    """``commit``'s source tree under ``into``, from this repository's history (skips the test
+    in a checkout without that history)."""
     if shutil.which("git") is None or not (REPO / ".git").exists():
         pytest.skip("needs this repository's git history (a clone, not an sdist)")
     if subprocess.run(["git", "-C", str(REPO), "cat-file", "-e", f"{commit}^{{commit}}"],
                       capture_output=True, check=False).returncode != 0:  # fmt: skip
         pytest.skip(f"{commit[:7]} is not in this clone's history (a shallow clone)")
-    archive = tmp_path / "previous.tar"
+    archive = into / f"{commit[:7]}.tar"
     subprocess.run(["git", "-C", str(REPO), "archive", "-o", str(archive), commit], check=True)
-    tree = tmp_path / "previous"
+    tree = into / commit[:7]
     with tarfile.open(archive) as tar:
         tar.extractall(tree, filter="data")
-    return commit, tree
+    return tree
+
+
+def release_env(tree: Path, env: dict[str, str]) -> dict[str, str]:
+    """``env`` for a process of the release in ``tree`` (run with ``cwd=tree``): its own
+    package first on the path (the working directory, for ``-m``, then PYTHONPATH); checked."""
+    env = {**env, "PYTHONPATH": str(tree)}
+    where = subprocess.run([sys.executable, "-c", "import dedup, sender; print(sender.__file__)"],
+                           env={**os.environ, **env}, cwd=tree, capture_output=True, text=True,
+                           check=True)  # fmt: skip
+    assert Path(where.stdout.strip()).is_relative_to(tree), where.stdout
+    return env
+
+
+@pytest.fixture(params=list(PREVIOUS), ids=lambda commit: commit[:7])
+def previous_release(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
+    """A release's commit and its source tree, extracted from this repository's history."""
+    return request.param, extract_release(request.param, tmp_path)
 
 
 def v1(partition: int, offsets: range) -> list[Record]:
@@ -89,14 +105,8 @@ def test_the_previous_release_checkpoint_is_continued_exactly_once(
     # the previous release: v1 records, partition 0's 100..119 lost on the link for now
     produce_records(downstream_kafka, raw, v1(0, range(100)) + v1(0, range(120, 150))
                     + v1(1, range(60)) + v1(2, range(30)))  # fmt: skip
-    # its own package first on the path (the working directory, for ``-m``, then PYTHONPATH)
     commit, tree = previous_release
-    old = {**env, "PYTHONPATH": str(tree)}
-    where = subprocess.run([sys.executable, "-c", "import dedup; print(dedup.__file__)"],
-                           env={**os.environ, **old}, cwd=tree, capture_output=True, text=True,
-                           check=True)  # fmt: skip
-    assert Path(where.stdout.strip()).is_relative_to(tree), where.stdout
-    finish(run_dedup(old, "--until-idle", "8", cwd=tree))
+    finish(run_dedup(release_env(tree, env), "--until-idle", "8", cwd=tree))
     checkpoint = Path(env["STATE_DIR_CONFIG"])
     assert (checkpoint / "commits").is_dir()
     layout = checkpoint / LAYOUT_FILE

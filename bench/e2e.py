@@ -255,14 +255,9 @@ def shares_address_space(pid: int, other: int) -> bool:
     return int(_libc.syscall(_SYS_KCMP, pid, other, _KCMP_VM, 0, 0)) == 0
 
 
-def _memory_members(pgid: int) -> list[tuple[str, list[str]]]:
-    """``_group_members`` without children that still run in their parent's address space."""
-    members = _group_members(pgid)
-    return [
-        (path, fields)
-        for path, fields in members
-        if not shares_address_space(int(Path(path).name), int(fields[1]))
-    ]
+def _in_parent_space(path: str, fields: list[str]) -> bool:
+    """Whether the ``_group_members`` entry is a child still in its parent's address space."""
+    return shares_address_space(int(Path(path).name), int(fields[1]))
 
 
 def group_usage(pgid: int) -> tuple[float, int, int]:
@@ -277,7 +272,7 @@ def group_usage(pgid: int) -> tuple[float, int, int]:
     for path, fields in _group_members(pgid):
         try:
             cpu += sum(int(x) for x in fields[11:15]) / CLK_TCK
-            if shares_address_space(int(Path(path).name), int(fields[1])):
+            if _in_parent_space(path, fields):
                 n += 1
                 continue
             for line in Path(path, "status").read_text().splitlines():
@@ -299,7 +294,9 @@ def group_pss(pgid: int) -> int:
     (and each other) once, not once per worker.
     """
     total = 0
-    for path, _fields in _memory_members(pgid):
+    for path, fields in _group_members(pgid):
+        if _in_parent_space(path, fields):
+            continue
         try:
             for line in Path(path, "smaps_rollup").read_text().splitlines():
                 if line.startswith("Pss:"):

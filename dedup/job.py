@@ -68,6 +68,13 @@ WORKER_ALLOCATOR_ENV = {
     "MALLOC_TRIM_THRESHOLD_": str(256 << 20),
 }
 
+#: JVM options of a session this process launches (local mode, or a standalone master without
+#: spark-submit): Spark's ``*.defaultJavaOptions``, so that a user's ``extraJavaOptions`` add to
+#: them. The parallel collector: G1's concurrent marking of Spark's large object graph, started
+#: again and again by the payload's churn, was 11-29 % of the JVM's CPU in a backlog
+#: (docs/benchmarks.md "The parallel collector").
+JVM_OPTIONS = "-XX:+UseParallelGC"
+
 CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 
 
@@ -99,7 +106,10 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("kafka-diode-dedup")
-    if "SPARK_SUBMIT_OPTS" not in os.environ and not os.environ.get("PYSPARK_GATEWAY_PORT"):
+    launched_here = "SPARK_SUBMIT_OPTS" not in os.environ and not os.environ.get(
+        "PYSPARK_GATEWAY_PORT"
+    )
+    if launched_here:
         builder = builder.master(config.spark_master)
     conf: dict[str, str] = {
         "spark.sql.shuffle.partitions": str(config.effective_shuffle_partitions()),
@@ -124,6 +134,11 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         **checkpoint_conf(),
     }
+    if launched_here:
+        # under spark-submit the driver's JVM runs already and spark-defaults.conf is the
+        # cluster administrator's: docs/dedup.md "Running on a Spark cluster" says what to add
+        conf["spark.driver.defaultJavaOptions"] = JVM_OPTIONS
+        conf["spark.executor.defaultJavaOptions"] = JVM_OPTIONS
     if jars:
         conf["spark.jars"] = ",".join(jars)
     conf.update(config.spark_conf)

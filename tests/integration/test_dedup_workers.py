@@ -84,3 +84,51 @@ def test_the_python_workers_run_with_the_dedups_allocator_and_a_frozen_heap(tmp_
         # the worker was forked by our daemon after it had imported the workers' code: the module
         # came with the fork (a worker importing it itself would see no preload, 0 here)
         assert row.preloaded_by == row.parent
+
+
+GC_PROBE = """
+import json, os, sys
+from dedup import job
+from dedup.config import from_sources
+config = from_sources({**os.environ, "BOOTSTRAP_SERVERS": "127.0.0.1:1", "RAW_TOPICS": "raw",
+                       "STATE_DIR_CONFIG": sys.argv[1], "SPARK_MASTER": "local[1]"})
+spark = job.build_session(config, [])
+try:
+    beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory
+    names = [b.getName() for b in beans.getGarbageCollectorMXBeans()]
+    args = list(beans.getRuntimeMXBean().getInputArguments())
+    print(json.dumps({"collectors": names, "args": args}))
+finally:
+    spark.stop()
+"""
+
+
+@pytest.mark.parametrize("extra", ["", "-Xss4m"])
+def test_a_session_the_dedup_launches_collects_with_the_parallel_collector(
+    tmp_path, extra: str
+) -> None:
+    """In its own process (a JVM already running in this one would keep its flags), with and
+    without a user's ``extraJavaOptions``, which add to the dedup's defaults."""
+    import json  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_CONF_", "PYSPARK_"))}
+    if extra:
+        env["SPARK_CONF_spark_driver_extraJavaOptions"] = extra
+    done = subprocess.run(
+        [sys.executable, "-c", GC_PROBE, str(tmp_path / "state")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # the parallel collector's beans (G1's are "G1 Young Generation" / "G1 Old Generation")
+    assert sorted(seen["collectors"]) == ["PS MarkSweep", "PS Scavenge"], seen
+    assert job.JVM_OPTIONS in seen["args"]
+    if extra:
+        assert extra in seen["args"]

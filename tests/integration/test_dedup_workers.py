@@ -97,14 +97,17 @@ try:
     beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory
     names = [b.getName() for b in beans.getGarbageCollectorMXBeans()]
     args = list(beans.getRuntimeMXBean().getInputArguments())
-    print(json.dumps({"collectors": names, "args": args}))
+    with open(f"/proc/{beans.getRuntimeMXBean().getPid()}/environ", "rb") as f:
+        environ = dict(e.decode().split("=", 1) for e in f.read().split(b"\\0") if b"=" in e)
+    arenas = environ.get("MALLOC_ARENA_MAX")
+    print(json.dumps({"collectors": names, "args": args, "arenas": arenas}))
 finally:
     spark.stop()
 """
 
 
 @pytest.mark.parametrize("extra", ["", "-Xss4m"])
-def test_a_session_the_dedup_launches_collects_with_the_parallel_collector(
+def test_a_session_the_dedup_launches_collects_with_the_parallel_collector_and_two_arenas(
     tmp_path, extra: str
 ) -> None:
     """In its own process (a JVM already running in this one would keep its flags), with and
@@ -114,7 +117,11 @@ def test_a_session_the_dedup_launches_collects_with_the_parallel_collector(
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARK_CONF_", "PYSPARK_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SPARK_CONF_", "PYSPARK_")) and k != "MALLOC_ARENA_MAX"
+    }
     if extra:
         env["SPARK_CONF_spark_driver_extraJavaOptions"] = extra
     done = subprocess.run(
@@ -132,3 +139,5 @@ def test_a_session_the_dedup_launches_collects_with_the_parallel_collector(
     assert job.JVM_OPTIONS in seen["args"]
     if extra:
         assert extra in seen["args"]
+    # and with fewer malloc arenas (dedup/job.py JVM_ENV)
+    assert seen["arenas"] == job.JVM_ENV["MALLOC_ARENA_MAX"]

@@ -9,6 +9,10 @@ checked there: a ``mapInArrow`` task reports its process's state back to the dri
 from __future__ import annotations
 
 import functools
+import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -112,11 +116,6 @@ def test_a_session_the_dedup_launches_collects_with_the_parallel_collector_and_t
 ) -> None:
     """In its own process (a JVM already running in this one would keep its flags), with and
     without a user's ``extraJavaOptions``, which add to the dedup's defaults."""
-    import json  # noqa: PLC0415
-    import os  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
     env = {
         k: v
         for k, v in os.environ.items()

@@ -18,8 +18,12 @@ starts one upstream and one downstream single-broker KRaft cluster of our own
 One run of one system:
 
 1. create the topics; start the receiver and the dedup, then the sender; produce a warm-up of
-   300 records and wait until they are in the clean topic (``read_committed``): the dedup is warm
-   and consuming, every client connected;
+   ``--warmup`` records (300 by default) and wait until they are in the clean topic
+   (``read_committed``): the dedup is consuming, every client connected. 300 records do not warm
+   a JVM's compiler: ``--warmup 200000`` runs a backlog of the same size through both systems
+   first, so that the measured one meets what a long-lived service is (the JIT done); the wait
+   ends when every warm-up record is in the clean topic, or when at least half are and none came
+   for 15 s (the peer loses ~10 % of such a backlog at its socket);
 2. stop the sender, pre-fill the upstream topic with the backlog (N records of ``--value-bytes``,
    3 partitions, values ``b<seq> <log-like text>``, keys ``k<i mod 1000>``, no headers: the peer
    carries none), then **release** it: start the sender again;
@@ -336,6 +340,31 @@ def end_offsets(bootstrap: str, topic: str, partitions: int) -> list[int]:
         consumer.close()
 
 
+class WarmupCount:
+    """Distinct warm-up records seen; done when all ``target`` are, or at least half and none new
+    for ``QUIET_S`` (module doc: the peer loses some of a warm-up backlog at its socket)."""
+
+    QUIET_S = 15.0
+
+    def __init__(self) -> None:
+        self.seen = bytearray()
+        self.count = 0
+        self.last = 0.0
+
+    def add(self, seq: int, now: float) -> None:
+        if seq >= len(self.seen):
+            self.seen.extend(bytes(seq + 1 - len(self.seen)))
+        if not self.seen[seq]:
+            self.seen[seq] = 1
+            self.count += 1
+            self.last = now
+
+    def done(self, target: int, now: float) -> bool:
+        if self.count >= target:
+            return True
+        return self.count >= target / 2 and now - self.last > self.QUIET_S
+
+
 class Counter(threading.Thread):
     """Counts backlog records in one topic and notes when the count last grew."""
 
@@ -348,7 +377,7 @@ class Counter(threading.Thread):
         })  # fmt: skip
         self.consumer.subscribe([topic])
         self.count = 0
-        self.warmup = 0
+        self.warmup = WarmupCount()
         self.duplicates = 0
         self.first_new = 0.0
         self.last_new = 0.0
@@ -393,7 +422,7 @@ class CleanCounter(Counter):
             return 0
         kind, i = seq
         if kind == "w":
-            self.warmup += 1
+            self.warmup.add(i, time.time())
             return 0
         if i < len(self.seen) and not self.seen[i]:
             self.seen[i] = 1
@@ -481,6 +510,7 @@ class RunContext:
     partitions: int
     stall_s: float
     work: Path
+    warmup: int = WARMUP
 
 
 def _cpu(proc: ManagedProcess) -> tuple[float, int]:
@@ -587,10 +617,12 @@ def measure(
     }
 
 
-def _warm(clean: CleanCounter, procs: list[ManagedProcess], timeout: float = 600) -> None:
+def _warm(
+    ctx: RunContext, clean: CleanCounter, procs: list[ManagedProcess], timeout: float = 900
+) -> None:
     """Wait until the warm-up records are in the clean topic (the dedup consumes and commits)."""
-    wait_until(lambda: clean.warmup >= WARMUP, timeout=timeout, interval=0.2,
-               what="warm-up records in the clean topic", alive=procs)  # fmt: skip
+    wait_until(lambda: clean.warmup.done(ctx.warmup, time.time()), timeout=timeout,
+               interval=0.2, what="warm-up records in the clean topic", alive=procs)  # fmt: skip
 
 
 def run_ours(ctx: RunContext, index: int) -> dict[str, Any]:
@@ -609,10 +641,10 @@ def run_ours(ctx: RunContext, index: int) -> dict[str, Any]:
         raw.start()
         clean.start()
         try:
-            produce_values(ctx.bootstraps[0], source, count=WARMUP, size=ctx.value_bytes,
+            produce_values(ctx.bootstraps[0], source, count=ctx.warmup, size=ctx.value_bytes,
                            prefix="w", partitions=ctx.partitions)  # fmt: skip
             procs = pipe.group.processes
-            _warm(clean, list(procs.values()))
+            _warm(ctx, clean, list(procs.values()))
             # A graceful stop commits the warm-up offsets: the restarted sender ("committed")
             # finds exactly the backlog.
             procs["sender"].stop()
@@ -711,9 +743,9 @@ def run_peer(ctx: RunContext, index: int, build: PeerBuild) -> dict[str, Any]:
         raw.start()
         clean.start()
         try:
-            produce_values(ctx.bootstraps[0], topic, count=WARMUP, size=ctx.value_bytes,
+            produce_values(ctx.bootstraps[0], topic, count=ctx.warmup, size=ctx.value_bytes,
                            prefix="w", partitions=n)  # fmt: skip
-            _warm(clean, [down_p, dedup_p, up_p])
+            _warm(ctx, clean, [down_p, dedup_p, up_p])
             up_p.stop()  # its consumer group resumes after the warm-up (some may come again)
             # It leaves without a LeaveGroup: let the broker expire it first, so that the
             # release does not wait out the old member's session timeout (~10 s). The group is
@@ -814,6 +846,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=3)
     ap.add_argument("--order", default="ours,peer", help="systems in the order of one round")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=WARMUP,
+        help="warm-up records through each system before the measured backlog",
+    )
     ap.add_argument("--stall", type=float, default=60.0, help="give up after S s without progress")
     ap.add_argument("--skip-build", action="store_true", help="reuse binaries already built")
     ap.add_argument("--work-dir", type=Path, default=None,
@@ -831,7 +869,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "bench": "peer", "argv": sys.argv[1:], "machine": machine(), "order": order,
-        "records": records, "value_bytes": args.value_bytes, "partitions": args.partitions,
+        "records": records, "warmup": args.warmup, "value_bytes": args.value_bytes,
+        "partitions": args.partitions,
         "uptime_start": subprocess.run(["uptime"], capture_output=True, text=True,
                                        check=False).stdout.strip(),
     }  # fmt: skip
@@ -860,7 +899,7 @@ def main(argv: list[str] | None = None) -> int:
             pids[side] = broker.start().pid
             bootstraps.append(broker.bootstrap)
         ctx = RunContext((bootstraps[0], bootstraps[1]), pids, records, args.value_bytes,
-                         args.partitions, args.stall, work)  # fmt: skip
+                         args.partitions, args.stall, work, args.warmup)  # fmt: skip
         for i, system in enumerate(order, 1):
             log(f"run {i}/{len(order)}: {system} (load {os.getloadavg()[0]:.1f})")
             try:

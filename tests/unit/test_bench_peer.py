@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from bench.peer import is_control, ratios, render_properties, source_offsets, value_seq
+from bench.peer import (
+    WarmupCount,
+    is_control,
+    ratios,
+    render_properties,
+    source_offsets,
+    value_seq,
+)
 
 
 def test_properties_render_one_line_each_with_lowercase_booleans() -> None:
@@ -71,3 +78,17 @@ def test_ratios_are_ours_over_peer_and_none_without_a_figure() -> None:
     assert got["clean_rate"] == 1.5
     assert got["low_side_cpu_per_record"] is None
     assert got["raw_rate"] is None
+
+
+def test_warmup_counts_distinct_records_and_ends_on_all_or_half_then_quiet() -> None:
+    warm = WarmupCount()
+    for seq in (0, 1, 1, 2):  # a record the dedup delivers twice counts once
+        warm.add(seq, now=100.0)
+    assert warm.count == 3
+    assert not warm.done(4, now=100.0)
+    assert warm.done(3, now=100.0)  # all of them
+    # 3 of 6: half, but still arriving; then quiet for longer than QUIET_S
+    assert not warm.done(6, now=100.0 + WarmupCount.QUIET_S)
+    assert warm.done(6, now=100.1 + WarmupCount.QUIET_S)
+    # fewer than half never ends the wait, however quiet
+    assert not warm.done(7, now=1e9)

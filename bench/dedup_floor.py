@@ -17,10 +17,14 @@ One broker (``--bootstrap`` or one of its own), the same synthetic raw topics as
 ``build_session``), in this order: Spark's pass-through of the v1 topic (cold, not a baseline),
 floor and dedup warm-ups, then floor, dedup, floor, dedup (measured), then the pass-through again
 (warm: the baseline, as in ``bench/dedup.py``). CPU is the process tree's per million source
-records, brokers excluded. Last line: one JSON object.
+records, brokers excluded; memory the peak summed Pss of the same tree (sampled every 0.5 s
+while a query runs). ``--only floor`` or ``--only dedup`` runs one kind of query (warm-up and
+two measured) in a session of its own, without the pass-throughs: each one's memory without the
+other's leftovers in the heap. Last line: one JSON object.
 
     .venv/bin/python bench/dedup_floor.py --records 1000000
     .venv/bin/python bench/dedup_floor.py --records 60000 --value-bytes 10000 --run-records 6
+    .venv/bin/python bench/dedup_floor.py --records 1000000 --only floor    # and --only dedup
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
 import tempfile  # noqa: E402
+import threading  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from typing import Any  # noqa: E402
@@ -60,6 +65,52 @@ from dedup.writer_settings import WriterSettings  # noqa: E402
 DETECTOR = gaps.DetectorConfig()
 #: Every timestamp is accepted: the floor never replaces one (the dedup's window check is per run).
 ANY_TIME = (0, 2**62)
+
+
+def tree_pss_mb() -> float:
+    """Summed Pss (``smaps_rollup``) of this process and its descendants but the broker, MB."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
+                    parents[int(entry)] = int(f.read().rpartition(")")[2].split()[1])
+            except OSError:
+                continue
+    me, total = os.getpid(), 0
+    for pid in parents:
+        walk = pid
+        while walk not in (0, 1, me) and walk in parents:
+            walk = parents[walk]
+        if walk != me or bd._is_broker(pid):
+            continue
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+                total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))
+        except OSError:
+            continue
+    return total / 1024
+
+
+class PeakPss(threading.Thread):
+    """The highest ``tree_pss_mb`` seen, sampled every half second while a query runs."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak = 0.0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.5):
+            self.peak = max(self.peak, tree_pss_mb())
+
+    def __enter__(self) -> PeakPss:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.join()
 
 
 def floor_writer(settings: WriterSettings, out: str) -> Any:
@@ -185,7 +236,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         out = f"{tag}.{name}.out"
         for future in admin.create_topics([NewTopic(out, bd.PARTITIONS, 1)]).values():
             future.result(60)
-        seconds, profile = run_floor(spark, config(name), out, total)
+        with PeakPss() as pss:
+            seconds, profile = run_floor(spark, config(name), out, total)
+        profile["peak_pss_mb"] = round(pss.peak)
         if profile["seen"] != total:
             raise RuntimeError(f"{name}: saw {profile['seen']} of {total} records")
         results[name] = {"records_per_s": round(total / seconds), **profile}
@@ -194,9 +247,11 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     def dedup(name: str) -> None:
         c = config(name)
         writer = bd.CountingWriter(writer_settings(c, WriterSettings))
-        seconds, profile = bd.run_query(spark, c, writer, total)
+        with PeakPss() as pss:
+            seconds, profile = bd.run_query(spark, c, writer, total)
         results[name] = {
             "records_per_s": round(total / seconds),
+            "peak_pss_mb": round(pss.peak),
             "cpu_s_per_million": profile["cpu_s_per_million"],
             "cpu_s_per_million_by_process": profile["cpu_s_per_million_by_process"],
         }
@@ -210,14 +265,18 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         results[name] = {"records_per_s": round(written["records"] / seconds), **profile}
         print(f"{name}: {seconds:.1f} s; {results[name]}", file=sys.stderr, flush=True)
 
+    queries = {"floor": floor, "dedup": dedup}
+    chosen = ("floor", "dedup") if args.only == "both" else (args.only,)
     try:
-        passthrough("passthrough_cold")
-        floor("floor_warmup")
-        dedup("dedup_warmup")
+        if args.only == "both":
+            passthrough("passthrough_cold")
+        for kind in chosen:
+            queries[kind](f"{kind}_warmup")
         for i in (1, 2):
-            floor(f"floor_{i}")
-            dedup(f"dedup_{i}")
-        passthrough("passthrough_warm")
+            for kind in chosen:
+                queries[kind](f"{kind}_{i}")
+        if args.only == "both":
+            passthrough("passthrough_warm")
     finally:
         spark.stop()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -225,8 +284,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
     def mean(prefix: str) -> float:
         return sum(results[f"{prefix}_{i}"]["cpu_s_per_million"] for i in (1, 2)) / 2
 
-    base = results["passthrough_warm"]["cpu_s_per_million"]
-    return {
+    out: dict[str, Any] = {
         "bench": "dedup_floor",
         "master": "local[2]",
         "source_records": total,
@@ -235,13 +293,18 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
         "run_records": args.run_records,
         "load_average_1m_end": round(os.getloadavg()[0], 2),
         "results": results,
-        "floor_cpu_s_per_million": round(mean("floor"), 1),
-        "dedup_cpu_s_per_million": round(mean("dedup"), 1),
-        "passthrough_warm_cpu_s_per_million": base,
-        "floor_to_dedup": round(mean("floor") / mean("dedup"), 3),
-        "floor_to_passthrough_warm": round(mean("floor") / base, 3),
-        "dedup_to_passthrough_warm": round(mean("dedup") / base, 3),
     }
+    for kind in chosen:
+        out[f"{kind}_cpu_s_per_million"] = round(mean(kind), 1)
+        out[f"{kind}_peak_pss_mb"] = max(v["peak_pss_mb"] for k, v in results.items()
+                                          if k.startswith(kind))  # fmt: skip
+    if args.only == "both":
+        base = results["passthrough_warm"]["cpu_s_per_million"]
+        out["passthrough_warm_cpu_s_per_million"] = base
+        out["floor_to_dedup"] = round(mean("floor") / mean("dedup"), 3)
+        out["floor_to_passthrough_warm"] = round(mean("floor") / base, 3)
+        out["dedup_to_passthrough_warm"] = round(mean("dedup") / base, 3)
+    return out
 
 
 def main() -> int:
@@ -250,6 +313,12 @@ def main() -> int:
     parser.add_argument("--run-records", type=int, default=256, help="records per run")
     parser.add_argument("--value-bytes", type=int, default=200, help="source value size")
     parser.add_argument("--bootstrap", default=None)
+    parser.add_argument(
+        "--only",
+        choices=("both", "floor", "dedup"),
+        default="both",
+        help="one kind of query in its own session (its memory: the peak Pss of the tree)",
+    )
     parser.add_argument(
         "--spark-conf", action="append", default=[], metavar="NAME=VALUE", help="Spark setting"
     )

@@ -205,15 +205,11 @@ def thread_cpu_s() -> dict[str, float]:
     return out
 
 
-def tree_cpu() -> dict[str, float]:
-    """CPU seconds (user + system) of this process and its descendants alive now (the JVM, the
-    Python workers, which Spark reuses; not a broker we started), by kind: ``driver`` (this
-    Python process), ``jvm`` (Spark's JVM: driver and executor in local mode), ``workers``
-    (Python workers: the stateful step and the write tasks). Robust to other load."""
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    comm: dict[int, str] = {}
-    tick = os.sysconf("SC_CLK_TCK")
+def tree_members() -> list[tuple[int, str, list[str]]]:
+    """``(pid, command name, /proc stat fields after the name)`` of this process and its
+    descendants alive now (the JVM, the Python workers, which Spark reuses), not a broker we
+    started."""
+    stats: dict[int, tuple[str, list[str]]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -222,19 +218,29 @@ def tree_cpu() -> dict[str, float]:
                 text = f.read()
         except OSError:
             continue
-        fields = text.rpartition(")")[2].split()
-        parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
-        comm[int(entry)] = text[text.index("(") + 1 : text.rindex(")")]
+        comm = text[text.index("(") + 1 : text.rindex(")")]
+        stats[int(entry)] = (comm, text.rpartition(")")[2].split())
+    me = os.getpid()
+    members = []
+    for pid, (comm, fields) in stats.items():
+        walk = pid
+        while walk not in (0, 1, me) and walk in stats:
+            walk = int(stats[walk][1][1])
+        if walk == me and not _is_broker(pid):
+            members.append((pid, comm, fields))
+    return members
+
+
+def tree_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of ``tree_members``, by kind: ``driver`` (this Python
+    process), ``jvm`` (Spark's JVM: driver and executor in local mode), ``workers`` (Python
+    workers: the stateful step and the write tasks). Robust to other load."""
+    tick = os.sysconf("SC_CLK_TCK")
     me = os.getpid()
     out = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
-    for pid, seconds in cpu.items():
-        walk = pid
-        while walk not in (0, 1, me) and walk in parents:
-            walk = parents[walk]
-        if walk == me and not _is_broker(pid):
-            kind = "driver" if pid == me else "jvm" if comm[pid] == "java" else "workers"
-            out[kind] += seconds
+    for pid, comm, fields in tree_members():
+        kind = "driver" if pid == me else "jvm" if comm == "java" else "workers"
+        out[kind] += (int(fields[11]) + int(fields[12])) / tick
     return out
 
 

@@ -68,22 +68,9 @@ ANY_TIME = (0, 2**62)
 
 
 def tree_pss_mb() -> float:
-    """Summed Pss (``smaps_rollup``) of this process and its descendants but the broker, MB."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as f:
-                    parents[int(entry)] = int(f.read().rpartition(")")[2].split()[1])
-            except OSError:
-                continue
-    me, total = os.getpid(), 0
-    for pid in parents:
-        walk = pid
-        while walk not in (0, 1, me) and walk in parents:
-            walk = parents[walk]
-        if walk != me or bd._is_broker(pid):
-            continue
+    """Summed Pss (``smaps_rollup``) of ``bench.dedup.tree_members``, MB."""
+    total = 0
+    for pid, _, _ in bd.tree_members():
         try:
             with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
                 total += sum(int(line.split()[1]) for line in f if line.startswith("Pss:"))

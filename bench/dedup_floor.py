@@ -58,7 +58,7 @@ from dedup import gaps, job  # noqa: E402
 from dedup.config import DedupConfig, from_sources  # noqa: E402
 from dedup.fence import init_producer  # noqa: E402
 from dedup.runner import writer_settings  # noqa: E402
-from dedup.transaction import _gc_paused, _produce_run  # noqa: E402
+from dedup.transaction import _produce_run, gc_paused  # noqa: E402
 from dedup.writer_settings import WriterSettings  # noqa: E402
 
 #: The dedup's default detector limits (docs/configuration.md).
@@ -123,7 +123,7 @@ def floor_writer(settings: WriterSettings, out: str) -> Any:
             if producer is None:
                 producer = init_producer(settings, f"floor-{out}-{partition}")
                 producer.begin_transaction()
-            with _gc_paused():
+            with gc_paused():
                 for key, payload in zip(
                     batch.column("key").to_pylist(), batch.column("value").to_pylist(), strict=True
                 ):

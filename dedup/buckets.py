@@ -69,9 +69,12 @@ class BucketState:
     def put(self, key: Key, blob: bytes, last_scan_ms: int) -> None:
         self._entries[key] = (blob, last_scan_ms)
 
-    def budget(self, max_state_bytes: int, joining: int = 0) -> int:
-        """Each detector's state budget once ``joining`` new partitions are in the bucket."""
-        share = BUCKET_STATE_BYTES // max(1, len(self._entries) + joining)
+    def budget(
+        self, max_state_bytes: int, joining: int = 0, total: int = BUCKET_STATE_BYTES
+    ) -> int:
+        """Each detector's state budget once ``joining`` new partitions are in the bucket, the
+        bucket's detectors sharing ``total`` bytes."""
+        share = total // max(1, len(self._entries) + joining)
         return min(max_state_bytes, max(MIN_STATE_BYTES, share))
 
     def due(self, now_ms: int, interval_ms: int) -> list[Key]:

@@ -52,6 +52,7 @@ from dedup.detect import (
     KIND_MALFORMED,
     KIND_RESET,
     KIND_RUN_IN,
+    KIND_TICK,
     KIND_WITHHELD,
     UNPARSED_PARTITION,
     UNPARSED_TOPIC,
@@ -63,6 +64,8 @@ def classify(
     topics: Sequence[str],
     bucket_keys: Sequence[int] | None = None,
     state_partitions: int = 0,
+    *,
+    direct: bool = False,
 ) -> DataFrame:
     """Parse keys, tell runs from v1 records from control from malformed; keep data payloads.
 
@@ -72,9 +75,12 @@ def classify(
     ``state_partitions`` (``dedup/job.py bucket_keys``); a row then also carries its group key
     ``(g_topic, g_partition)``: a bucket of the state partition its source (topic, partition)
     hashes to (Spark's own placement), chosen by a second, independent hash.
+    ``direct`` (the direct layout, ``dedup/direct.py``): ``topics`` are the raw topics only, a
+    tick in them is kind ``tick`` (it makes its raw partition's task run), and every row also
+    carries the raw topic and partition it was read from (``raw_topic``, ``raw_partition``).
     """
     control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
-    if topics:  # the control topic's ticks are no input (a tick elsewhere is malformed)
+    if topics and not direct:  # the control topic's ticks are no input (elsewhere: malformed)
         tick = f"coalesce(cast({control} as string) = '{TICK.decode()}', false)"
         raw = raw.filter(F.expr(f"NOT (topic = '{topics[-1]}' AND {tick})"))
     n = "coalesce(size(headers), 0)"
@@ -94,6 +100,8 @@ def classify(
         F.expr(f"substring_index(substring_index({k}, ':', -2), ':', 1)").alias("part_s"),
         F.col("value"),
         F.col("headers"),
+        F.col("topic").alias("raw_topic"),
+        F.col("partition").alias("raw_partition"),
         F.expr(f"cast({control} as string)").alias("control"),
         F.expr(known).alias("known"),
     )
@@ -130,7 +138,8 @@ def classify(
         F.expr(f"part >= 0 AND first >= 0 AND ({v1_ok} OR {v2_ok})").alias("key_ok"),
         F.expr(f"{_json_long(HEARTBEAT_STARTED_AT)}").alias("hb_started_raw"),
     )
-    kind = f"""cast(CASE
+    tick_kind = f"WHEN control = '{TICK.decode()}' THEN {KIND_TICK}" if direct else ""
+    kind = f"""cast(CASE {tick_kind}
         WHEN NOT coalesce(key_ok, false) THEN {KIND_MALFORMED}
         WHEN first > {gaps.MAX_OFFSET} OR coalesce(last, first) > {gaps.MAX_OFFSET}
             THEN {KIND_MALFORMED}
@@ -178,8 +187,9 @@ def classify(
             f"THEN coalesce({_json_long(CHAIN_COUNT)} * 256 + {_json_long(CHAIN_INDEX)}, -1) "
             "ELSE -1 END"
         ).alias("hb_chain"),
+        *((F.col("raw_topic"), F.col("raw_partition")) if direct else ()),
     )
-    if not bucket_keys:
+    if direct or not bucket_keys:
         return out
     keys = ", ".join(str(int(j)) for j in bucket_keys)
     per = len(bucket_keys) // state_partitions

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from common.errors import KafkaClientError, ServiceError
 from common.topic_limits import (
@@ -34,16 +34,21 @@ def ensure_topics(
     *,
     compact: bool = False,
     partitions: int | None = None,
-) -> None:
+    config: Mapping[str, str] | None = None,
+) -> dict[str, int]:
     """Create those of ``topics`` that do not exist (clean: NEW_TOPIC_PARTITIONS; else 1) and
-    wait for their leaders (runtime.kafka.ensure_topics)."""
+    wait for their leaders (runtime.kafka.ensure_topics); ``config`` adds topic settings.
+    Returns each topic's partition count (created or found)."""
     if partitions is None:
         partitions = 1 if compact else settings.new_topic_partitions
-    config = (
-        {"cleanup.policy": "compact"}
-        if compact
-        else created_topic_config(settings.max_record_size, any_timestamp=True)
-    )
+    config = {
+        **(
+            {"cleanup.policy": "compact"}
+            if compact
+            else created_topic_config(settings.max_record_size, any_timestamp=True)
+        ),
+        **(config or {}),
+    }
     specs = [
         kafka.TopicSpec(
             name=t,
@@ -56,6 +61,7 @@ def ensure_topics(
     ensured = kafka.ensure_topics(base_conf(settings), specs, timeout=KAFKA_TIMEOUT_S)
     for topic in ensured.created:
         log.info("created topic %s (%d partitions)", topic, partitions)
+    return dict(ensured.partitions)
 
 
 #: (bootstrap servers, clean topic, max_record_size) -> its window, per process: a Python worker

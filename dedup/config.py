@@ -47,6 +47,7 @@ PASS_THROUGH = {
     "kafka_source": "KAFKA_SOURCE_",
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+STATE_LAYOUTS = ("buckets", "direct")
 #: Bounds that keep one micro-batch and one state value within memory a single host has.
 MAX_WINDOW_SIZE = 1 << 30
 MAX_MAX_WINDOWS = 1 << 20
@@ -76,6 +77,14 @@ class DedupConfig:
     """Topic of the writer's per-batch progress markers (the effectively-once fence)."""
     control_topic: str = "kafka-diode.dedup.control"
     """Topic the job also reads for operator commands (kafka-diode dedup reset)."""
+    state_layout: str = "buckets"
+    """Layout of a NEW checkpoint (an existing one keeps its own): buckets (Spark's stateful
+    step, RocksDB state) or direct (one task per raw partition detects, writes and keeps its
+    detectors in STATE_TOPIC, in the same transaction; no shuffle, no stateful operator; one raw
+    topic only, whose partition count is then fixed; docs/dedup.md "The direct layout")."""
+    state_topic: str = "kafka-diode.dedup.state"
+    """The direct layout's state topic (compacted, one partition per raw partition; created by
+    the job)."""
     window_size: int = 65_536
     """Offsets per sliding window of the gap detector (windows are aligned to multiples of it)."""
     max_windows: int = 1_024
@@ -166,6 +175,7 @@ class DedupConfig:
                 "raw, clean, gap, progress and control topics must all differ",
                 "give each its own name",
             )
+        self._check_layout()
         if self.clean_topic == "{topic}" and self.control_topic in self.raw_topics:
             raise ConfigError("CONTROL_TOPIC", "is also a raw topic", "give it its own name")
         if not self.bootstrap_servers.strip():
@@ -219,6 +229,40 @@ class DedupConfig:
                     "is set by the writer itself",
                     "remove it (use TRANSACTIONAL_ID for the transactional id)",
                 )
+
+    def _check_layout(self) -> None:
+        if self.state_layout not in STATE_LAYOUTS:
+            raise ConfigError(
+                "STATE_LAYOUT", f"is {self.state_layout!r}", "use buckets (the default) or direct"
+            )
+        if not _TOPIC_RE.match(self.state_topic):
+            raise ConfigError(
+                "STATE_TOPIC",
+                f"{self.state_topic!r} is not a valid Kafka topic name",
+                "use 1-249 characters of letters, digits, '.', '_' and '-'",
+            )
+        others = {*self.raw_topics, self.gap_topic, self.progress_topic, self.control_topic}
+        if self.state_topic in others or self.state_topic == self.clean_topic:
+            raise ConfigError(
+                "STATE_TOPIC", "is also another of the job's topics", "give it its own name"
+            )
+        if self.state_layout != "direct":
+            return
+        if len(self.raw_topics) != 1:
+            raise ConfigError(
+                "STATE_LAYOUT",
+                f"direct reads one raw topic, and RAW_TOPICS names {len(self.raw_topics)} "
+                "(chains are merged by the buckets layout)",
+                "use STATE_LAYOUT=buckets for chains",
+            )
+        split = {k.lower() for k in self.kafka_source} & {"minpartitions", "maxrecordsperpartition"}
+        if split:
+            raise ConfigError(
+                "KAFKA_SOURCE_" + sorted(split)[0].upper(),
+                "splits or merges raw partitions across Spark tasks, and the direct layout needs "
+                "one task per raw partition",
+                "remove it",
+            )
 
     # -- derived values ------------------------------------------------------------------------
 

@@ -38,13 +38,22 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from common import gap_record
 from common.errors import LocalProtocolError, RemoteProtocolError
 from common.raw_run import RunBuilder, check_run
 from common.raw_topic import PROVENANCE_HEADERS
 from dedup import buckets, gaps
-from dedup.rows import COLUMN_NAMES, KIND_GAP, KIND_RUN, KIND_STAT, STAT_COLUMNS, pack_selection
+from dedup.rows import (
+    COLUMN_NAMES,
+    KIND_GAP,
+    KIND_RUN,
+    KIND_STAT,
+    OUTPUT_SCHEMA,
+    STAT_COLUMNS,
+    pack_selection,
+)
 from dedup.worker_heap import FreezeOnLoad
 
 if TYPE_CHECKING:
@@ -54,6 +63,8 @@ log = logging.getLogger(__name__)
 
 #: Input kinds computed in SQL (``dedup/classify.py``; a tinyint column, cheap across Arrow).
 KIND_DATA, KIND_HEARTBEAT, KIND_RESET, KIND_MALFORMED, KIND_WITHHELD, KIND_RUN_IN = 0, 1, 2, 3, 4, 5
+#: The direct layout's tick in a raw partition (``dedup/direct.py``): makes its task run, no input.
+KIND_TICK = 6
 #: Group key of raw records whose key does not parse (counted as malformed).
 UNPARSED_TOPIC, UNPARSED_PARTITION = "", -1
 
@@ -80,7 +91,7 @@ class DetectParams:
 _COLUMN = {name: i for i, name in enumerate(COLUMN_NAMES)}
 
 
-class _Output:
+class Output:
     """The output rows of one call, built as one frame at the end.
 
     One frame per call, from one object array: building a frame costs per column, and a call
@@ -104,6 +115,16 @@ class _Output:
             for name, value in values.items():
                 row[_COLUMN[name]] = value
         return pd.DataFrame(table, columns=list(COLUMN_NAMES), copy=False)
+
+    def record_batch(self) -> pa.RecordBatch:
+        """The rows as one Arrow batch in ``OUTPUT_SCHEMA`` (the direct layout's task)."""
+        columns: dict[str, list[Any]] = {name: [None] * len(self.rows) for name in COLUMN_NAMES}
+        kinds, topics, partitions = columns["kind"], columns["src_topic"], columns["src_partition"]
+        for i, (kind, topic, partition, values) in enumerate(self.rows):
+            kinds[i], topics[i], partitions[i] = kind, topic, partition
+            for name, value in values.items():
+                columns[name][i] = value
+        return pa.RecordBatch.from_pydict(columns, schema=OUTPUT_SCHEMA)
 
 
 class Rows:
@@ -160,7 +181,7 @@ def detect_group(
         (parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)) if parts else None
     )
     rows = None if batch is None else Rows.from_frame(batch)
-    out = _Output()
+    out = Output()
     if g_topic == buckets.BUCKET_TOPIC and g_partition >= 0:
         _detect_bucket(params, rows, state, now, out)
     elif g_topic == UNPARSED_TOPIC and g_partition == UNPARSED_PARTITION:
@@ -181,24 +202,40 @@ def detect_group(
     yield out.frame()
 
 
-def _count_unparsed(count: int, out: _Output) -> None:
+def _count_unparsed(count: int, out: Output) -> None:
     stats = dict.fromkeys(STAT_COLUMNS, 0)
     stats["malformed"] = count
     out.add(KIND_STAT, UNPARSED_TOPIC, UNPARSED_PARTITION, state_bytes=0, **stats)
 
 
 def _detect_bucket(
-    params: DetectParams, rows: Rows | None, state: GroupState, now: int, out: _Output
+    params: DetectParams, rows: Rows | None, state: GroupState, now: int, out: Output
 ) -> None:
     """One bucket's call: each source partition with rows, then each whose scan is due."""
     if state.exists:
         bucket = buckets.BucketState.from_bytes(bytes(state.get[0]))
     else:
         bucket = buckets.BucketState()
+    detect_bucket_rows(params, rows, bucket, now, out)
+    state.update((bucket.to_bytes(), -1))
+    state.setTimeoutDuration(bucket.next_due_in(now, params.scan_interval_ms))
+
+
+def detect_bucket_rows(  # noqa: PLR0917  one call per bucket (or raw partition) and batch
+    params: DetectParams,
+    rows: Rows | None,
+    bucket: buckets.BucketState,
+    now: int,
+    out: Output,
+    total_bytes: int = buckets.BUCKET_STATE_BYTES,
+) -> None:
+    """The detectors of ``bucket`` over ``rows`` (any source partitions), in place: each source
+    partition with rows, then each whose scan is due. The stateful step's buckets and the direct
+    layout's task (``dedup/direct.py``: all source partitions of one raw partition) call it."""
     seen: set[tuple[str, int]] = set()
     groups = {} if rows is None else rows.by_partition()
     joining = sum(1 for key in groups if bucket.get(key) is None and key[1] >= 0)
-    budget = bucket.budget(params.max_state_bytes, joining)
+    budget = bucket.budget(params.max_state_bytes, joining, total_bytes)
     for key in sorted(groups):
         index = groups[key]
         if key == (UNPARSED_TOPIC, UNPARSED_PARTITION):
@@ -217,8 +254,6 @@ def _detect_bucket(
                 params, key[0], key[1], None, bucket.get(key), now, out, budget
             )
             bucket.put(key, blob, last_scan)
-    state.update((bucket.to_bytes(), -1))
-    state.setTimeoutDuration(bucket.next_due_in(now, params.scan_interval_ms))
 
 
 def detect_partition(  # noqa: PLR0917  one call per source partition and batch
@@ -228,7 +263,7 @@ def detect_partition(  # noqa: PLR0917  one call per source partition and batch
     rows: Rows | None,
     saved: tuple[bytes, int] | None,
     now: int,
-    out: _Output,
+    out: Output,
     max_state_bytes: int | None = None,
 ) -> tuple[bytes, int]:
     """One source partition's rows of one batch (or its scan): adds its output rows to ``out``,
@@ -317,7 +352,7 @@ def _observe_data(  # noqa: PLR0917  one call per source partition and batch
     detector: gaps.PartitionDetector,
     batch: Rows,
     rows: np.ndarray[Any, Any],
-    out: _Output,
+    out: Output,
     now: int,
     stats: dict[str, int],
 ) -> None:

@@ -39,9 +39,12 @@ def base_conf(settings: WriterSettings) -> dict[str, Any]:
     return conf
 
 
-def init_producer(settings: WriterSettings, transactional_id: str) -> Producer:
+def init_producer(
+    settings: WriterSettings, transactional_id: str, *, message_bytes: int = 0
+) -> Producer:
     """A transactional producer after ``init_transactions``: every older one with that id is
-    fenced and its open transaction aborted (or completed, if its commit had begun)."""
+    fenced and its open transaction aborted (or completed, if its commit had begun).
+    ``message_bytes``: a larger message than the link's largest record it must write."""
     conf = base_conf(settings)
     conf.update(
         {
@@ -55,7 +58,7 @@ def init_producer(settings: WriterSettings, transactional_id: str) -> Producer:
         }
     )
     # librdkafka refuses a message over message.max.bytes (1 MB by default) by itself
-    needed = record_limit(settings.max_record_size)
+    needed = max(record_limit(settings.max_record_size), message_bytes)
     if int(conf.get("message.max.bytes", 0) or 0) < needed:
         conf["message.max.bytes"] = needed
     producer = kafka.producer(conf)

@@ -40,9 +40,12 @@ from dedup import spark_compat
 from dedup.classify import classify
 from dedup.config import DedupConfig
 from dedup.detect import DetectParams, detect_group
+from dedup.direct_state import STATE_RECORD_LIMIT
 from dedup.gaps import GapStateError
 from dedup.rows import OUTPUT_DDL
 from dedup.state_layout import LAYOUT_FILE, StateLayout, decide
+from dedup.writer_settings import KAFKA_TIMEOUT_S
+from runtime import kafka
 
 if TYPE_CHECKING:
     from dedup.writer import TransactionalBatchWriter
@@ -79,6 +82,15 @@ JVM_OPTIONS = "-XX:+UseParallelGC"
 #: 20,000 records/s and no measured CPU cost (docs/benchmarks.md "The parallel collector").
 #: The Python workers the JVM starts inherit it. Set in the environment first to choose another.
 JVM_ENV = {"MALLOC_ARENA_MAX": "2"}
+
+#: The direct layout's state topic (created by the job): a record holds a raw partition's whole
+#: container of detectors, and compaction keeps each key's last; segments roll every 10 minutes
+#: so that the cleaner can drop the older records (one per raw partition and batch).
+STATE_TOPIC_CONFIG = {
+    "max.message.bytes": str(STATE_RECORD_LIMIT),
+    "segment.ms": "600000",
+    "min.cleanable.dirty.ratio": "0.1",
+}
 
 CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 
@@ -156,12 +168,17 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
     return spark
 
 
-def raw_stream(spark: SparkSession, config: DedupConfig) -> DataFrame:
-    """Spark's Kafka source over the raw topic(s) and the control topic."""
+def raw_stream(
+    spark: SparkSession, config: DedupConfig, topics: tuple[str, ...] | None = None
+) -> DataFrame:
+    """Spark's Kafka source over ``topics``: the raw topic(s) and the control topic by default
+    (the direct layout reads its raw topic alone)."""
+    if topics is None:
+        topics = (*config.raw_topics, config.control_topic)
     reader = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", config.bootstrap_servers)
-        .option("subscribe", ",".join((*config.raw_topics, config.control_topic)))
+        .option("subscribe", ",".join(topics))
         .option("includeHeaders", "true")
         .option("startingOffsets", "earliest")
         .option("failOnDataLoss", str(config.fail_on_data_loss).lower())
@@ -172,15 +189,20 @@ def raw_stream(spark: SparkSession, config: DedupConfig) -> DataFrame:
     return reader.load()
 
 
-def detected(classified: DataFrame, config: DedupConfig, layout: StateLayout) -> DataFrame:
-    """The stateful step: per bucket (or per source partition), the detector over each batch."""
-    params = DetectParams(
+def detect_params(config: DedupConfig) -> DetectParams:
+    """The detectors' settings, as the executors get them."""
+    return DetectParams(
         window_size=config.window_size,
         max_windows=config.max_windows,
         max_expired_gaps=config.max_expired_gaps,
         max_state_bytes=config.max_state_bytes,
         scan_interval_ms=max(1, round(config.gap_emit_interval_sec * 1000)),
     )
+
+
+def detected(classified: DataFrame, config: DedupConfig, layout: StateLayout) -> DataFrame:
+    """The stateful step: per bucket (or per source partition), the detector over each batch."""
+    params = detect_params(config)
 
     def func(
         key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
@@ -208,14 +230,19 @@ def start_query(
     # are compacted (latest gap state per key; markers are small either way).
     writer.ensure_topics([config.control_topic], partitions=1)
     writer.ensure_topics([config.gap_topic, config.progress_topic], compact=True)
-    raw = raw_stream(spark, config)
     topics = (*config.raw_topics, config.control_topic)
     if transform is not None:
-        output = transform(raw)
+        output = transform(raw_stream(spark, config))
     else:
-        layout = state_layout(spark, config)
-        keys = bucket_keys(spark, layout) if layout.bucketed else None
-        output = detected(classify(raw, topics, keys, layout.state_partitions), config, layout)
+        layout = state_layout(spark, config, raw_partition_count(config))
+        if layout.direct:
+            start_direct(writer, config, layout)
+            raw = raw_stream(spark, config, config.raw_topics)
+            output = classify(raw, config.raw_topics, direct=True)
+        else:
+            keys = bucket_keys(spark, layout) if layout.bucketed else None
+            raw = raw_stream(spark, config)
+            output = detected(classify(raw, topics, keys, layout.state_partitions), config, layout)
     query = (
         output.writeStream.queryName("kafka-diode-dedup")
         .foreachBatch(writer)
@@ -230,7 +257,57 @@ def start_query(
 # -- the checkpoint's state layout (driver) ----------------------------------------------------
 
 
-def state_layout(spark: SparkSession, config: DedupConfig) -> StateLayout:
+def raw_partition_count(config: DedupConfig) -> int:
+    """The first raw topic's partition count (0 if it does not exist yet)."""
+    conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
+    return kafka.topic_partitions(conf, config.raw_topics[0], KAFKA_TIMEOUT_S)
+
+
+def start_direct(
+    writer: TransactionalBatchWriter, config: DedupConfig, layout: StateLayout
+) -> None:
+    """Ready a direct checkpoint's run: its state topic, one partition per raw partition, and the
+    writer mapping batches with the direct task (``dedup/direct.py``).
+
+    Raises:
+        GapStateError: several raw topics, a raw topic that does not exist yet, or a state
+            topic with fewer partitions than the raw topic.
+    """
+    if len(config.raw_topics) != 1:
+        raise GapStateError(
+            f"this checkpoint has the direct layout, which reads one raw topic, and RAW_TOPICS "
+            f"names {len(config.raw_topics)}: set RAW_TOPICS back to its one topic "
+            '(docs/dedup.md "The direct layout")'
+        )
+    if layout.raw_partitions < 1:
+        raise GapStateError(
+            f"raw topic {config.raw_topics[0]!r} does not exist yet, and the direct layout takes "
+            "its partition count at the first start: start the receiver first (it creates the "
+            'topic) or create it (docs/dedup.md "The direct layout")'
+        )
+    found = writer.ensure_topics(
+        [config.state_topic],
+        compact=True,
+        partitions=layout.raw_partitions,
+        config=STATE_TOPIC_CONFIG,
+    )
+    if found.get(config.state_topic, 0) < layout.raw_partitions:
+        raise GapStateError(
+            f"state topic {config.state_topic!r} has {found.get(config.state_topic)} partitions "
+            f"and the raw topic {layout.raw_partitions}: it needs one per raw partition (delete "
+            "it while no dedup runs, or name another STATE_TOPIC for a new checkpoint)"
+        )
+    writer.direct = detect_params(config)
+    writer.direct_partitions = layout.raw_partitions
+    log.info(
+        "state layout: direct (one task per partition of %s, %d partitions; state in %s)",
+        config.raw_topics[0],
+        layout.raw_partitions,
+        config.state_topic,
+    )
+
+
+def state_layout(spark: SparkSession, config: DedupConfig, raw_partitions: int = 0) -> StateLayout:
     """The checkpoint's layout (``dedup/state_layout.py``), recorded for a new checkpoint.
 
     Through Hadoop's file system, as Spark reads the checkpoint (local, HDFS, object stores).
@@ -253,13 +330,23 @@ def state_layout(spark: SparkSession, config: DedupConfig) -> StateLayout:
         recorded,
         has_offsets=has_offsets,
         state_partitions=config.effective_shuffle_partitions(),
+        new_kind=config.state_layout,
+        raw_partitions=raw_partitions,
     )
+    if has_offsets and layout.kind not in {config.state_layout, "partitions"}:
+        log.warning(
+            "STATE_LAYOUT=%s applies to new checkpoints; this one keeps its layout, %s",
+            config.state_layout,
+            layout.kind,
+        )
     if not has_offsets:
         out = fs.create(marker, True)
         try:
             out.write(bytearray(layout.to_json().encode()))
         finally:
             out.close()
+    if layout.direct:
+        return layout  # logged by start_direct
     log.info(
         "state layout: %s%s",
         layout.kind,

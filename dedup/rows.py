@@ -22,6 +22,8 @@ import struct
 from collections.abc import Sequence
 from typing import Final
 
+import pyarrow as pa
+
 KIND_RUN: Final = "run"
 KIND_GAP: Final = "gap"
 KIND_STAT: Final = "stat"
@@ -59,6 +61,15 @@ OUTPUT_COLUMNS: Final = (
 )
 OUTPUT_DDL: Final = ", ".join(f"{name} {kind}" for name, kind in OUTPUT_COLUMNS)
 COLUMN_NAMES: Final = tuple(name for name, _ in OUTPUT_COLUMNS)
+_ARROW_TYPES: Final = {
+    "string": pa.string(),
+    "int": pa.int32(),
+    "bigint": pa.int64(),
+    "binary": pa.binary(),
+}
+#: The same columns as Arrow types: the direct layout (``dedup/direct.py``) builds its rows in
+#: the task that writes them, without Spark in between.
+OUTPUT_SCHEMA: Final = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in OUTPUT_COLUMNS])
 
 _PAIR: Final = struct.Struct("<qq")
 

@@ -63,7 +63,7 @@ def run(
     jars = [str(path) for path in spark_connector_jars()]
     spark = job.build_session(config, jars)
     query = job.start_query(spark, config, writer)
-    ticker, close_ticks = idle_ticker(config)
+    ticker, close_ticks = idle_ticker(config, writer.direct_partitions)
     requests = service.StopRequests(
         on_stop,
         on_again=lambda _signame: query.stop(),
@@ -239,8 +239,14 @@ def _graceful_stop(query: Any, writer: Any) -> None:
     query.stop()
 
 
-def idle_ticker(config: DedupConfig) -> tuple[IdleTicker, Callable[[], None]]:
-    """The driver's ticker over a producer to the control topic, and what closes it."""
+def idle_ticker(
+    config: DedupConfig, raw_partitions: int = 0
+) -> tuple[IdleTicker, Callable[[], None]]:
+    """The driver's ticker over a producer to the control topic, and what closes it.
+
+    ``raw_partitions`` > 0 (the direct layout, ``dedup/direct.py``): a tick goes into each
+    partition of the raw topic instead, since each raw partition's own task runs its gap scans.
+    """
     from common import raw_topic  # noqa: PLC0415
 
     producer = kafka.producer({"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf})
@@ -249,14 +255,22 @@ def idle_ticker(config: DedupConfig) -> tuple[IdleTicker, Callable[[], None]]:
         if err is not None:  # the next idle interval writes another
             log.warning("a tick to %s was not written: %s", config.control_topic, err)
 
+    targets = (
+        [(config.raw_topics[0], p) for p in range(raw_partitions)]
+        if raw_partitions
+        else [(config.control_topic, -1)]
+    )
+
     def write_tick() -> None:
-        producer.produce(
-            config.control_topic,
-            b"",
-            b"tick",
-            headers=raw_topic.TICK_HEADERS,
-            on_delivery=delivered,
-        )
+        for topic, partition in targets:
+            producer.produce(
+                topic,
+                b"",
+                b"tick",
+                partition,
+                headers=raw_topic.TICK_HEADERS,
+                on_delivery=delivered,
+            )
         producer.poll(0)
 
     def close() -> None:
@@ -288,6 +302,7 @@ def writer_settings(config: DedupConfig, cls: Any) -> Any:
         clean_topic=config.clean_topic,
         gap_topic=config.gap_topic,
         progress_topic=config.progress_topic,
+        state_topic=config.state_topic,
         transactional_id=config.writer_transactional_id,
         new_topic_partitions=config.new_topic_partitions,
         new_topic_replication=config.new_topic_replication,

@@ -5,6 +5,9 @@
   partitions (``dedup/buckets.py``).
 - **partitions** (checkpoints created before it): one group per source (topic, partition), the
   detector's bytes as the state value.
+- **direct** (``STATE_LAYOUT=direct`` for a new checkpoint): no stateful step; one task per raw
+  partition keeps its detectors in the state topic (``dedup/direct.py``). The raw topic's
+  partition count is recorded: the receiver places a source partition by it, so it may not change.
 
 Spark keys a checkpoint's state by the grouping key and cannot move state between keys, so a
 checkpoint keeps the layout it was created with. The choice is recorded in a small JSON file in
@@ -28,6 +31,7 @@ from dedup.gaps import GapStateError
 LAYOUT_FILE: Final = "kafka-diode-state-layout.json"
 BUCKETS: Final = "buckets"
 PARTITIONS: Final = "partitions"
+DIRECT: Final = "direct"
 #: Buckets per state partition in a new checkpoint. More than one bounds a bucket's state (the
 #: sum of its source partitions' detectors, one Spark state value: ~256 MiB round-trips, ~1.1 GiB
 #: fails, measured) at a few milliseconds per bucket and batch.
@@ -42,6 +46,12 @@ class StateLayout:
     kind: str
     state_partitions: int = 0
     buckets_per_partition: int = 0
+    raw_partitions: int = 0
+    """The raw topic's partition count when a direct checkpoint was created (direct only)."""
+
+    @property
+    def direct(self) -> bool:
+        return self.kind == DIRECT
 
     @property
     def bucketed(self) -> bool:
@@ -52,6 +62,8 @@ class StateLayout:
         return self.state_partitions * self.buckets_per_partition
 
     def to_json(self) -> str:
+        if self.direct:
+            return json.dumps({"layout": DIRECT, "raw_partitions": self.raw_partitions})
         return json.dumps(
             {
                 "layout": self.kind,
@@ -61,17 +73,30 @@ class StateLayout:
         )
 
 
-def decide(recorded: str | None, *, has_offsets: bool, state_partitions: int) -> StateLayout:
+def decide(
+    recorded: str | None,
+    *,
+    has_offsets: bool,
+    state_partitions: int,
+    new_kind: str = BUCKETS,
+    raw_partitions: int = 0,
+) -> StateLayout:
     """The layout of a checkpoint.
 
     ``recorded`` is ``LAYOUT_FILE``'s text (None if absent), ``has_offsets`` whether Spark has
     planned a batch in it, ``state_partitions`` the configured ``SHUFFLE_PARTITIONS`` (Spark
     fixes it for a checkpoint at its first batch, so it counts only for a new one).
+    ``new_kind`` is ``STATE_LAYOUT`` (for a new checkpoint) and ``raw_partitions`` the raw
+    topic's partition count now.
 
     Raises:
         GapStateError: the file exists but is not one this version wrote.
     """
-    new = StateLayout(BUCKETS, state_partitions, BUCKETS_PER_PARTITION)
+    new = (
+        StateLayout(DIRECT, raw_partitions=raw_partitions)
+        if new_kind == DIRECT
+        else StateLayout(BUCKETS, state_partitions, BUCKETS_PER_PARTITION)
+    )
     if recorded is None:
         # a checkpoint with offsets and no record is from before this file
         return StateLayout(PARTITIONS) if has_offsets else new
@@ -87,6 +112,19 @@ def decide(recorded: str | None, *, has_offsets: bool, state_partitions: int) ->
         ) from exc
     if kind == PARTITIONS:
         return StateLayout(PARTITIONS)
+    if kind == DIRECT:
+        if not has_offsets:
+            return new
+        recorded_raw = int(fields.get("raw_partitions", 0))
+        if recorded_raw != raw_partitions:
+            raise GapStateError(
+                f"this direct checkpoint was created for a raw topic of {recorded_raw} "
+                f"partitions, and it has {raw_partitions} now: the receiver places each source "
+                "partition by that count, so each raw partition's state no longer holds its "
+                "source partitions. Give the raw topic its old partition count back, or start a "
+                'new checkpoint (docs/dedup.md "The direct layout")'
+            )
+        return StateLayout(DIRECT, raw_partitions=recorded_raw)
     if kind == BUCKETS and partitions >= 1 and per_partition >= 1:
         # before its first planned batch, Spark takes the configured count, so the record does
         return StateLayout(BUCKETS, partitions, per_partition) if has_offsets else new

@@ -153,9 +153,9 @@ class PartitionWriter:
                     producer.begin_transaction()
                 result.records += record_count(runs)
                 result.gaps += gap_rows.num_rows
-                with _gc_paused():
-                    self._produce_records(producer, runs, result)
-                self._produce_gaps(producer, gap_rows)
+                with gc_paused():
+                    self.produce_records(producer, runs, result)
+                self.produce_gaps(producer, gap_rows)
             if skipped:
                 return BatchResult(batch_id, skipped=True, fenced=True)
             if producer is None:
@@ -233,7 +233,7 @@ class PartitionWriter:
             self._clean_names[source_topic] = name
         return name
 
-    def _produce_records(
+    def produce_records(
         self, producer: Producer, runs: pa.RecordBatch, result: BatchResult
     ) -> None:
         """Produce the first-seen records of one batch's ``run`` rows (the hot loop); counts in
@@ -283,7 +283,7 @@ class PartitionWriter:
         result.payload_bytes += payload_bytes
         result.record_bytes += record_bytes
 
-    def _produce_gaps(self, producer: Producer, gap_rows: pa.RecordBatch) -> None:
+    def produce_gaps(self, producer: Producer, gap_rows: pa.RecordBatch) -> None:
         if gap_rows.num_rows == 0:
             return
         topic = self.settings.gap_topic
@@ -308,7 +308,7 @@ def record_count(runs: pa.Table | pa.RecordBatch) -> int:
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
+def gc_paused() -> Iterator[None]:
     """Pause Python's cyclic garbage collector for the re-read + produce loop.
 
     The loop allocates a Message, a header list and four header tuples per record; the

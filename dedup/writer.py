@@ -54,10 +54,12 @@ import pyarrow.compute as pc
 from common.errors import ServiceError
 from common.topic_limits import TimestampWindow
 from dedup.clean_topics import checked_clean_topic, ensure_topics
+from dedup.detect import DetectParams
+from dedup.direct import DirectSpec, direct_task
 from dedup.faults import fault
 from dedup.fence import init_producer, read_last_marker
 from dedup.metrics import DedupMetrics
-from dedup.rows import STAT_COLUMNS
+from dedup.task_result import RESULT_DDL, task_attempt, task_result
 from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER, PartitionWriter
 from dedup.worker_heap import FreezeOnLoad
 from dedup.writer_settings import BatchResult, WriterSettings
@@ -66,36 +68,6 @@ log = logging.getLogger(__name__)
 
 #: How long the writer waits for the query id after the query started (start() returns fast).
 BIND_TIMEOUT_S = 120.0
-
-
-#: Columns of what a write task hands back to the driver (``mapInArrow``'s output, as DDL so
-#: this module needs no pyspark import): the ``stat`` rows of its partition unchanged, plus one
-#: ``task`` row with what the task wrote.
-RESULT_COLUMNS = (
-    ("kind", "string"),
-    ("src_topic", "string"),
-    ("src_partition", "int"),
-    *((name, "bigint") for name in STAT_COLUMNS),
-    ("state_bytes", "bigint"),
-    ("task_partition", "int"),
-    ("attempt", "int"),
-    ("records", "bigint"),
-    ("gaps", "bigint"),
-    ("replaced", "bigint"),
-    ("payload_bytes", "bigint"),
-    ("record_bytes", "bigint"),
-    ("skipped", "boolean"),
-    ("fence_ms", "bigint"),
-    ("write_ms", "bigint"),
-)
-RESULT_DDL = ", ".join(f"{name} {kind}" for name, kind in RESULT_COLUMNS)
-_ARROW_TYPES = {
-    "string": pa.string(),
-    "int": pa.int32(),
-    "bigint": pa.int64(),
-    "boolean": pa.bool_(),
-}
-RESULT_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in RESULT_COLUMNS])
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +122,11 @@ class TransactionalBatchWriter:
         self.in_batch = False
         #: the last batch's task rows (tests, bench)
         self.last_tasks: pa.Table | None = None
+        #: the direct layout's detector settings (``dedup/direct.py``), set by ``dedup/job.py``
+        #: for a direct checkpoint: the batches are then the classified source, not detected rows
+        self.direct: DetectParams | None = None
+        #: the raw topic's partitions in the direct layout (each gets the idle ticks), else 0
+        self.direct_partitions = 0
         #: set by ``request_stop``; ``between_batches`` is set when a batch call returns after it
         self._stop_requested = threading.Event()
         self.between_batches = threading.Event()
@@ -169,10 +146,18 @@ class TransactionalBatchWriter:
         """Nothing to release: every transaction is complete when its task returns."""
 
     def ensure_topics(
-        self, topics: Iterable[str], *, compact: bool = False, partitions: int | None = None
-    ) -> None:
-        """Create those of ``topics`` that do not exist (clean: NEW_TOPIC_PARTITIONS; else 1)."""
-        ensure_topics(self.settings, topics, compact=compact, partitions=partitions)
+        self,
+        topics: Iterable[str],
+        *,
+        compact: bool = False,
+        partitions: int | None = None,
+        config: Mapping[str, str] | None = None,
+    ) -> dict[str, int]:
+        """Create those of ``topics`` that do not exist (clean: NEW_TOPIC_PARTITIONS; else 1);
+        each one's partition count."""
+        return ensure_topics(
+            self.settings, topics, compact=compact, partitions=partitions, config=config
+        )
 
     def _start(self) -> int:
         """Fence the single driver-side writer of earlier versions; its last batch (the floor).
@@ -233,15 +218,28 @@ class TransactionalBatchWriter:
             self.batches_seen += 1
             self.last_input_at = time.monotonic()
             return
-        spec = TaskSpec(
-            settings=self.settings,
-            query_id=self._query_id or "",
-            batch_id=batch_id,
-            floor=self._floor,
-            windows=dict(self._windows),
-        )
+        if self.direct is not None:
+            # the direct layout: one task per raw partition detects and writes (dedup/direct.py)
+            direct = DirectSpec(
+                settings=self.settings,
+                params=self.direct,
+                query_id=self._query_id or "",
+                batch_id=batch_id,
+                now_ms=int(time.time() * 1000),
+                windows=dict(self._windows),
+            )
+            task: Any = functools.partial(direct_task, direct)
+        else:
+            spec = TaskSpec(
+                settings=self.settings,
+                query_id=self._query_id or "",
+                batch_id=batch_id,
+                floor=self._floor,
+                windows=dict(self._windows),
+            )
+            task = functools.partial(write_partition_task, spec)
         # One action; no shuffle between the stateful step and the tasks (see the class doc).
-        table = df.mapInArrow(functools.partial(write_partition_task, spec), RESULT_DDL).toArrow()
+        table = df.mapInArrow(task, RESULT_DDL).toArrow()
         fault("driver-after-commit", batch_id, 0)
         self.last = self.account(table, batch_id)
         self.batches_seen += 1
@@ -347,36 +345,5 @@ def write_partition_task(
         )
     finally:
         writer.close()
-    fence_ms = writer.fence_ms
-    stats = pa.Table.from_batches(stat_parts) if stat_parts else None
     write_ms = round((time.monotonic() - started) * 1000)
-    n = 0 if stats is None else stats.num_rows
-    columns: dict[str, list[Any]] = {name: [None] * (n + 1) for name in RESULT_SCHEMA.names}
-    columns["kind"] = ["stat"] * n + ["task"]
-    if stats is not None:
-        for name in ("src_topic", "src_partition", *STAT_COLUMNS, "state_bytes"):
-            columns[name][:n] = stats.column(name).to_pylist()
-    columns["task_partition"] = [partition] * (n + 1)
-    columns["attempt"][n] = attempt
-    columns["records"][n] = 0 if result.fenced else result.records
-    columns["gaps"][n] = 0 if result.fenced else result.gaps
-    columns["replaced"][n] = 0 if result.fenced else result.replaced
-    columns["payload_bytes"][n] = result.payload_bytes
-    columns["record_bytes"][n] = result.record_bytes
-    columns["skipped"][n] = result.fenced
-    columns["fence_ms"][n] = fence_ms
-    columns["write_ms"][n] = write_ms
-    yield from pa.Table.from_pydict(columns, schema=RESULT_SCHEMA).to_batches()
-
-
-def task_attempt() -> tuple[int, int]:
-    """(partition, attempt number) of the Spark task this code runs in (on an executor).
-
-    The partition is the stateful step's: ``foreachBatch`` maps the batch without a shuffle.
-    """
-    from pyspark import TaskContext  # noqa: PLC0415  only inside a task; --help stays light
-
-    context = TaskContext.get()
-    if context is None:
-        raise RuntimeError("not inside a Spark task")
-    return context.partitionId(), context.attemptNumber()
+    yield from task_result(partition, attempt, result, stat_parts, writer.fence_ms, write_ms)

@@ -37,6 +37,9 @@ class WriterSettings:
     consumer, created topics and the check of existing clean topics."""
     kafka_conf: Mapping[str, str] = field(default_factory=dict)
     """librdkafka pass-through properties."""
+    state_topic: str = "kafka-diode.dedup.state"
+    """The direct layout's state records (``dedup/direct_state.py``): compacted, one partition
+    per raw partition."""
     raw_topics: tuple[str, ...] = ()
     """The topics the query reads, ``(*RAW_TOPICS, CONTROL_TOPIC)``: ``raw_topic`` indexes it."""
 

@@ -251,6 +251,22 @@ def cluster_metadata(conf: Mapping[str, Any], timeout: float) -> tuple[int, list
     return len(meta.brokers), list(meta.topics)
 
 
+def topic_partitions(conf: Mapping[str, Any], topic: str, timeout: float) -> int:
+    """How many partitions ``topic`` has; 0 if it does not exist.
+
+    Raises:
+        KafkaClientError: the cluster did not answer within ``timeout`` seconds.
+    """
+    try:
+        meta = admin(conf).list_topics(topic, timeout=timeout)
+    except KafkaException as exc:
+        raise error(exc, f"cannot reach Kafka at {conf.get('bootstrap.servers', '?')}") from exc
+    found = meta.topics.get(topic)
+    if found is None or found.error is not None:
+        return 0
+    return len(found.partitions)
+
+
 def topic_config(conf: Mapping[str, Any], topic: str, timeout: float) -> dict[str, str]:
     """``{setting: value}`` of ``topic`` as the broker applies it (defaults included).
 

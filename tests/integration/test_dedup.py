@@ -155,10 +155,16 @@ def kill_once_committed(
 SLOW_LINK = {"PERSIST_INTERVAL_MS": "5000"}
 
 
-@pytest.mark.parametrize("batching", ["every trigger", "slow link"])
-def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path, batching) -> None:
+@pytest.mark.parametrize(
+    ("batching", "layout"),
+    [("every trigger", "buckets"), ("slow link", "buckets"), ("every trigger", "direct")],
+)
+def test_clean_and_gap_topics_are_exact(
+    downstream_kafka, kafka_topic, tmp_path, batching, layout
+) -> None:
     """``slow link``: the trigger docs/dedup.md suggests for a slow link; the ticks' batches wait
-    for it too, and the gaps still need two scans."""
+    for it too, and the gaps still need two scans. ``direct``: the direct layout
+    (docs/dedup.md "The direct layout"), whose gap scans run on ticks into the raw partitions."""
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
     # partition 3: its first datagram (offsets 0..9) was lost; only the heartbeat's low_offset
@@ -198,7 +204,7 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path,
 
     # four source partitions: the clean topic needs four (source partition p -> clean p mod n)
     create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=4)
-    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": layout}
     if batching == "slow link":
         env |= SLOW_LINK
     finish(run_dedup(env, "--until-idle", "8" if batching == "every trigger" else "16"))
@@ -222,6 +228,8 @@ def test_clean_and_gap_topics_are_exact(downstream_kafka, kafka_topic, tmp_path,
     }
     assert {g["topic"] for g in latest.values()} == {SOURCE}
     assert open_offsets == {(p, o) for p, offs in missing.items() for o in offs}
+    layout_file = json.loads((Path(env["STATE_DIR_CONFIG"]) / LAYOUT_FILE).read_text())
+    assert layout_file["layout"] == layout
 
 
 def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
@@ -264,7 +272,12 @@ def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
 
 @pytest.mark.parametrize(
     ("layout", "first_commits"),
-    [("buckets", "changelogs"), ("partitions", "changelogs"), ("buckets", "snapshots")],
+    [
+        ("buckets", "changelogs"),
+        ("partitions", "changelogs"),
+        ("buckets", "snapshots"),
+        ("direct", "state topic"),
+    ],
 )
 def test_sigkill_and_restart_neither_duplicates_nor_loses(
     downstream_kafka, kafka_topic, tmp_path, layout, first_commits
@@ -290,6 +303,8 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
            "MAX_OFFSETS_PER_TRIGGER": "30", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
     clean_topic = f"clean.{tag}.{SOURCE}"
     record = Path(env["STATE_DIR_CONFIG"]) / LAYOUT_FILE
+    if layout == "direct":
+        env["STATE_LAYOUT"] = "direct"
     if layout == "partitions":
         record.parent.mkdir(parents=True)
         record.write_text('{"layout": "partitions"}')
@@ -310,7 +325,8 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     assert bool(list(state_dir.rglob("*.changelog"))) == (first_commits == "changelogs")
 
     finish(run_dedup(env, "--until-idle", "8"))
-    assert list(state_dir.rglob("*.changelog"))
+    # the direct layout keeps no Spark state at all (its detectors are in the state topic)
+    assert bool(list(state_dir.rglob("*.changelog"))) == (layout != "direct")
     clean = consume_all(downstream_kafka, clean_topic, timeout=60)
     counts = Counter((r.partition, r.timestamp) for r in clean)
     assert [k for k, n in counts.items() if n > 1] == []
@@ -332,8 +348,9 @@ def run_record(partition: int, first: int, last: int, stride: int = 1, *,
     )
 
 
+@pytest.mark.parametrize("layout", ["buckets", "direct"])
 def test_a_raw_topic_with_v1_records_then_v2_runs_is_carried_exactly_once(
-    downstream_kafka, kafka_topic, tmp_path
+    downstream_kafka, kafka_topic, tmp_path, layout
 ) -> None:
     """An upgrade: v1 records first, then runs that repeat some of them (a whole copy, a resend
     that partly overlaps), a share chain's stride run, and a run whose value lies about its key
@@ -354,7 +371,7 @@ def test_a_raw_topic_with_v1_records_then_v2_runs_is_carried_exactly_once(
     records += [liar, run_record(2, 11, 20), heartbeat(2, 20, low=0)]
     produce_records(downstream_kafka, raw, records)
     create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=3)
-    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": layout}
     finish(run_dedup(env, "--until-idle", "8"))
 
     clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)

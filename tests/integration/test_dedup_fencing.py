@@ -176,13 +176,13 @@ def test_the_write_streams_its_batches_into_one_transaction(downstream_kafka) ->
     settings, query = setup(bootstrap)
     writer = PartitionWriter(settings, query, 0)
     events: list[str] = []
-    produce = writer._produce_records
+    produce = writer.produce_records
 
     def produce_logged(*args, **kwargs) -> None:
         events.append("produce")
         produce(*args, **kwargs)
 
-    writer._produce_records = produce_logged  # type: ignore[method-assign]
+    writer.produce_records = produce_logged  # type: ignore[method-assign]
 
     def batches():
         for first in range(0, RECORDS, 10):

@@ -15,7 +15,8 @@ import pytest
 
 from dedup.metrics import DedupMetrics
 from dedup.rows import STAT_COLUMNS
-from dedup.writer import RESULT_SCHEMA, TransactionalBatchWriter
+from dedup.task_result import RESULT_SCHEMA
+from dedup.writer import TransactionalBatchWriter
 from dedup.writer_settings import WriterSettings
 
 SETTINGS = WriterSettings(

@@ -191,12 +191,12 @@ def test_a_partition_over_its_share_of_the_bucket_evicts_and_says_why(
     rows = detect.Rows.from_frame(
         pd.DataFrame([_row("a", 0, False, o, 1) for o in range(0, 16 * 4096, 2)])
     )
-    out = detect._Output()
+    out = detect.Output()
     detect.detect_partition(params, "a", 0, rows, None, 10_000, out, share)
     stats = out.frame().query("kind == 'stat'")
     assert stats["budget_evictions"].tolist()[0] > 0
     assert "share of its bucket" in caplog.text
-    full = detect._Output()
+    full = detect.Output()
     detect.detect_partition(params, "a", 0, rows, None, 10_000, full)  # the setting's budget
     assert full.frame().query("kind == 'stat'")["budget_evictions"].tolist() == [0]
 

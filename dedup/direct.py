@@ -1,0 +1,344 @@
+"""The direct layout: one task per raw partition detects, writes and keeps its own state.
+
+Runs in the **executors** (``direct_task``, mapped by the driver's ``TransactionalBatchWriter``
+over each micro-batch of the classified source: Spark's Kafka source makes one task per raw
+topic-partition, and nothing shuffles). No stateful operator and no RocksDB: the detectors of
+every source partition the raw partition carries live in one record of ``STATE_TOPIC``
+(``dedup/direct_state.py``), written in the same Kafka transaction as the clean records, the
+gap records it produces, so the state and the output commit or abort together.
+
+The receiver writes every record, heartbeat and withheld range of a source partition into one
+raw partition (``p mod N``), so one task sees all of a source partition's input; the layout
+needs one raw topic (chains merge several, which the stateful layouts handle) and a fixed
+partition count (checked by the driver, ``dedup/job.py``).
+
+Effectively once (docs/dedup.md "The direct layout"), per (batch ``N``, raw partition ``p``):
+
+1. every task attempt creates a producer with ``transactional.id`` =
+   ``<TRANSACTIONAL_ID>-<raw topic>-<p>`` and calls ``init_transactions``, which fences every
+   older attempt (retries, zombies, a crashed driver's tasks) and aborts or completes its open
+   transaction;
+2. only then does it read the last committed state record of ``p`` (``read_committed``): its
+   ``batch_id`` ``M`` says which batch it completes. ``N <= M``: the batch was committed before
+   Spark heard of it, and the attempt writes nothing. Otherwise the record's detectors are the
+   state after every earlier batch (a batch without input for ``p`` changes nothing of it);
+3. the attempt observes its input, produces the first-seen records, the gap reports and the new
+   state record, and commits once. Spark writes its commit log only after every task returned.
+
+So, unlike the stateful layouts, a replay need not compute the same output: committed work is
+never redone, and ``now`` is the driver's clock at the batch.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+
+from common.errors import ServiceError
+from common.topic_limits import TimestampWindow
+from dedup.buckets import BucketState
+from dedup.detect import KIND_TICK, DetectParams, Output, Rows, detect_bucket_rows
+from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
+from dedup.faults import fault, fault_during
+from dedup.fence import base_conf, init_producer
+from dedup.rows import KIND_GAP, KIND_RUN, KIND_STAT
+from dedup.task_result import task_attempt, task_result
+from dedup.transaction import PartitionWriter, gc_paused, record_count
+from dedup.worker_heap import FreezeOnLoad
+from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult, WriterSettings
+from runtime import kafka
+
+log = logging.getLogger(__name__)
+
+#: The classified columns the detectors read (``dedup/classify.py``; the rest stay in Arrow).
+INPUT_COLUMNS = (
+    "kind",
+    "src_topic",
+    "src_partition",
+    "src_offset",
+    "src_last",
+    "stride",
+    "payload",
+    "h_keys",
+    "h_values",
+    "hb_low",
+    "hb_started",
+    "hb_chain",
+)
+#: State records read per step when searching a state partition backwards for this key's last
+#: one (with one raw topic, the partition's last committed record is it).
+STATE_SCAN_STEP = 8
+
+
+def transactional_id(base: str, raw_topic: str, raw_partition: int) -> str:
+    """The ``transactional.id`` of one raw partition's task."""
+    return f"{base}-{raw_topic}-{raw_partition}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class DirectSpec:
+    """What one micro-batch's direct tasks need (pickled with the task function)."""
+
+    settings: WriterSettings
+    """The writer's settings (``state_topic`` among them)."""
+    params: DetectParams
+    """The detectors' settings."""
+    query_id: str
+    """Spark's query id (stable per checkpoint): the state records' key prefix."""
+    batch_id: int
+    """The micro-batch."""
+    now_ms: int
+    """The driver's clock when it started the batch: the gap scans' time."""
+    windows: Mapping[str, TimestampWindow] = field(default_factory=dict)
+    """Clean topics the driver checked at start-up and the timestamps each accepts."""
+    heap: FreezeOnLoad = field(default_factory=FreezeOnLoad)
+    """Unpickled in a Python worker, freezes its loaded code out of the collector's walks."""
+
+
+def direct_task(spec: DirectSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One raw partition's task of one micro-batch (``mapInArrow``; runs in an executor)."""
+    _, attempt = task_attempt()
+    started = time.monotonic()
+    nonempty = (b for b in batches if b.num_rows)
+    first = next(nonempty, None)
+    if first is None:
+        return  # no input: no fence, no state read, nothing written
+    raw_topic, raw_partition = _source_of(first)
+    task = DirectPartition(spec, raw_topic, raw_partition)
+    stat_parts: list[pa.RecordBatch] = []
+    result = task.run(itertools.chain((first,), nonempty), stat_parts.append)
+    write_ms = round((time.monotonic() - started) * 1000)
+    yield from task_result(raw_partition, attempt, result, stat_parts, task.fence_ms, write_ms)
+
+
+def _source_of(batch: pa.RecordBatch) -> tuple[str, int]:
+    """The one raw topic-partition of ``batch``.
+
+    Raises:
+        ServiceError: rows of several raw partitions in one task: Spark's source was told to
+            split or merge partitions (``KAFKA_SOURCE_MINPARTITIONS`` and the like), which the
+            configuration refuses; nothing is written.
+    """
+    topics = pc.unique(batch.column("raw_topic"))
+    partitions = pc.unique(batch.column("raw_partition"))
+    if len(topics) != 1 or len(partitions) != 1:
+        raise ServiceError(
+            "a direct task got rows of several raw partitions "
+            f"({topics.to_pylist()} / {partitions.to_pylist()}): Spark's Kafka source must make "
+            "one task per raw partition (unset KAFKA_SOURCE_MINPARTITIONS and "
+            "KAFKA_SOURCE_MAXRECORDSPERPARTITION)"
+        )
+    return str(topics[0].as_py()), int(partitions[0].as_py())
+
+
+class DirectPartition:
+    """One raw partition's transaction of one batch: fence, state, detect, write, commit."""
+
+    def __init__(self, spec: DirectSpec, raw_topic: str, raw_partition: int) -> None:
+        self.spec = spec
+        self.settings = spec.settings
+        self.raw_topic = raw_topic
+        self.raw_partition = raw_partition
+        self.transactional_id = transactional_id(
+            spec.settings.transactional_id, raw_topic, raw_partition
+        )
+        self.key = state_key(spec.query_id, raw_topic, raw_partition)
+        #: the clean topics' names, partition counts and timestamp checks (no producer of its own)
+        self.clean = PartitionWriter(
+            spec.settings, spec.query_id, raw_partition, windows=spec.windows
+        )
+        #: milliseconds of the fence and the state read
+        self.fence_ms = 0
+
+    def run(
+        self,
+        batches: Iterable[pa.RecordBatch],
+        on_stats: Any,
+    ) -> BatchResult:
+        """Commit this raw partition's part of the batch, or skip it if its state record says
+        it is committed; ``on_stats`` gets each Arrow batch's ``stat`` rows (written only)."""
+        batch_id = self.spec.batch_id
+        started = time.monotonic()
+        producer = init_producer(
+            self.settings, self.transactional_id, message_bytes=STATE_RECORD_LIMIT
+        )
+        committed = read_state(self.settings, self.key, self.raw_partition)
+        self.fence_ms = round((time.monotonic() - started) * 1000)
+        if committed is not None and batch_id <= committed.batch_id:
+            log.info(
+                "batch %d raw partition %s:%d already committed (state record of batch %d)",
+                batch_id,
+                self.raw_topic,
+                self.raw_partition,
+                committed.batch_id,
+            )
+            return BatchResult(batch_id, skipped=True, fenced=True)
+        detectors = committed.detectors if committed is not None else BucketState()
+        result = BatchResult(batch_id)
+        producer.begin_transaction()
+        try:
+            for batch in batches:
+                self._check_source(batch)
+                self._one_batch(producer, batch, detectors, result, on_stats)
+            state = StateRecord(
+                batch_id=batch_id,
+                raw_topic=self.raw_topic,
+                raw_partition=self.raw_partition,
+                detectors=detectors,
+                records=result.records,
+                gaps=result.gaps,
+                committed_at_ms=int(time.time() * 1000),
+            )
+            _produce_waiting(
+                producer, self.settings.state_topic, state.encode(), self.key, self.raw_partition
+            )
+            fault("task-before-commit", batch_id, self.raw_partition)
+            with fault_during("task-in-commit", batch_id, self.raw_partition):
+                producer.commit_transaction(KAFKA_TIMEOUT_S * 4)
+        except KafkaException as exc:
+            _abort(producer, self.transactional_id)
+            raise ServiceError(
+                f"writing batch {batch_id} raw partition {self.raw_topic}:{self.raw_partition} "
+                f"failed and was aborted (nothing of it is visible): {exc}"
+            ) from exc
+        except BaseException:
+            _abort(producer, self.transactional_id)
+            raise
+        fault("task-after-commit", batch_id, self.raw_partition)
+        return result
+
+    def _check_source(self, batch: pa.RecordBatch) -> None:
+        if _source_of(batch) != (self.raw_topic, self.raw_partition):
+            raise ServiceError(
+                f"a direct task of raw partition {self.raw_topic}:{self.raw_partition} got rows "
+                "of another one; nothing is written"
+            )
+
+    def _one_batch(
+        self,
+        producer: Producer,
+        batch: pa.RecordBatch,
+        detectors: BucketState,
+        result: BatchResult,
+        on_stats: Any,
+    ) -> None:
+        """Observe one Arrow batch of input, produce what it delivers (one batch of payload in
+        the task at a time)."""
+        kinds = batch.column("kind").to_numpy(zero_copy_only=False)
+        keep = np.flatnonzero(kinds != KIND_TICK)
+        rows = None
+        if len(keep):
+            columns = {
+                name: batch.column(name).to_numpy(zero_copy_only=False) for name in INPUT_COLUMNS
+            }
+            rows = Rows(columns)
+            if len(keep) != len(kinds):
+                rows = rows.take(keep)
+        out = Output()
+        detect_bucket_rows(
+            self.spec.params, rows, detectors, self.spec.now_ms, out, DIRECT_STATE_BYTES
+        )
+        if not out.rows:
+            return
+        produced = out.record_batch()
+        kind = produced.column("kind")
+        runs = produced.filter(pc.equal(kind, KIND_RUN))
+        gap_rows = produced.filter(pc.equal(kind, KIND_GAP))
+        on_stats(produced.filter(pc.equal(kind, KIND_STAT)))
+        result.records += record_count(runs)
+        result.gaps += gap_rows.num_rows
+        with gc_paused():
+            self.clean.produce_records(producer, runs, result)
+        self.clean.produce_gaps(producer, gap_rows)
+
+
+def read_state(settings: WriterSettings, key: bytes, partition: int) -> StateRecord | None:
+    """The last committed state record with ``key`` in partition ``partition`` of the state
+    topic (``read_committed``), or None: a raw partition this checkpoint has not written yet.
+
+    Searches backwards from the partition's end in growing steps: with one raw topic the last
+    committed record of the partition is the one.
+
+    Raises:
+        ServiceError: the topic cannot be read.
+        GapStateError: the record is not one this version reads.
+    """
+    conf = base_conf(settings)
+    conf.update(
+        {
+            "group.id": f"{settings.transactional_id}.state",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 10,
+        }
+    )
+    consumer = kafka.consumer(conf)
+    try:
+        tp = TopicPartition(settings.state_topic, partition)
+        low, high = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S)
+        step, end = STATE_SCAN_STEP, high
+        while end > low:
+            start = max(low, end - step)
+            value = _scan(consumer, settings.state_topic, partition, key, start, end)
+            if value is not None:
+                return StateRecord.decode(value)
+            end, step = start, step * 4
+        return None
+    finally:
+        consumer.close()
+
+
+def _scan(  # noqa: PLR0917  one read of a state partition's range
+    consumer: Any, topic: str, partition: int, key: bytes, start: int, end: int
+) -> bytes | None:
+    """The value of the last record with ``key`` in ``[start, end)`` of the partition."""
+    consumer.assign([TopicPartition(topic, partition, start)])
+    found: bytes | None = None
+    deadline = time.monotonic() + KAFKA_TIMEOUT_S
+    while time.monotonic() < deadline:
+        msg = consumer.poll(1.0)
+        if msg is None:
+            continue
+        err = msg.error()
+        if err is not None:
+            if err.code() == KafkaError._PARTITION_EOF:
+                return found
+            raise ServiceError(f"reading the dedup's state topic {topic!r} failed: {err}")
+        offset = msg.offset()
+        if offset is None or offset >= end:
+            return found
+        value = msg.value()
+        if msg.key() == key and value is not None:
+            found = value
+    raise ServiceError(f"reading the dedup's state topic {topic!r} timed out; is Kafka up?")
+
+
+def _produce_waiting(
+    producer: Producer, topic: str, value: bytes, key: bytes, partition: int
+) -> None:
+    while True:
+        try:
+            producer.produce(topic, value, key, partition)
+            return
+        except BufferError:
+            producer.poll(0.05)
+
+
+def _abort(producer: Producer, transactional_id: str) -> None:
+    try:
+        producer.abort_transaction(KAFKA_TIMEOUT_S)
+    except KafkaException:
+        # fenced (a newer attempt took over) or the broker is away: the next attempt's
+        # init_transactions aborts what is left open
+        log.warning("abort of %s failed; the producer is dropped", transactional_id)

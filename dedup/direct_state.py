@@ -1,0 +1,102 @@
+"""The direct layout's state record: one raw partition's detectors and the batch they follow.
+
+The direct layout (``dedup/direct.py``) keeps no Spark state: the task of raw partition ``p``
+writes, in the same Kafka transaction as its clean and gap records, one record to partition ``p``
+of ``STATE_TOPIC`` (compacted) that holds the detectors of every source partition it has seen
+(``dedup/buckets.py``'s container) and the micro-batch it completes. The next attempt of that
+raw partition, after fencing every older one, reads the last committed record back: it is both
+the marker of the effectively-once argument and the state (docs/dedup.md "The direct layout").
+
+Record:
+
+- key ``<query id>:<raw topic>:<raw partition>`` (UTF-8);
+- value ``MAGIC``, a 4-byte big-endian length, that many bytes of JSON (``batch_id``,
+  ``raw_topic``, ``raw_partition``, ``records``, ``gaps``, ``committed_at_ms``), then the
+  container's bytes.
+
+Pure: bytes in, values out.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Final
+
+from dedup.buckets import BucketState
+from dedup.gaps import GapStateError
+
+MAGIC: Final = b"KDDS1"
+_LENGTH: Final = struct.Struct(">I")
+#: The JSON header's bound: it holds a few numbers and two names.
+MAX_HEADER_BYTES: Final = 64 * 1024
+#: The detectors of one raw partition share this much (each gets ``min(MAX_STATE_BYTES, this /
+#: its partitions)``): the record must fit ``STATE_RECORD_LIMIT`` with room for the header.
+DIRECT_STATE_BYTES: Final = 48 << 20
+#: ``max.message.bytes`` of the state topic and the least ``message.max.bytes`` of the writer
+#: (a record of the whole container, below Kafka's default 100 MiB request limit).
+STATE_RECORD_LIMIT: Final = 64 << 20
+
+
+def state_key(query_id: str, raw_topic: str, raw_partition: int) -> bytes:
+    """The state record's key of one raw partition under one checkpoint (query id)."""
+    return f"{query_id}:{raw_topic}:{raw_partition}".encode()
+
+
+@dataclass(frozen=True, slots=True)
+class StateRecord:
+    """One committed state record: the batch it completes and the detectors after it."""
+
+    batch_id: int
+    raw_topic: str
+    raw_partition: int
+    detectors: BucketState
+    records: int = 0
+    gaps: int = 0
+    committed_at_ms: int = 0
+
+    def encode(self) -> bytes:
+        header = json.dumps(
+            {
+                "batch_id": self.batch_id,
+                "raw_topic": self.raw_topic,
+                "raw_partition": self.raw_partition,
+                "records": self.records,
+                "gaps": self.gaps,
+                "committed_at_ms": self.committed_at_ms,
+            },
+            separators=(",", ":"),
+        ).encode()
+        return b"".join((MAGIC, _LENGTH.pack(len(header)), header, self.detectors.to_bytes()))
+
+    @classmethod
+    def decode(cls, value: bytes) -> StateRecord:
+        """Parse a state record's value.
+
+        Raises:
+            GapStateError: not a state record of this version, truncated or inconsistent.
+        """
+        start = len(MAGIC) + _LENGTH.size
+        if value[: len(MAGIC)] != MAGIC or len(value) < start:
+            raise GapStateError(
+                f"a record of the dedup's state topic is not a state record of version 1 "
+                f"(starts with {value[:6]!r}): written by a newer version, or not by the dedup"
+            )
+        (length,) = _LENGTH.unpack_from(value, len(MAGIC))
+        if length > MAX_HEADER_BYTES or start + length > len(value):
+            raise GapStateError(f"a state record's header is truncated ({length} bytes announced)")
+        try:
+            fields = json.loads(value[start : start + length])
+            record = cls(
+                batch_id=int(fields["batch_id"]),
+                raw_topic=str(fields["raw_topic"]),
+                raw_partition=int(fields["raw_partition"]),
+                detectors=BucketState.from_bytes(value[start + length :]),
+                records=int(fields.get("records", 0)),
+                gaps=int(fields.get("gaps", 0)),
+                committed_at_ms=int(fields.get("committed_at_ms", 0)),
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise GapStateError(f"a state record's header is unreadable: {exc}") from exc
+        return record

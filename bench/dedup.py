@@ -325,7 +325,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         # query running three intervals more, outside the measured CPU, so that each layout's gap
         # topic holds its final states before the two are compared. Scans run only in batches,
         # and without input only the driver's ticks make batches: tick as `kafka-diode dedup` does.
-        ticker, close_ticks = idle_ticker(config)
+        ticker, close_ticks = idle_ticker(config, writer.direct_partitions)
         try:
             settled = time.monotonic() + 3 * config.gap_emit_interval_sec + 2
             while time.monotonic() < settled:
@@ -414,6 +414,12 @@ def main() -> int:
         "--only", choices=("both", "runs", "records"), default="both", help="layouts to dedup"
     )
     parser.add_argument("--order", choices=("records-first", "runs-first"), default="records-first")
+    parser.add_argument(
+        "--state-layout",
+        choices=("buckets", "direct", "both"),
+        default="buckets",
+        help="STATE_LAYOUT of the runs' dedup; both: each over the same v2 topic, alternated",
+    )
     parser.add_argument(
         "--state-partitions", type=int, default=0, help="SHUFFLE_PARTITIONS; 0: the dedup's default"
     )
@@ -513,8 +519,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
     prefill_s = time.monotonic() - t0
     tmp = Path(tempfile.mkdtemp(prefix="bench-dedup-ck-"))
 
-    def config(name: str, layout: str):
+    def config(name: str, layout: str, state_layout: str = "buckets"):
         env = {
+            "STATE_LAYOUT": state_layout,
             "RAW_TOPICS": f"{tag}.{layout}",
             "BOOTSTRAP_SERVERS": bootstrap,
             "STATE_DIR_CONFIG": str(tmp / name),
@@ -546,8 +553,8 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         results[name] = {"records_per_s": round(written["records"] / seconds), **profile}
         print(f"{name}: {seconds:.1f} s; {profile}", file=sys.stderr)
 
-    def dedup(name: str, layout: str) -> None:
-        c = config(name, layout)
+    def dedup(name: str, layout: str, state_layout: str = "buckets") -> None:
+        c = config(name, layout, state_layout)
         writer = CountingWriter(writer_settings(c, WriterSettings))
         seconds, profile = run_query(spark, c, writer, written[layout])
         profile["write_payload_bytes"] = writer.payload_bytes
@@ -556,11 +563,25 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         print(f"{name}: {seconds:.1f} s; {profile}", file=sys.stderr)
 
     measured = list(layouts) if args.order == "records-first" else list(reversed(layouts))
+    # each dedup of runs in the state layouts asked for: (name, raw layout, state layout)
+    kinds = {"buckets": [("runs", "buckets")], "direct": [("direct", "direct")]}
+    kinds["both"] = kinds["buckets"] + kinds["direct"]
+    queries = [
+        (f"dedup_{name}", raw, state)
+        for layout in measured
+        for name, raw, state in (
+            [(n, "runs", st) for n, st in kinds[args.state_layout]]
+            if layout == "runs"
+            else [("records", "records", "buckets")]
+        )
+    ]
+    if args.state_layout == "both":
+        queries += [(f"{name}_2", raw, state) for name, raw, state in reversed(queries)]
     try:
         passthrough("passthrough_cold")
-        dedup("dedup_warmup", layouts[-1])
-        for layout in measured:
-            dedup(f"dedup_{layout}", layout)
+        dedup("dedup_warmup", "runs" if "runs" in layouts else layouts[-1], queries[-1][2])
+        for name, raw, state in queries:
+            dedup(name, raw, state)
         passthrough("passthrough_warm")
     finally:
         spark.stop()
@@ -581,8 +602,10 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         "results": results,
     }
     base = results["passthrough_warm"]["cpu_s_per_million"]
-    for layout in layouts:
-        r = results[f"dedup_{layout}"]
+    out["queries"] = [name for name, _, _ in queries]
+    for name, _, _ in queries:
+        layout = name.removeprefix("dedup_")
+        r = results[name]
         out[f"{layout}_records_per_s"] = r["records_per_s"]
         out[f"{layout}_cpu_s_per_million"] = r["cpu_s_per_million"]
         out[f"{layout}_cpu_ratio_to_passthrough_warm"] = round(r["cpu_s_per_million"] / base, 3)
@@ -592,7 +615,26 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             )
     out["passthrough_warm_cpu_s_per_million"] = base
     out["passthrough_cold_cpu_s_per_million"] = results["passthrough_cold"]["cpu_s_per_million"]
-    if len(layouts) == 2:
+    if args.state_layout == "both":
+        a, b = (
+            clean_and_gaps(bootstrap, tag, f"dedup_{x}", args.topics) for x in ("runs", "direct")
+        )
+        out["direct_cpu_ratio_to_buckets"] = round(
+            (
+                results["dedup_direct"]["cpu_s_per_million"]
+                + results["dedup_direct_2"]["cpu_s_per_million"]
+            )
+            / (
+                results["dedup_runs"]["cpu_s_per_million"]
+                + results["dedup_runs_2"]["cpu_s_per_million"]
+            ),
+            3,
+        )
+        out["direct_clean_identical"] = a[0] == b[0]
+        out["direct_gaps_identical"] = a[1] == b[1]
+        if not out["direct_clean_identical"] or not out["direct_gaps_identical"]:
+            out["direct_differences"] = differences(("runs", "direct"), a, b)
+    if len(layouts) == 2 and args.state_layout == "buckets":
         out["cpu_ratio_runs_to_records"] = round(
             results["dedup_runs"]["cpu_s_per_million"]
             / results["dedup_records"]["cpu_s_per_million"],

@@ -20,8 +20,16 @@ from typing import Any
 from common import logging as diode_logging
 from common import raw_topic, settings
 from common.errors import ConfigError, DiodeError
-from dedup.config import LOG_LEVELS, DedupConfig, environment_help, from_sources, tool_config
+from dedup.config import (
+    LOG_LEVELS,
+    DedupConfig,
+    DedupToolConfig,
+    environment_help,
+    from_sources,
+    tool_config,
+)
 from dedup.runner import run
+from dedup.state_layout import DIRECT, LAYOUT_FILE
 from runtime import config_file
 
 log = logging.getLogger(__name__)
@@ -92,6 +100,16 @@ def _reset_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     parser.add_argument("--bootstrap-servers", dest="bootstrap_servers", default=None)
     parser.add_argument("--control-topic", dest="control_topic", default=None)
+    parser.add_argument(
+        "--raw-topic",
+        dest="raw_topic",
+        default=None,
+        help=(
+            "a direct checkpoint's raw topic: the reset goes into the source partition's raw "
+            "partition (found by itself from STATE_DIR_CONFIG's layout file when it is a local "
+            "path)"
+        ),
+    )
     return parser
 
 
@@ -145,12 +163,34 @@ def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
 
     conf: dict[str, Any] = {"bootstrap.servers": config.bootstrap_servers}
     conf.update({"enable.idempotence": True, **config.kafka_conf})
+    into, partition = control, -1
+    direct = args.raw_topic or _direct_raw_topic(config)
+    if direct:
+        # the direct layout: the raw partition's own task holds the source partition's state
+        count = kafka.topic_partitions(conf, direct, 30.0)
+        if count < 1:
+            print(f"{prog} reset: raw topic {direct!r} does not exist", file=sys.stderr)
+            return EXIT_FAILED
+        into, partition = direct, args.partition % count
     producer = kafka.producer(conf)
     user = env.get("USER") or env.get("LOGNAME") or "unknown"
     key, value = raw_topic.reset_record(args.topic, args.partition, user, int(time.time() * 1000))
-    producer.produce(control, value, key, headers=raw_topic.RESET_HEADERS)
+    producer.produce(into, value, key, partition, headers=raw_topic.RESET_HEADERS)
     if producer.flush(30) != 0:
-        log.error("reset of %s could not be written to %s", target, control)
+        log.error("reset of %s could not be written to %s", target, into)
         return EXIT_FAILED
-    log.warning("reset of %s requested by %s via %s", target, user, control)
+    where = into if partition < 0 else f"{into} partition {partition}"
+    log.warning("reset of %s requested by %s via %s", target, user, where)
     return EXIT_OK
+
+
+def _direct_raw_topic(config: DedupToolConfig) -> str | None:
+    """The raw topic a reset goes into if the checkpoint (a local path) has the direct layout."""
+    path = config.state_dir_config.removeprefix("file://")
+    if not path or "://" in path or not config.raw_topics:
+        return None
+    try:
+        recorded = json.loads((Path(path) / LAYOUT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return config.raw_topics[0] if recorded.get("layout") == DIRECT else None

@@ -255,10 +255,12 @@ class DedupConfig:
                 "(chains are merged by the buckets layout)",
                 "use STATE_LAYOUT=buckets for chains",
             )
-        split = {k.lower() for k in self.kafka_source} & {"minpartitions", "maxrecordsperpartition"}
+        split = sorted(
+            k for k in self.kafka_source if k.lower() in {"minpartitions", "maxrecordsperpartition"}
+        )
         if split:
             raise ConfigError(
-                "KAFKA_SOURCE_" + sorted(split)[0].upper(),
+                "KAFKA_SOURCE_" + split[0],
                 "splits or merges raw partitions across Spark tasks, and the direct layout needs "
                 "one task per raw partition",
                 "remove it",
@@ -343,7 +345,12 @@ class DedupToolConfig:
     gap_topic: str = DedupConfig.gap_topic
     """GAP_TOPIC: the dedup's gap topic."""
     control_topic: str = DedupConfig.control_topic
-    """CONTROL_TOPIC: where ``dedup reset`` writes its reset record."""
+    """CONTROL_TOPIC: where ``dedup reset`` writes its reset record (buckets layout)."""
+    raw_topics: tuple[str, ...] = ()
+    """RAW_TOPICS: the dedup's raw topic(s); a direct checkpoint's reset goes into the first."""
+    state_dir_config: str = ""
+    """STATE_DIR_CONFIG: the dedup's checkpoint, whose layout file says where a reset goes (a
+    local path; for a Hadoop URI pass --raw-topic to reset a direct checkpoint)."""
     kafka_conf: dict[str, str] = field(default_factory=dict)
     """KAFKA_CONF_<NAME>: librdkafka properties of the client."""
     log_level: str = "INFO"

@@ -88,15 +88,25 @@ class StateRecord:
             raise GapStateError(f"a state record's header is truncated ({length} bytes announced)")
         try:
             fields = json.loads(value[start : start + length])
-            record = cls(
-                batch_id=int(fields["batch_id"]),
-                raw_topic=str(fields["raw_topic"]),
-                raw_partition=int(fields["raw_partition"]),
-                detectors=BucketState.from_bytes(value[start + length :]),
-                records=int(fields.get("records", 0)),
-                gaps=int(fields.get("gaps", 0)),
-                committed_at_ms=int(fields.get("committed_at_ms", 0)),
+        except (ValueError, RecursionError) as exc:
+            raise GapStateError(f"a state record's header is not JSON: {exc}") from exc
+        if not isinstance(fields, dict):
+            raise GapStateError("a state record's header is not a JSON object")
+        numbers = {
+            name: fields.get(name, 0)
+            for name in ("batch_id", "raw_partition", "records", "gaps", "committed_at_ms")
+        }
+        bad = [n for n, v in numbers.items() if type(v) is not int]  # bool and float are not
+        if bad or "batch_id" not in fields or not isinstance(fields.get("raw_topic"), str):
+            raise GapStateError(
+                f"a state record's header lacks or mistypes {bad or ['batch_id', 'raw_topic']}"
             )
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
-            raise GapStateError(f"a state record's header is unreadable: {exc}") from exc
-        return record
+        return cls(
+            batch_id=numbers["batch_id"],
+            raw_topic=fields["raw_topic"],
+            raw_partition=numbers["raw_partition"],
+            detectors=BucketState.from_bytes(value[start + length :]),
+            records=numbers["records"],
+            gaps=numbers["gaps"],
+            committed_at_ms=numbers["committed_at_ms"],
+        )

@@ -24,7 +24,7 @@ from typing import Any, cast
 from common.errors import ConfigError, DiodeError, RemoteProtocolError
 from common.gap_record import MAX_OFFSET
 from common.raw_run import check_run, parse_run_key
-from common.raw_topic import CONTROL_HEADER, parse_raw_key, restore
+from common.raw_topic import CONTROL_HEADER, TICK, parse_raw_key, restore
 from dedup.config import tool_config
 
 READ_TIMEOUT_S = 30.0
@@ -33,9 +33,9 @@ RawHeaders = Sequence[tuple[str, bytes | None]]
 
 
 def describe(key: bytes | None, value: bytes | None, headers: RawHeaders) -> dict[str, Any]:
-    """What a raw record is: ``layout`` (``v1``, ``v2``, ``control``, ``malformed``), the source
-    ``topic``, ``partition``, ``first``/``last``/``stride`` and ``records`` (a list of dicts),
-    or the ``reason`` it is malformed."""
+    """What a raw record is: ``layout`` (``v1``, ``v2``, ``control``, ``tick``, ``malformed``),
+    the source ``topic``, ``partition``, ``first``/``last``/``stride`` and ``records`` (a list
+    of dicts), or the ``reason`` it is malformed."""
     control = next((v for n, v in headers if n == CONTROL_HEADER), None)
     run = parse_run_key(key)
     if run is not None and control is None:
@@ -63,6 +63,8 @@ def describe(key: bytes | None, value: bytes | None, headers: RawHeaders) -> dic
             "timestamp_type": group.timestamp_type,
             "records": records,
         }
+    if control == TICK:  # the direct layout's idle tick (docs/dedup.md "The direct layout")
+        return {"layout": "tick"}
     parsed = parse_raw_key(key)
     if parsed is None or not 0 <= parsed[2] <= MAX_OFFSET:
         return {"layout": "malformed", "reason": "key does not parse", "key": _show(key, 200)}
@@ -111,6 +113,8 @@ def render(raw: str, described: dict[str, Any], *, records: bool, width: int) ->
     layout = described["layout"]
     if layout == "malformed":
         return [f"{raw}  malformed ({described['reason']}): key {described['key']}"]
+    if layout == "tick":
+        return [f"{raw}  tick (the dedup's, no input)"]
     where = f"{described['topic']}:{described['partition']}"
     if layout == "control":
         return [f"{raw}  control {described['control']} {where}:{described['first']} "

@@ -115,7 +115,13 @@ def decide(
     if kind == DIRECT:
         if not has_offsets:
             return new
-        recorded_raw = int(fields.get("raw_partitions", 0))
+        recorded_raw = fields.get("raw_partitions")
+        if type(recorded_raw) is not int or recorded_raw < 1:
+            raise GapStateError(
+                f"{LAYOUT_FILE} in the checkpoint names the direct layout without a valid "
+                f"raw_partitions ({recorded_raw!r}): restore it from a backup of STATE_DIR, or "
+                "write the raw topic's partition count there if it never changed"
+            )
         if recorded_raw != raw_partitions:
             raise GapStateError(
                 f"this direct checkpoint was created for a raw topic of {recorded_raw} "

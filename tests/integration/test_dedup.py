@@ -392,3 +392,32 @@ def test_a_raw_topic_with_v1_records_then_v2_runs_is_carried_exactly_once(
         for o in range(g["first"], g["last"] + 1)
     }
     assert open_offsets == {(1, 1), (1, 3), (1, 5), (1, 7), *((2, o) for o in range(11))}
+
+
+def test_a_reset_in_the_direct_layout_clears_its_source_partitions_state(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    """docs/dedup.md "The direct layout": `kafka-diode dedup reset` finds the checkpoint's
+    layout and writes the reset into the source partition's raw partition, whose task clears
+    that partition's detector before its records: a repeat of offsets 0..9 after the reset is
+    delivered again (new), one of partition 0 is still a duplicate."""
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    tag = raw
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": "direct"}
+    create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=3)
+    produce_records(downstream_kafka, raw, [run_record(p, 0, 49) for p in (0, 1)])
+    finish(run_dedup(env, "--until-idle", "5"))
+    done = subprocess.run(
+        [sys.executable, "-m", "kafka_diode", "dedup", "reset", "--topic", SOURCE,
+         "--partition", "1", "--yes"],
+        capture_output=True, text=True, timeout=120, check=False, env={**os.environ, **env},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"via {raw} partition 1" in done.stderr
+    produce_records(downstream_kafka, raw, [run_record(p, 0, 9) for p in (0, 1)])
+    finish(run_dedup(env, "--until-idle", "5"))
+
+    clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
+    counts = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
+    assert {k for k, n in counts.items() if n > 1} == {(1, o) for o in range(10)}
+    assert set(counts) == {(p, o) for p in (0, 1) for o in range(50)}

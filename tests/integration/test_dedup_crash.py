@@ -47,11 +47,14 @@ def assert_exactly_once(downstream_kafka, clean_topic: str) -> None:
 
 
 @pytest.mark.slow  # two Spark starts; test_dedup_fencing.py covers the fence in CI without Spark
+@pytest.mark.parametrize("layout", ["buckets", "direct"])
 def test_driver_killed_between_the_kafka_commits_and_sparks_commit_log(
-    downstream_kafka, kafka_topic, tmp_path: Path
+    downstream_kafka, kafka_topic, tmp_path: Path, layout: str
 ) -> None:
+    """``direct``: each raw partition's state record is its marker (docs/dedup.md "The direct
+    layout")."""
     raw = fill(downstream_kafka, kafka_topic)
-    env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, raw),
+    env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, raw), "STATE_LAYOUT": layout,
            "MAX_OFFSETS_PER_TRIGGER": "100", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
     once = tmp_path / "driver-fault"
     crashing = run_dedup({**env, FAULT_ENV: f"driver-after-commit:2:0:{once}"})
@@ -69,16 +72,18 @@ def test_driver_killed_between_the_kafka_commits_and_sparks_commit_log(
 
 
 @pytest.mark.slow  # a Spark start with task retries; the fence itself: test_dedup_fencing.py
+@pytest.mark.parametrize("layout", ["buckets", "direct"])
 def test_retried_tasks_after_a_worker_died_before_and_after_its_commit(
-    downstream_kafka, kafka_topic, tmp_path: Path
+    downstream_kafka, kafka_topic, tmp_path: Path, layout: str
 ) -> None:
+    """``direct``: partitions are raw partitions, each task's fence and state record its own."""
     raw = fill(downstream_kafka, kafka_topic)
     # "*": the first batch with records in that partition (how Spark cuts batches varies)
     faults = (f"task-before-commit:*:0:{tmp_path / 'before'},"
               f"task-after-commit:*:1:{tmp_path / 'after'}")  # fmt: skip
     env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, raw),
            "MAX_OFFSETS_PER_TRIGGER": "100", "PERSIST_INTERVAL_MS": "0",
-           "SPARK_MASTER": "local[2,3]", FAULT_ENV: faults}  # fmt: skip
+           "SPARK_MASTER": "local[2,3]", FAULT_ENV: faults, "STATE_LAYOUT": layout}  # fmt: skip
     run = run_dedup(env, "--until-idle", "6")
     finish(run)
     assert (tmp_path / "before").exists()

@@ -61,3 +61,10 @@ def test_run_and_record_keys_parse_only_in_canonical_form() -> None:
     assert parse_raw_key("t:1:+5") is None
     assert parse_raw_key("t:1: 5") is None
     assert parse_raw_key("t:1:2-9") is None
+
+
+def test_the_direct_layouts_tick_is_shown_as_a_tick() -> None:
+    """docs/dedup.md "The direct layout": the dedup's idle ticks go into the raw partitions."""
+    d = describe(b"tick", b"", [("diode.control", b"tick")])
+    assert d == {"layout": "tick"}
+    assert render("raw:1@7", d, records=True, width=40) == ["raw:1@7  tick (the dedup's, no input)"]

@@ -1,0 +1,168 @@
+"""The direct layout's task against a real broker, without Spark (fast).
+
+What one raw partition's task can go through (docs/dedup.md "The direct layout"); a
+``read_committed`` reader must see every first-seen record exactly once:
+
+1. A zombie attempt has produced and not committed when the retry runs: the retry fences it and
+   writes the batch, the zombie's commit fails, a third attempt skips the batch.
+2. An attempt committed, then died before Spark heard of it: the next attempt of the same batch
+   writes nothing; the next batch is written, and it finds the detectors the first one left
+   (a run that overlaps the first batch's is written only for its new offsets).
+3. The state record holds every source partition of the raw partition, and each raw partition
+   has its own record and fence.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import pyarrow as pa
+import pytest
+
+from common.errors import ServiceError
+from common.raw_run import RunBuilder
+from dedup.detect import KIND_RUN_IN, KIND_TICK, DetectParams
+from dedup.direct import DirectPartition, DirectSpec, read_state
+from dedup.direct_state import state_key
+from dedup.writer_settings import WriterSettings
+from tests.kafka_helpers import consume_all, create_topic
+
+pytestmark = [pytest.mark.kafka]
+
+SOURCE = "orders.eu"
+TS = 1_700_000_000_000
+PARAMS = DetectParams(
+    window_size=64,
+    max_windows=64,
+    max_expired_gaps=1000,
+    max_state_bytes=1 << 20,
+    scan_interval_ms=1000,
+)
+INPUT_TYPES = {
+    "kind": pa.int8(),
+    "src_topic": pa.string(),
+    "src_partition": pa.int32(),
+    "src_offset": pa.int64(),
+    "src_last": pa.int64(),
+    "stride": pa.int32(),
+    "payload": pa.binary(),
+    "h_keys": pa.list_(pa.string()),
+    "h_values": pa.list_(pa.binary()),
+    "hb_low": pa.int64(),
+    "hb_started": pa.int64(),
+    "hb_chain": pa.int64(),
+    "raw_topic": pa.string(),
+    "raw_partition": pa.int32(),
+}
+
+
+def setup(bootstrap: str, raw_partitions: int = 1) -> tuple[WriterSettings, str, str]:
+    raw = create_topic(bootstrap, partitions=raw_partitions)
+    tag = raw
+    create_topic(bootstrap, f"gaps.{tag}", partitions=1, config={"cleanup.policy": "compact"})
+    create_topic(bootstrap, f"state.{tag}", partitions=raw_partitions,
+                 config={"cleanup.policy": "compact"})  # fmt: skip
+    create_topic(bootstrap, f"clean.{tag}.{SOURCE}", partitions=4)
+    settings = WriterSettings(
+        bootstrap_servers=bootstrap,
+        clean_topic=f"clean.{tag}.{{topic}}",
+        gap_topic=f"gaps.{tag}",
+        progress_topic=f"progress.{tag}",
+        state_topic=f"state.{tag}",
+        transactional_id=f"txn.{tag}",
+    )
+    return settings, f"query-{tag}", raw
+
+
+def runs(raw: str, raw_partition: int, spans: list[tuple[int, int, int]]) -> pa.RecordBatch:
+    """Classified input rows: a v2 run per ``(source partition, first, last)``, and a tick."""
+    rows: dict[str, list] = {name: [] for name in INPUT_TYPES}
+    for partition, first, last in spans:
+        run = RunBuilder(SOURCE, partition, 1, first, TS + first)
+        for o in range(first, last + 1):
+            run.append(o, TS + o, b"k%d" % o, b"v%d-%d" % (partition, o), ())
+        values = (KIND_RUN_IN, SOURCE, partition, first, last, 1, run.encode(), None, None)
+        for name, value in zip(INPUT_TYPES, values, strict=False):
+            rows[name].append(value)
+        for name in ("hb_low", "hb_started", "hb_chain"):
+            rows[name].append(-1)
+        rows["raw_topic"].append(raw)
+        rows["raw_partition"].append(raw_partition)
+    tick = (KIND_TICK, "", -1, -1, -1, 1, None, None, None, -1, -1, -1, raw, raw_partition)
+    for name, value in zip(INPUT_TYPES, tick, strict=True):
+        rows[name].append(value)
+    return pa.RecordBatch.from_pydict(rows, schema=pa.schema(list(INPUT_TYPES.items())))
+
+
+def spec(settings: WriterSettings, query: str, batch_id: int) -> DirectSpec:
+    return DirectSpec(
+        settings=settings, params=PARAMS, query_id=query, batch_id=batch_id, now_ms=TS
+    )
+
+
+def clean(bootstrap: str, settings: WriterSettings) -> Counter[tuple[int, int]]:
+    topic = settings.clean_topic.replace("{topic}", SOURCE)
+    records = consume_all(bootstrap, topic, timeout=20)
+    return Counter((int(r.value.split(b"-")[0][1:]), r.timestamp - TS) for r in records)
+
+
+def test_a_zombie_is_fenced_by_its_retry_and_a_third_attempt_skips(downstream_kafka) -> None:
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    retried: list[int] = []
+
+    def zombie_input() -> Iterator[pa.RecordBatch]:
+        yield runs(raw, 0, [(0, 0, 19)])
+        # the zombie has produced its records: its retry runs to the end meanwhile
+        retry = DirectPartition(spec(settings, query, 0), raw, 0)
+        retried.append(retry.run([runs(raw, 0, [(0, 0, 19)])], lambda _: None).records)
+
+    zombie = DirectPartition(spec(settings, query, 0), raw, 0)
+    with pytest.raises(ServiceError, match="aborted"):
+        zombie.run(zombie_input(), lambda _: None)
+    assert retried == [20]
+    third = DirectPartition(spec(settings, query, 0), raw, 0).run(
+        [runs(raw, 0, [(0, 0, 19)])], lambda _: None
+    )
+    assert third.skipped
+    assert third.fenced
+    assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(20)})
+
+
+def test_a_committed_batch_is_skipped_and_the_next_one_finds_its_state(downstream_kafka) -> None:
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    first = DirectPartition(spec(settings, query, 3), raw, 0)
+    assert first.run([runs(raw, 0, [(0, 0, 9), (1, 0, 4)])], lambda _: None).records == 15
+    again = DirectPartition(spec(settings, query, 3), raw, 0)
+    assert again.run([runs(raw, 0, [(0, 0, 9)])], lambda _: None).skipped
+    stats: list[pa.RecordBatch] = []
+    nxt = DirectPartition(spec(settings, query, 4), raw, 0)
+    # 5..9 and 0..4 were delivered by batch 3: only 10..14 and 5..6 are new
+    result = nxt.run([runs(raw, 0, [(0, 5, 14), (1, 0, 6)])], stats.append)
+    assert result.records == 7
+    delivered = pa.Table.from_batches(stats).column("delivered").to_pylist()
+    assert sorted(delivered) == [2, 5]
+    expected = {(0, o): 1 for o in range(15)} | {(1, o): 1 for o in range(7)}
+    assert clean(bootstrap, settings) == Counter(expected)
+    state = read_state(settings, state_key(query, raw, 0), 0)
+    assert state is not None
+    assert state.batch_id == 4
+    assert sorted(state.detectors) == [(SOURCE, 0), (SOURCE, 1)]
+
+
+def test_raw_partitions_have_their_own_state_and_fence(downstream_kafka) -> None:
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap, raw_partitions=2)
+    for p in (0, 1):  # source partitions 0 and 2 in raw 0, 1 and 3 in raw 1
+        task = DirectPartition(spec(settings, query, 0), raw, p)
+        assert task.run([runs(raw, p, [(p, 0, 9), (p + 2, 0, 9)])], lambda _: None).records == 20
+    # batch 1 of raw partition 1 only: raw partition 0 keeps its state of batch 0
+    task = DirectPartition(spec(settings, query, 1), raw, 1)
+    assert task.run([runs(raw, 1, [(1, 0, 14)])], lambda _: None).records == 5
+    states = {p: read_state(settings, state_key(query, raw, p), p) for p in (0, 1)}
+    assert {p: s.batch_id for p, s in states.items() if s is not None} == {0: 0, 1: 1}
+    assert sorted(states[0].detectors) == [(SOURCE, 0), (SOURCE, 2)]  # type: ignore[union-attr]
+    expected = {(p, o): 1 for p in range(4) for o in range(10)} | {(1, o): 1 for o in range(10, 15)}
+    assert clean(bootstrap, settings) == Counter(expected)

@@ -1,0 +1,130 @@
+"""Which layout a checkpoint keeps when the direct layout is involved (``dedup/state_layout.py``):
+a new checkpoint takes ``STATE_LAYOUT``, an existing one keeps what it recorded, and a direct
+checkpoint refuses a raw topic whose partition count changed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dedup.gaps import GapStateError
+from dedup.state_layout import (
+    BUCKETS,
+    BUCKETS_PER_PARTITION,
+    DIRECT,
+    PARTITIONS,
+    StateLayout,
+    decide,
+)
+
+
+@pytest.mark.parametrize("raw_partitions", [1, 6, 128])
+def test_a_new_checkpoint_takes_the_direct_layout_with_the_raw_partitions(
+    raw_partitions: int,
+) -> None:
+    layout = decide(
+        None, has_offsets=False, state_partitions=4, new_kind=DIRECT, raw_partitions=raw_partitions
+    )
+    assert layout == StateLayout(kind="direct", raw_partitions=raw_partitions)
+    assert layout.direct
+    assert not layout.bucketed
+    assert json.loads(layout.to_json()) == {"layout": "direct", "raw_partitions": raw_partitions}
+
+
+def test_the_recorded_direct_layout_is_read_back() -> None:
+    recorded = StateLayout(DIRECT, raw_partitions=6).to_json()
+    layout = decide(recorded, has_offsets=True, state_partitions=4, raw_partitions=6)
+    assert layout == StateLayout(DIRECT, raw_partitions=6)
+    assert layout.to_json() == recorded
+
+
+@pytest.mark.parametrize("new_kind", [DIRECT, BUCKETS])
+def test_a_direct_checkpoint_keeps_its_layout_whatever_is_configured(new_kind: str) -> None:
+    recorded = json.dumps({"layout": "direct", "raw_partitions": 6})
+    layout = decide(
+        recorded, has_offsets=True, state_partitions=4, new_kind=new_kind, raw_partitions=6
+    )
+    assert layout == StateLayout(DIRECT, raw_partitions=6)
+    assert layout.direct
+    assert not layout.bucketed
+    assert layout.raw_partitions == 6
+
+
+@pytest.mark.parametrize(("recorded_raw", "now_raw"), [(6, 8), (8, 6), (6, 1)])
+def test_a_direct_checkpoint_refuses_a_changed_raw_partition_count(
+    recorded_raw: int, now_raw: int
+) -> None:
+    recorded = json.dumps({"layout": "direct", "raw_partitions": recorded_raw})
+    with pytest.raises(GapStateError) as info:
+        decide(
+            recorded,
+            has_offsets=True,
+            state_partitions=4,
+            new_kind=DIRECT,
+            raw_partitions=now_raw,
+        )
+    message = str(info.value)
+    assert f"{recorded_raw} partitions" in message
+    assert f"has {now_raw} now" in message
+    assert "The direct layout" in message
+
+
+def test_a_direct_record_without_its_count_is_refused_by_a_started_checkpoint() -> None:
+    with pytest.raises(GapStateError, match="without a valid raw_partitions"):
+        decide('{"layout": "direct"}', has_offsets=True, state_partitions=4, raw_partitions=3)
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_a_bucketed_checkpoint_stays_bucketed_when_direct_is_configured(partitions: int) -> None:
+    recorded = StateLayout(BUCKETS, partitions, 5).to_json()
+    layout = decide(
+        recorded, has_offsets=True, state_partitions=8, new_kind=DIRECT, raw_partitions=6
+    )
+    assert layout == StateLayout(BUCKETS, partitions, 5)
+    assert layout.bucketed
+    assert not layout.direct
+
+
+def test_a_checkpoint_from_before_the_layout_file_keeps_one_group_per_partition() -> None:
+    layout = decide(None, has_offsets=True, state_partitions=8, new_kind=DIRECT, raw_partitions=6)
+    assert layout == StateLayout(PARTITIONS)
+    assert not layout.direct
+
+
+def test_a_partitions_record_wins_over_a_configured_direct_layout() -> None:
+    for has_offsets in (False, True):
+        layout = decide(
+            '{"layout": "partitions"}',
+            has_offsets=has_offsets,
+            state_partitions=8,
+            new_kind=DIRECT,
+            raw_partitions=6,
+        )
+        assert layout == StateLayout(PARTITIONS)
+
+
+@pytest.mark.parametrize(
+    ("new_kind", "expected"),
+    [
+        (DIRECT, StateLayout(DIRECT, raw_partitions=9)),
+        (BUCKETS, StateLayout(BUCKETS, 8, BUCKETS_PER_PARTITION)),
+    ],
+)
+def test_a_direct_record_never_planned_takes_the_configured_layout(
+    new_kind: str, expected: StateLayout
+) -> None:
+    """Before its first planned batch a checkpoint has no state: the record is rewritten."""
+    recorded = json.dumps({"layout": "direct", "raw_partitions": 6})
+    layout = decide(
+        recorded, has_offsets=False, state_partitions=8, new_kind=new_kind, raw_partitions=9
+    )
+    assert layout == expected
+
+
+def test_a_bucketed_record_never_planned_takes_the_direct_layout() -> None:
+    recorded = StateLayout(BUCKETS, 2, 3).to_json()
+    layout = decide(
+        recorded, has_offsets=False, state_partitions=8, new_kind=DIRECT, raw_partitions=4
+    )
+    assert layout == StateLayout(DIRECT, raw_partitions=4)

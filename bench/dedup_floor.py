@@ -212,6 +212,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
             "GAP_TOPIC": f"{tag}.{name}.gaps", "PROGRESS_TOPIC": f"{tag}.{name}.progress",
             "CONTROL_TOPIC": f"{tag}.{name}.control", "NEW_TOPIC_PARTITIONS": str(bd.PARTITIONS),
             "SPARK_MASTER": "local[2]", "PERSIST_INTERVAL_MS": "0",
+            # the stateful design the floor was measured against (bench/dedup.py --state-layout
+            # both measures the direct layout built on it)
+            "STATE_LAYOUT": "buckets",
         }  # fmt: skip
         return from_sources(env, {"spark_conf": args.spark_conf} if args.spark_conf else {})
 

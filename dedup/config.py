@@ -47,7 +47,9 @@ PASS_THROUGH = {
     "kafka_source": "KAFKA_SOURCE_",
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-STATE_LAYOUTS = ("buckets", "direct")
+STATE_LAYOUTS = ("auto", "direct", "buckets")
+#: Options of Spark's Kafka source that split or merge raw partitions across tasks.
+_SPLITTING_SOURCE_OPTIONS = {"minpartitions", "maxrecordsperpartition"}
 #: Bounds that keep one micro-batch and one state value within memory a single host has.
 MAX_WINDOW_SIZE = 1 << 30
 MAX_MAX_WINDOWS = 1 << 20
@@ -77,11 +79,12 @@ class DedupConfig:
     """Topic of the writer's per-batch progress markers (the effectively-once fence)."""
     control_topic: str = "kafka-diode.dedup.control"
     """Topic the job also reads for operator commands (kafka-diode dedup reset)."""
-    state_layout: str = "buckets"
-    """Layout of a NEW checkpoint (an existing one keeps its own): buckets (Spark's stateful
-    step, RocksDB state) or direct (one task per raw partition detects, writes and keeps its
-    detectors in STATE_TOPIC, in the same transaction; no shuffle, no stateful operator; one raw
-    topic only, whose partition count is then fixed; docs/dedup.md "The direct layout")."""
+    state_layout: str = "auto"
+    """Layout of a NEW checkpoint (an existing one keeps its own): direct (one task per raw
+    partition detects, writes and keeps its detectors in STATE_TOPIC, in the same transaction;
+    no shuffle, no stateful operator; one raw topic, whose partition count is then fixed),
+    buckets (Spark's stateful step, RocksDB state; any number of raw topics), or auto: direct
+    for one raw topic, buckets for several (chains) (docs/dedup.md "The direct layout")."""
     state_topic: str = "kafka-diode.dedup.state"
     """The direct layout's state topic (compacted, one partition per raw partition; created by
     the job)."""
@@ -233,7 +236,9 @@ class DedupConfig:
     def _check_layout(self) -> None:
         if self.state_layout not in STATE_LAYOUTS:
             raise ConfigError(
-                "STATE_LAYOUT", f"is {self.state_layout!r}", "use buckets (the default) or direct"
+                "STATE_LAYOUT",
+                f"is {self.state_layout!r}",
+                "use auto (the default), direct or buckets",
             )
         if not _TOPIC_RE.match(self.state_topic):
             raise ConfigError(
@@ -247,7 +252,7 @@ class DedupConfig:
                 "STATE_TOPIC", "is also another of the job's topics", "give it its own name"
             )
         if self.state_layout != "direct":
-            return
+            return  # auto picks buckets where direct would be refused (new_state_layout)
         if len(self.raw_topics) != 1:
             raise ConfigError(
                 "STATE_LAYOUT",
@@ -255,9 +260,7 @@ class DedupConfig:
                 "(chains are merged by the buckets layout)",
                 "use STATE_LAYOUT=buckets for chains",
             )
-        split = sorted(
-            k for k in self.kafka_source if k.lower() in {"minpartitions", "maxrecordsperpartition"}
-        )
+        split = sorted(k for k in self.kafka_source if k.lower() in _SPLITTING_SOURCE_OPTIONS)
         if split:
             raise ConfigError(
                 "KAFKA_SOURCE_" + split[0],
@@ -267,6 +270,15 @@ class DedupConfig:
             )
 
     # -- derived values ------------------------------------------------------------------------
+
+    @property
+    def new_state_layout(self) -> str:
+        """The layout a new checkpoint gets: ``STATE_LAYOUT``, with ``auto`` resolved (direct
+        for one raw topic read one task per partition, else buckets)."""
+        if self.state_layout != "auto":
+            return self.state_layout
+        splitting = any(k.lower() in _SPLITTING_SOURCE_OPTIONS for k in self.kafka_source)
+        return "direct" if len(self.raw_topics) == 1 and not splitting else "buckets"
 
     def clean_topic_for(self, source_topic: str) -> str:
         """The clean topic of records from ``source_topic``."""

@@ -330,10 +330,10 @@ def state_layout(spark: SparkSession, config: DedupConfig, raw_partitions: int =
         recorded,
         has_offsets=has_offsets,
         state_partitions=config.effective_shuffle_partitions(),
-        new_kind=config.state_layout,
+        new_kind=config.new_state_layout,
         raw_partitions=raw_partitions,
     )
-    if has_offsets and layout.kind not in {config.state_layout, "partitions"}:
+    if has_offsets and config.state_layout not in {"auto", layout.kind}:
         log.warning(
             "STATE_LAYOUT=%s applies to new checkpoints; this one keeps its layout, %s",
             config.state_layout,

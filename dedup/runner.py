@@ -58,6 +58,8 @@ def run(
     with service.thread_signals(service.StopRequests(on_stop)):
         if not wait_for_kafka(config, stop):
             return EXIT_OK
+        if config.new_state_layout == "direct" and not wait_for_raw_topic(config, stop):
+            return EXIT_OK
     writer = TransactionalBatchWriter(writer_settings(config, WriterSettings), metrics)
     raw = raw_position_metrics(config, metrics.registry)
     jars = [str(path) for path in spark_connector_jars()]
@@ -122,6 +124,34 @@ def wait_for_kafka(
         if time.monotonic() - began > probe_timeout:
             log.info("downstream Kafka answers after %.0f s", time.monotonic() - began)
         return True
+    return False
+
+
+def wait_for_raw_topic(
+    config: DedupConfig, stop: threading.Event, *, say_every: float = KAFKA_WAIT_SAY_S
+) -> bool:
+    """Wait until the (first) raw topic exists; False if ``stop`` was set first.
+
+    The direct layout takes the raw topic's partition count when its checkpoint is created
+    (docs/dedup.md "The direct layout"), and the receiver creates the topic: a dedup started
+    first waits for it, with a WARNING once a minute, instead of failing its start.
+    """
+    conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
+    topic = config.raw_topics[0]
+    began = time.monotonic()
+    said = -say_every
+    while not stop.is_set():
+        try:
+            if kafka.topic_partitions(conf, topic, KAFKA_PROBE_S) > 0:
+                return True
+            why = "does not exist yet (the receiver creates it)"
+        except KafkaClientError as exc:
+            why = f"cannot be described ({exc})"
+        waited = time.monotonic() - began
+        if waited - said >= say_every:
+            said = waited
+            log.warning("raw topic %s %s; waiting for it (%.0f s so far)", topic, why, waited)
+        stop.wait(1.0)  # a retry interval with a stop check, not a synchronisation
     return False
 
 

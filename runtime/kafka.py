@@ -254,11 +254,14 @@ def cluster_metadata(conf: Mapping[str, Any], timeout: float) -> tuple[int, list
 def topic_partitions(conf: Mapping[str, Any], topic: str, timeout: float) -> int:
     """How many partitions ``topic`` has; 0 if it does not exist.
 
+    Asks for every topic's metadata: a request that names a missing topic makes a broker with
+    ``auto.create.topics.enable`` create it, with the broker's default partition count.
+
     Raises:
         KafkaClientError: the cluster did not answer within ``timeout`` seconds.
     """
     try:
-        meta = admin(conf).list_topics(topic, timeout=timeout)
+        meta = admin(conf).list_topics(timeout=timeout)
     except KafkaException as exc:
         raise error(exc, f"cannot reach Kafka at {conf.get('bootstrap.servers', '?')}") from exc
     found = meta.topics.get(topic)

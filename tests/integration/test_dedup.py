@@ -232,11 +232,13 @@ def test_clean_and_gap_topics_are_exact(
     assert layout_file["layout"] == layout
 
 
+@pytest.mark.parametrize("layout", ["buckets", "direct"])
 def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
-    downstream_kafka, kafka_topic, tmp_path
+    downstream_kafka, kafka_topic, tmp_path, layout
 ) -> None:
     """dedup/idle_tick.py: once a tick's batch changed nothing and left no gap pending, the
-    driver ticks every SETTLED_FACTOR intervals (10 s here) instead of every interval (1 s)."""
+    driver ticks every SETTLED_FACTOR intervals (10 s here) instead of every interval (1 s).
+    ``direct``: the ticks go into every raw partition (docs/dedup.md "The direct layout")."""
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
     missing = {10, 11, 12, *range(50, 60)}  # a hole, and a tail only the heartbeat announces
@@ -247,7 +249,7 @@ def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
             records.append(raw_record(0, offset, key=key, value=value, headers=headers))
     records.append(heartbeat(0, 59, low=0))
     produce_records(downstream_kafka, raw, records)
-    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": layout}
     proc = run_dedup(env, "--until-idle", "40")
     finish(proc)
 
@@ -258,11 +260,10 @@ def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
     }
     assert open_offsets == missing
     assert "gap scans settled" in proc.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
-    ticks = [
-        r.timestamp
-        for r in consume_all(downstream_kafka, f"control.{tag}", timeout=30)
-        if r.key == b"tick"
-    ]
+    ticked = consume_all(downstream_kafka, raw if layout == "direct" else f"control.{tag}")
+    if layout == "direct":
+        assert {r.partition for r in ticked if r.key == b"tick"} == {0, 1, 2}
+    ticks = sorted({r.timestamp for r in ticked if r.key == b"tick" and r.partition == 0})
     assert len(ticks) >= 3  # the scans that reported the gaps ran on ticks
     # busy, a tick follows a second of idleness (measured 2.5 s apart with the batch, 8 s once
     # at start); settled, ten seconds: two such pauses within the 40 s of idleness
@@ -303,8 +304,7 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
            "MAX_OFFSETS_PER_TRIGGER": "30", "PERSIST_INTERVAL_MS": "0"}  # fmt: skip
     clean_topic = f"clean.{tag}.{SOURCE}"
     record = Path(env["STATE_DIR_CONFIG"]) / LAYOUT_FILE
-    if layout == "direct":
-        env["STATE_LAYOUT"] = "direct"
+    env["STATE_LAYOUT"] = "direct" if layout == "direct" else "buckets"
     if layout == "partitions":
         record.parent.mkdir(parents=True)
         record.write_text('{"layout": "partitions"}')

@@ -14,6 +14,9 @@ What one raw partition's task can go through (docs/dedup.md "The direct layout")
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
 from collections import Counter
 from collections.abc import Iterator
 
@@ -22,6 +25,8 @@ import pytest
 
 from common.errors import ServiceError
 from common.raw_run import RunBuilder
+from dedup import runner
+from dedup.config import from_sources
 from dedup.detect import KIND_RUN_IN, KIND_TICK, DetectParams
 from dedup.direct import DirectPartition, DirectSpec, read_state
 from dedup.direct_state import state_key
@@ -166,3 +171,36 @@ def test_raw_partitions_have_their_own_state_and_fence(downstream_kafka) -> None
     assert sorted(states[0].detectors) == [(SOURCE, 0), (SOURCE, 2)]  # type: ignore[union-attr]
     expected = {(p, o): 1 for p in range(4) for o in range(10)} | {(1, o): 1 for o in range(10, 15)}
     assert clean(bootstrap, settings) == Counter(expected)
+
+
+def test_a_direct_dedup_waits_for_its_raw_topic_to_exist(downstream_kafka, caplog) -> None:
+    """docs/dedup.md "The direct layout": the raw topic's partition count is taken at the first
+    start, so a dedup started before the receiver created the topic waits for it."""
+    bootstrap = downstream_kafka.bootstrap
+    name = f"raw-later-{time.monotonic_ns()}"
+    config = from_sources(
+        {"RAW_TOPICS": name, "BOOTSTRAP_SERVERS": bootstrap, "STATE_DIR_CONFIG": "/tmp/unused",
+         "STATE_LAYOUT": "direct"}
+    )  # fmt: skip
+    creator = threading.Timer(2.0, lambda: create_topic(bootstrap, name, partitions=2))
+    creator.start()  # the receiver's first start, two seconds in
+    try:
+        with caplog.at_level(logging.WARNING, logger="dedup.runner"):
+            assert runner.wait_for_raw_topic(config, threading.Event()) is True
+    finally:
+        creator.join()
+    (line,) = [r.getMessage() for r in caplog.records if "waiting for it" in r.getMessage()]
+    assert f"raw topic {name} does not exist yet" in line
+    stop = threading.Event()
+    stop.set()  # an operator's stop ends a wait at once
+    gone = from_sources({**config_env(config), "RAW_TOPICS": f"{name}-never"})
+    assert runner.wait_for_raw_topic(gone, stop) is False
+
+
+def config_env(config) -> dict[str, str]:
+    return {
+        "RAW_TOPICS": ",".join(config.raw_topics),
+        "BOOTSTRAP_SERVERS": config.bootstrap_servers,
+        "STATE_DIR_CONFIG": config.state_dir_config,
+        "STATE_LAYOUT": config.state_layout,
+    }

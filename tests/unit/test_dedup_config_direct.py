@@ -12,11 +12,26 @@ BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": 
 DIRECT = {**BASE, "STATE_LAYOUT": "direct"}
 
 
-def test_the_defaults_are_buckets_and_the_state_topic() -> None:
+def test_the_defaults_are_auto_and_the_state_topic() -> None:
     cfg = from_sources(BASE)
-    assert cfg.state_layout == "buckets"
+    assert cfg.state_layout == "auto"
     assert cfg.state_topic == "kafka-diode.dedup.state"
-    assert DedupConfig.state_layout == "buckets"
+    assert DedupConfig.state_layout == "auto"
+
+
+@pytest.mark.parametrize(
+    ("env", "new_layout"),
+    [
+        ({}, "direct"),  # one raw topic
+        ({"RAW_TOPICS": "chain-1,chain-2"}, "buckets"),  # chains merge several
+        ({"KAFKA_SOURCE_MINPARTITIONS": "4"}, "buckets"),  # one raw partition over many tasks
+        ({"KAFKA_SOURCE_maxRecordsPerPartition": "9"}, "buckets"),
+        ({"STATE_LAYOUT": "buckets"}, "buckets"),  # an explicit choice wins
+        ({"STATE_LAYOUT": "direct"}, "direct"),
+    ],
+)
+def test_auto_picks_direct_where_direct_is_possible(env: dict[str, str], new_layout: str) -> None:
+    assert from_sources({**BASE, **env}).new_state_layout == new_layout
 
 
 def test_direct_with_one_raw_topic_is_accepted() -> None:
@@ -68,12 +83,10 @@ def test_direct_refuses_several_raw_topics(raw_topics: str) -> None:
 def test_direct_refuses_source_options_that_split_raw_partitions(variable: str, value: str) -> None:
     with pytest.raises(ConfigError) as info:
         from_sources({**DIRECT, variable: value})
-    # the key is the variable upper-cased (see the report on mixed-case names)
-    assert info.value.key.startswith("KAFKA_SOURCE_")
-    assert info.value.key.upper() == variable.upper()
+    assert info.value.key.upper() == variable.upper()  # all-caps names reach us lower-cased
     assert "direct" in info.value.problem
-    # the buckets layout lets Spark split partitions as it likes
-    assert from_sources({**BASE, variable: value}).state_layout == "buckets"
+    # auto leaves Spark to split partitions as it likes: the buckets layout
+    assert from_sources({**BASE, variable: value}).new_state_layout == "buckets"
 
 
 def test_direct_names_one_of_two_splitting_options() -> None:

@@ -1,10 +1,13 @@
 """Step 2 of the dedup query: classify raw records in Spark SQL (JVM, vectorised, no Python).
 
-Runs in the **executors**, before the shuffle. Both raw layouts (docs/topics.md) parse here,
-without a regular expression: the key is split on its last two ``:`` (``:`` cannot occur in a
-topic name) and the offset part on ``-`` and ``/``; a key counts only in its canonical form (the
-parsed numbers, printed again, give the key back), the rule of ``common.raw_run.parse_run_key``
-and ``common.raw_topic.parse_raw_key``.
+Runs in the **executors**, before the shuffle (the buckets layout). The direct layout, which has
+no shuffle, classifies in its task by the same rules in Python (``dedup/classify_rows.py``;
+``tests/integration/test_dedup_classify.py`` holds the two to the same verdicts).
+
+Both raw layouts (docs/topics.md) parse here, without a regular expression: the key is split on
+its last two ``:`` (``:`` cannot occur in a topic name) and the offset part on ``-`` and ``/``;
+a key counts only in its canonical form (the parsed numbers, printed again, give the key back),
+the rule of ``common.raw_run.parse_run_key`` and ``common.raw_topic.parse_raw_key``.
 
 - **v2 run** (key ``<topic>:<partition>:<first>-<last>[/<stride>]``, no ``diode.control``): kind
   ``run``; its value (the run) is the payload. The run's value is checked against its key in the
@@ -52,7 +55,6 @@ from dedup.detect import (
     KIND_MALFORMED,
     KIND_RESET,
     KIND_RUN_IN,
-    KIND_TICK,
     KIND_WITHHELD,
     UNPARSED_PARTITION,
     UNPARSED_TOPIC,
@@ -64,8 +66,6 @@ def classify(
     topics: Sequence[str],
     bucket_keys: Sequence[int] | None = None,
     state_partitions: int = 0,
-    *,
-    direct: bool = False,
 ) -> DataFrame:
     """Parse keys, tell runs from v1 records from control from malformed; keep data payloads.
 
@@ -75,12 +75,9 @@ def classify(
     ``state_partitions`` (``dedup/job.py bucket_keys``); a row then also carries its group key
     ``(g_topic, g_partition)``: a bucket of the state partition its source (topic, partition)
     hashes to (Spark's own placement), chosen by a second, independent hash.
-    ``direct`` (the direct layout, ``dedup/direct.py``): ``topics`` are the raw topics only, a
-    tick in them is kind ``tick`` (it makes its raw partition's task run), and every row also
-    carries the raw topic and partition it was read from (``raw_topic``, ``raw_partition``).
     """
     control = f"try_element_at(filter(headers, h -> h.key = '{CONTROL_HEADER}'), 1).value"
-    if topics and not direct:  # the control topic's ticks are no input (elsewhere: malformed)
+    if topics:  # the control topic's ticks are no input (a tick elsewhere is malformed)
         tick = f"coalesce(cast({control} as string) = '{TICK.decode()}', false)"
         raw = raw.filter(F.expr(f"NOT (topic = '{topics[-1]}' AND {tick})"))
     n = "coalesce(size(headers), 0)"
@@ -100,8 +97,6 @@ def classify(
         F.expr(f"substring_index(substring_index({k}, ':', -2), ':', 1)").alias("part_s"),
         F.col("value"),
         F.col("headers"),
-        F.col("topic").alias("raw_topic"),
-        F.col("partition").alias("raw_partition"),
         F.expr(f"cast({control} as string)").alias("control"),
         F.expr(known).alias("known"),
     )
@@ -138,8 +133,7 @@ def classify(
         F.expr(f"part >= 0 AND first >= 0 AND ({v1_ok} OR {v2_ok})").alias("key_ok"),
         F.expr(f"{_json_long(HEARTBEAT_STARTED_AT)}").alias("hb_started_raw"),
     )
-    tick_kind = f"WHEN control = '{TICK.decode()}' THEN {KIND_TICK}" if direct else ""
-    kind = f"""cast(CASE {tick_kind}
+    kind = f"""cast(CASE
         WHEN NOT coalesce(key_ok, false) THEN {KIND_MALFORMED}
         WHEN first > {gaps.MAX_OFFSET} OR coalesce(last, first) > {gaps.MAX_OFFSET}
             THEN {KIND_MALFORMED}
@@ -187,9 +181,8 @@ def classify(
             f"THEN coalesce({_json_long(CHAIN_COUNT)} * 256 + {_json_long(CHAIN_INDEX)}, -1) "
             "ELSE -1 END"
         ).alias("hb_chain"),
-        *((F.col("raw_topic"), F.col("raw_partition")) if direct else ()),
     )
-    if direct or not bucket_keys:
+    if not bucket_keys:
         return out
     keys = ", ".join(str(int(j)) for j in bucket_keys)
     per = len(bucket_keys) // state_partitions

@@ -1,11 +1,12 @@
 """The direct layout: one task per raw partition detects, writes and keeps its own state.
 
 Runs in the **executors** (``direct_task``, mapped by the driver's ``TransactionalBatchWriter``
-over each micro-batch of the classified source: Spark's Kafka source makes one task per raw
-topic-partition, and nothing shuffles). No stateful operator and no RocksDB: the detectors of
-every source partition the raw partition carries live in one record of ``STATE_TOPIC``
-(``dedup/direct_state.py``), written in the same Kafka transaction as the clean records, the
-gap records it produces, so the state and the output commit or abort together.
+over each micro-batch of Spark's Kafka source as it reads it: one task per raw topic-partition,
+no projection, no shuffle; the task classifies its records itself, ``dedup/classify_rows.py``).
+No stateful operator and no RocksDB: the detectors of every source partition the raw partition
+carries live in one record of ``STATE_TOPIC`` (``dedup/direct_state.py``), written in the same
+Kafka transaction as the clean records and the gap records it produces, so the state and the
+output commit or abort together.
 
 The receiver writes every record, heartbeat and withheld range of a source partition into one
 raw partition (``p mod N``), so one task sees all of a source partition's input; the layout
@@ -46,6 +47,7 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from common.errors import ServiceError
 from common.topic_limits import TimestampWindow
 from dedup.buckets import BucketState
+from dedup.classify_rows import classify_batch
 from dedup.detect import KIND_TICK, DetectParams, Output, Rows, detect_bucket_rows
 from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
 from dedup.faults import fault, fault_during
@@ -59,7 +61,7 @@ from runtime import kafka
 
 log = logging.getLogger(__name__)
 
-#: The classified columns the detectors read (``dedup/classify.py``; the rest stay in Arrow).
+#: The columns the detectors read, as ``dedup/classify_rows.py`` makes them from the raw records.
 INPUT_COLUMNS = (
     "kind",
     "src_topic",
@@ -128,8 +130,8 @@ def _source_of(batch: pa.RecordBatch) -> tuple[str, int]:
             split or merge partitions (``KAFKA_SOURCE_MINPARTITIONS`` and the like), which the
             configuration refuses; nothing is written.
     """
-    topics = pc.unique(batch.column("raw_topic"))
-    partitions = pc.unique(batch.column("raw_partition"))
+    topics = pc.unique(batch.column("topic"))
+    partitions = pc.unique(batch.column("partition"))
     if len(topics) != 1 or len(partitions) != 1:
         raise ServiceError(
             "a direct task got rows of several raw partitions "
@@ -233,13 +235,11 @@ class DirectPartition:
     ) -> None:
         """Observe one Arrow batch of input, produce what it delivers (one batch of payload in
         the task at a time)."""
-        kinds = batch.column("kind").to_numpy(zero_copy_only=False)
+        columns = classify_batch(batch, (self.raw_topic,))
+        kinds = columns["kind"]
         keep = np.flatnonzero(kinds != KIND_TICK)
         rows = None
         if len(keep):
-            columns = {
-                name: batch.column(name).to_numpy(zero_copy_only=False) for name in INPUT_COLUMNS
-            }
             rows = Rows(columns)
             if len(keep) != len(kinds):
                 rows = rows.take(keep)

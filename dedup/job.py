@@ -237,8 +237,8 @@ def start_query(
         layout = state_layout(spark, config, raw_partition_count(config))
         if layout.direct:
             start_direct(writer, config, layout)
-            raw = raw_stream(spark, config, config.raw_topics)
-            output = classify(raw, config.raw_topics, direct=True)
+            # the source's rows as they come: each task classifies its own (dedup/direct.py)
+            output = raw_stream(spark, config, config.raw_topics)
         else:
             keys = bucket_keys(spark, layout) if layout.bucketed else None
             raw = raw_stream(spark, config)

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import sys
 
+import pyarrow as pa
 import pytest
 
 from common.gap_record import MAX_OFFSET
 from common.raw_run import parse_run_key
 from common.raw_topic import parse_raw_key, restore
+from dedup.classify_rows import classify_batch
 from dedup.detect import (
     KIND_DATA,
     KIND_HEARTBEAT,
@@ -75,6 +77,16 @@ def test_sql_classification_agrees_with_the_python_parsers(tmp_path) -> None:
         rows.append((key.encode(), b"v", "raw", 0, i, headers))
     controls = [
         ("t:0:7", b'{"high_offset": 7, "low_offset": 2}', "heartbeat", KIND_HEARTBEAT),
+        (
+            "t:0:8",
+            b'{"low_offset": "3", "started_at_ms": 1700000000000, "chain_share": 1, '
+            b'"chain_index": 1, "chain_count": 3}',
+            "heartbeat",
+            KIND_HEARTBEAT,
+        ),  # a share chain's
+        ("t:0:9", b'{"chain_share": 1, "chain_index": 2}', "heartbeat", KIND_HEARTBEAT),
+        ("t:0:9", b"not json", "heartbeat", KIND_HEARTBEAT),
+        ("t:0:3", b'{"last": "12"}', "withheld", KIND_WITHHELD),
         ("t:0:0", b"{}", "reset", KIND_RESET),
         ("t:0:3", b'{"last": 9}', "withheld", KIND_WITHHELD),
         ("t:0:3", b'{"last": 1}', "withheld", KIND_MALFORMED),  # last below first
@@ -86,6 +98,11 @@ def test_sql_classification_agrees_with_the_python_parsers(tmp_path) -> None:
             (key.encode(), value, "raw", 0, 1000 + j, [("diode.control", control.encode())])
         )
     rows.append((b"t:0:4", b"v", "elsewhere", 0, 2000, PROVENANCE))  # a topic we do not read
+    rows.append((b"t:0:6", b"v", "raw", 0, 2001, [*PROVENANCE[:3], ("diode.session", None)]))
+    rows.append((b"t:0:6", b"v", "raw", 0, 2002, [PROVENANCE[1], *PROVENANCE[1:]]))
+    rows.append((b"t:0:6", b"v", "raw", 0, 2003, [("x", b"1"), *PROVENANCE[:1],
+                 ("diode.timestamp", b"-9223372036854775809"), *PROVENANCE[2:]]))  # fmt: skip
+    rows.append((b"t:1:0-4", b"run", "elsewhere", 0, 2004, []))  # a run of a topic not read
     spark = (
         SparkSession.builder.master("local[1]")
         .config("spark.ui.enabled", "false")
@@ -94,9 +111,37 @@ def test_sql_classification_agrees_with_the_python_parsers(tmp_path) -> None:
         .getOrCreate()
     )
     try:
-        out = classify(spark.createDataFrame(rows, schema), ["raw", "control"]).collect()
+        frame = spark.createDataFrame(rows, schema)
+        out = classify(frame, ["raw", "control"]).collect()
     finally:
         spark.stop()
+    # the direct layout's twin (dedup/classify_rows.py): the same verdicts, field for field
+    batch = pa.RecordBatch.from_pylist(
+        [
+            {
+                "key": r[0],
+                "value": r[1],
+                "topic": r[2],
+                "headers": [{"key": k, "value": v} for k, v in r[5]],
+            }
+            for r in rows
+        ]
+    )
+    twin = classify_batch(batch, ("raw", "control"))
+    fields = ("kind", "src_topic", "src_partition", "src_offset", "src_last", "stride",
+              "hb_low", "hb_started", "hb_chain")  # fmt: skip
+    for i, row in enumerate(out):
+        sql = tuple(getattr(row, name) for name in fields)
+        python = tuple(getattr(twin[n][i], "item", lambda v=twin[n][i]: v)() for n in fields)
+        if row.kind == KIND_MALFORMED:  # which source partition counts it may differ; never a kind
+            assert python[0] == KIND_MALFORMED, (rows[i][0], sql, python)
+            continue
+        assert python == sql, (rows[i][0], rows[i][1])
+        assert (twin["payload"][i] is not None) == (row.payload is not None)
+        if row.kind == KIND_DATA:
+            assert list(twin["h_keys"][i]) == list(row.h_keys)
+            sql_values = [bytes(v) if v is not None else None for v in row.h_values]
+            assert list(twin["h_values"][i]) == sql_values
     got = [(r.kind, r.src_offset, r.src_last, r.stride) for r in out]
     for key, (kind, first, last, stride) in zip(KEYS, got, strict=False):
         want = expected_kind(key)
@@ -106,9 +151,12 @@ def test_sql_classification_agrees_with_the_python_parsers(tmp_path) -> None:
             assert (kind, first, last, stride) == want, key
     for (key, _, _, kind), row in zip(controls, out[len(KEYS) :], strict=False):
         assert row.kind == kind, key
-    assert out[-1].kind == KIND_MALFORMED
+    # a topic not read; a null header value is data; provenance out of order; a timestamp
+    # beyond 64 bits; a run of a topic not read
+    assert [r.kind for r in out[-5:]] == [KIND_MALFORMED, KIND_DATA] + [KIND_MALFORMED] * 3
     heartbeat = out[len(KEYS)]
     assert (heartbeat.src_offset, heartbeat.hb_low) == (7, 2)
-    assert out[len(KEYS) + 2].hb_low == 9  # a withheld range's last rides in hb_low
+    assert out[len(KEYS) + 6].hb_low == 9  # a withheld range's last rides in hb_low
+    assert out[len(KEYS) + 1].hb_chain == 3 * 256 + 1
     # the payload goes on for data only
     assert all((r.payload is not None) == (r.kind in (KIND_DATA, KIND_RUN_IN)) for r in out)

@@ -25,9 +25,10 @@ import pytest
 
 from common.errors import ServiceError
 from common.raw_run import RunBuilder
+from common.raw_topic import TICK
 from dedup import runner
 from dedup.config import from_sources
-from dedup.detect import KIND_RUN_IN, KIND_TICK, DetectParams
+from dedup.detect import DetectParams
 from dedup.direct import DirectPartition, DirectSpec, read_state
 from dedup.direct_state import state_key
 from dedup.writer_settings import WriterSettings
@@ -44,22 +45,6 @@ PARAMS = DetectParams(
     max_state_bytes=1 << 20,
     scan_interval_ms=1000,
 )
-INPUT_TYPES = {
-    "kind": pa.int8(),
-    "src_topic": pa.string(),
-    "src_partition": pa.int32(),
-    "src_offset": pa.int64(),
-    "src_last": pa.int64(),
-    "stride": pa.int32(),
-    "payload": pa.binary(),
-    "h_keys": pa.list_(pa.string()),
-    "h_values": pa.list_(pa.binary()),
-    "hb_low": pa.int64(),
-    "hb_started": pa.int64(),
-    "hb_chain": pa.int64(),
-    "raw_topic": pa.string(),
-    "raw_partition": pa.int32(),
-}
 
 
 def setup(bootstrap: str, raw_partitions: int = 1) -> tuple[WriterSettings, str, str]:
@@ -81,23 +66,21 @@ def setup(bootstrap: str, raw_partitions: int = 1) -> tuple[WriterSettings, str,
 
 
 def runs(raw: str, raw_partition: int, spans: list[tuple[int, int, int]]) -> pa.RecordBatch:
-    """Classified input rows: a v2 run per ``(source partition, first, last)``, and a tick."""
-    rows: dict[str, list] = {name: [] for name in INPUT_TYPES}
+    """Raw records as Spark's source reads them: a v2 run per ``(source partition, first,
+    last)``, then the driver's tick."""
+    rows = []
     for partition, first, last in spans:
         run = RunBuilder(SOURCE, partition, 1, first, TS + first)
         for o in range(first, last + 1):
             run.append(o, TS + o, b"k%d" % o, b"v%d-%d" % (partition, o), ())
-        values = (KIND_RUN_IN, SOURCE, partition, first, last, 1, run.encode(), None, None)
-        for name, value in zip(INPUT_TYPES, values, strict=False):
-            rows[name].append(value)
-        for name in ("hb_low", "hb_started", "hb_chain"):
-            rows[name].append(-1)
-        rows["raw_topic"].append(raw)
-        rows["raw_partition"].append(raw_partition)
-    tick = (KIND_TICK, "", -1, -1, -1, 1, None, None, None, -1, -1, -1, raw, raw_partition)
-    for name, value in zip(INPUT_TYPES, tick, strict=True):
-        rows[name].append(value)
-    return pa.RecordBatch.from_pydict(rows, schema=pa.schema(list(INPUT_TYPES.items())))
+        session = [{"key": "diode.session", "value": b"ab"}]
+        rows.append({"key": run.key().encode(), "value": run.encode(), "headers": session})
+    rows.append(
+        {"key": b"tick", "value": b"", "headers": [{"key": "diode.control", "value": TICK}]}
+    )
+    for row in rows:
+        row |= {"topic": raw, "partition": raw_partition}
+    return pa.RecordBatch.from_pylist(rows)
 
 
 def spec(settings: WriterSettings, query: str, batch_id: int) -> DirectSpec:

@@ -110,12 +110,13 @@ finally:
 """
 
 
-@pytest.mark.parametrize("extra", ["", "-Xss4m"])
+@pytest.mark.parametrize(("extra", "layout"), [("", "auto"), ("-Xss4m", "buckets")])
 def test_a_session_the_dedup_launches_collects_with_the_parallel_collector_and_two_arenas(
-    tmp_path, extra: str
+    tmp_path, extra: str, layout: str
 ) -> None:
     """In its own process (a JVM already running in this one would keep its flags), with and
-    without a user's ``extraJavaOptions``, which add to the dedup's defaults."""
+    without a user's ``extraJavaOptions``, which add to the dedup's defaults. A new checkpoint
+    of the direct layout (``auto``, one raw topic) gets a 512 MB heap, a buckets one Spark's."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -123,6 +124,7 @@ def test_a_session_the_dedup_launches_collects_with_the_parallel_collector_and_t
     }
     if extra:
         env["SPARK_CONF_spark_driver_extraJavaOptions"] = extra
+    env["STATE_LAYOUT"] = layout
     done = subprocess.run(
         [sys.executable, "-c", GC_PROBE, str(tmp_path / "state")],
         env=env,
@@ -140,3 +142,5 @@ def test_a_session_the_dedup_launches_collects_with_the_parallel_collector_and_t
         assert extra in seen["args"]
     # and with fewer malloc arenas (dedup/job.py JVM_ENV)
     assert seen["arenas"] == job.JVM_ENV["MALLOC_ARENA_MAX"]
+    heap = [a for a in seen["args"] if a.startswith("-Xmx")]
+    assert heap == (["-Xmx512m"] if layout == "auto" else ["-Xmx1g"]), seen["args"]

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaException, Producer
 
 from common.errors import ServiceError
 from common.topic_limits import TimestampWindow
@@ -51,13 +51,12 @@ from dedup.classify_rows import classify_batch
 from dedup.detect import KIND_TICK, DetectParams, Output, Rows, detect_bucket_rows
 from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
 from dedup.faults import fault, fault_during
-from dedup.fence import base_conf, init_producer
+from dedup.fence import init_producer, last_values
 from dedup.rows import KIND_GAP, KIND_RUN, KIND_STAT
 from dedup.task_result import task_attempt, task_result
 from dedup.transaction import PartitionWriter, gc_paused, record_count
 from dedup.worker_heap import FreezeOnLoad
 from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult, WriterSettings
-from runtime import kafka
 
 log = logging.getLogger(__name__)
 
@@ -264,64 +263,21 @@ class DirectPartition:
 def read_state(settings: WriterSettings, key: bytes, partition: int) -> StateRecord | None:
     """The last committed state record with ``key`` in partition ``partition`` of the state
     topic (``read_committed``), or None: a raw partition this checkpoint has not written yet.
-
-    Searches backwards from the partition's end in growing steps: with one raw topic the last
-    committed record of the partition is the one.
+    With one raw topic the partition's last committed record is the one.
 
     Raises:
         ServiceError: the topic cannot be read.
         GapStateError: the record is not one this version reads.
     """
-    conf = base_conf(settings)
-    conf.update(
-        {
-            "group.id": f"{settings.transactional_id}.state",
-            "isolation.level": "read_committed",
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 10,
-        }
+    values = last_values(
+        settings,
+        settings.state_topic,
+        partition,
+        key,
+        f"{settings.transactional_id}.state",
+        STATE_SCAN_STEP,
     )
-    consumer = kafka.consumer(conf)
-    try:
-        tp = TopicPartition(settings.state_topic, partition)
-        low, high = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S)
-        step, end = STATE_SCAN_STEP, high
-        while end > low:
-            start = max(low, end - step)
-            value = _scan(consumer, settings.state_topic, partition, key, start, end)
-            if value is not None:
-                return StateRecord.decode(value)
-            end, step = start, step * 4
-        return None
-    finally:
-        consumer.close()
-
-
-def _scan(  # noqa: PLR0917  one read of a state partition's range
-    consumer: Any, topic: str, partition: int, key: bytes, start: int, end: int
-) -> bytes | None:
-    """The value of the last record with ``key`` in ``[start, end)`` of the partition."""
-    consumer.assign([TopicPartition(topic, partition, start)])
-    found: bytes | None = None
-    deadline = time.monotonic() + KAFKA_TIMEOUT_S
-    while time.monotonic() < deadline:
-        msg = consumer.poll(1.0)
-        if msg is None:
-            continue
-        err = msg.error()
-        if err is not None:
-            if err.code() == KafkaError._PARTITION_EOF:
-                return found
-            raise ServiceError(f"reading the dedup's state topic {topic!r} failed: {err}")
-        offset = msg.offset()
-        if offset is None or offset >= end:
-            return found
-        value = msg.value()
-        if msg.key() == key and value is not None:
-            found = value
-    raise ServiceError(f"reading the dedup's state topic {topic!r} timed out; is Kafka up?")
+    return StateRecord.decode(values[-1]) if values else None
 
 
 def _produce_waiting(

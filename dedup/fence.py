@@ -87,6 +87,23 @@ def read_last_marker(settings: WriterSettings, key: bytes, group_id: str) -> int
     Searches the progress topic backwards from its end in growing steps, so a marker written a
     few batches ago costs one short read.
     """
+    values = last_values(
+        settings, settings.progress_topic, MARKER_PARTITION, key, group_id, FENCE_SCAN_STEP
+    )
+    return max((int(json.loads(v)["batch_id"]) for v in values), default=-1)
+
+
+def last_values(  # noqa: PLR0917  one keyed read of one partition
+    settings: WriterSettings, topic: str, partition: int, key: bytes, group_id: str, step: int
+) -> list[bytes]:
+    """The committed values with ``key`` (read_committed, in offset order) of the last range of
+    ``topic``'s ``partition`` that holds any: the search goes backwards from the partition's end
+    in ranges of ``step`` records, growing fourfold, so a record written lately costs one short
+    read. Empty: no record with ``key``. (The fence's markers; the direct layout's state.)
+
+    Raises:
+        ServiceError: the topic cannot be read.
+    """
     conf = base_conf(settings)
     conf.update(
         {
@@ -100,24 +117,25 @@ def read_last_marker(settings: WriterSettings, key: bytes, group_id: str) -> int
     )
     consumer = kafka.consumer(conf)
     try:
-        tp = TopicPartition(settings.progress_topic, MARKER_PARTITION)
-        low, high = consumer.get_watermark_offsets(tp, timeout=KAFKA_TIMEOUT_S)
-        step = FENCE_SCAN_STEP
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=KAFKA_TIMEOUT_S
+        )
         end = high
         while end > low:
             start = max(low, end - step)
-            found = _scan_markers(consumer, settings.progress_topic, key, start, end)
-            if found is not None:
+            found = _scan(consumer, TopicPartition(topic, partition, start), key, end)
+            if found:
                 return found
             end, step = start, step * 4
-        return -1
+        return []
     finally:
         consumer.close()
 
 
-def _scan_markers(consumer: Consumer, topic: str, key: bytes, start: int, end: int) -> int | None:
-    consumer.assign([TopicPartition(topic, MARKER_PARTITION, start)])
-    best: int | None = None
+def _scan(consumer: Consumer, where: TopicPartition, key: bytes, end: int) -> list[bytes]:
+    """The values with ``key`` from ``where`` up to offset ``end`` (exclusive)."""
+    consumer.assign([where])
+    found: list[bytes] = []
     deadline = time.monotonic() + KAFKA_TIMEOUT_S
     while time.monotonic() < deadline:
         msg = consumer.poll(1.0)
@@ -126,12 +144,11 @@ def _scan_markers(consumer: Consumer, topic: str, key: bytes, start: int, end: i
         err = msg.error()
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF:
-                return best
-            raise ServiceError(f"reading the progress topic failed: {err}")
+                return found
+            raise ServiceError(f"reading topic {where.topic!r} failed: {err}")
         offset, value = msg.offset(), msg.value()
         if offset is None or offset >= end:
-            return best
+            return found
         if msg.key() == key and value is not None:
-            batch = int(json.loads(value)["batch_id"])
-            best = batch if best is None else max(best, batch)
-    raise ServiceError(f"reading progress topic {topic!r} timed out; is Kafka up?")
+            found.append(value)
+    raise ServiceError(f"reading topic {where.topic!r} timed out; is Kafka up?")

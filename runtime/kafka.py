@@ -244,27 +244,30 @@ def cluster_metadata(conf: Mapping[str, Any], timeout: float) -> tuple[int, list
     Raises:
         KafkaClientError: the cluster did not answer within ``timeout`` seconds.
     """
-    try:
-        meta = admin(conf).list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise error(exc, f"cannot reach Kafka at {conf.get('bootstrap.servers', '?')}") from exc
+    meta = _metadata(conf, timeout)
     return len(meta.brokers), list(meta.topics)
 
 
-def topic_partitions(conf: Mapping[str, Any], topic: str, timeout: float) -> int:
-    """How many partitions ``topic`` has; 0 if it does not exist.
-
-    Asks for every topic's metadata: a request that names a missing topic makes a broker with
-    ``auto.create.topics.enable`` create it, with the broker's default partition count.
+def _metadata(conf: Mapping[str, Any], timeout: float) -> Any:
+    """The cluster's metadata, every topic (a request naming one that is missing would make a
+    broker with ``auto.create.topics.enable`` create it).
 
     Raises:
         KafkaClientError: the cluster did not answer within ``timeout`` seconds.
     """
     try:
-        meta = admin(conf).list_topics(timeout=timeout)
+        return admin(conf).list_topics(timeout=timeout)
     except KafkaException as exc:
         raise error(exc, f"cannot reach Kafka at {conf.get('bootstrap.servers', '?')}") from exc
-    found = meta.topics.get(topic)
+
+
+def topic_partitions(conf: Mapping[str, Any], topic: str, timeout: float) -> int:
+    """How many partitions ``topic`` has; 0 if it does not exist.
+
+    Raises:
+        KafkaClientError: the cluster did not answer within ``timeout`` seconds.
+    """
+    found = _metadata(conf, timeout).topics.get(topic)
     if found is None or found.error is not None:
         return 0
     return len(found.partitions)

@@ -123,7 +123,8 @@ def spark_cluster(tmp_path: Path) -> Iterator[str]:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{ui}/json/", timeout=5) as r:
                     state = json.load(r)
-            except OSError:
+            except (OSError, ValueError):
+                # A master still starting may answer with an empty or partial body.
                 return False
             return sum(w.get("state") == "ALIVE" for w in state.get("workers", [])) == 2
 

@@ -511,6 +511,8 @@ class RunContext:
     stall_s: float
     work: Path
     warmup: int = WARMUP
+    persist_interval_ms: int = 1000
+    """Our dedup's PERSIST_INTERVAL_MS (its trigger interval; the default 1000)."""
 
 
 def _cpu(proc: ManagedProcess) -> tuple[float, int]:
@@ -628,7 +630,8 @@ def _warm(
 def run_ours(ctx: RunContext, index: int) -> dict[str, Any]:
     """``kafka-diode send/receive/dedup`` over a pre-filled backlog (module doc)."""
     spec = PipelineSpec(records=ctx.records, topics=("bench",), partitions=ctx.partitions,
-                        value_size=ctx.value_bytes, profile=None, run_dedup=True)  # fmt: skip
+                        value_size=ctx.value_bytes, profile=None, run_dedup=True,
+                        persist_interval_ms=ctx.persist_interval_ms)  # fmt: skip
     pipe = Pipeline(spec, ctx.work / f"run{index}-ours",
                     upstream=ctx.bootstraps[0], downstream=ctx.bootstraps[1])  # fmt: skip
     source = pipe.ep.source_topics[0]
@@ -657,7 +660,9 @@ def run_ours(ctx: RunContext, index: int) -> dict[str, Any]:
         finally:
             raw.stop()
             clean.stop()
-    res.update({"system": "ours", "fill_s": fill_s, "topics": {"source": source,
+    res.update({"system": "ours", "fill_s": fill_s,
+                "settings": {"PERSIST_INTERVAL_MS": ctx.persist_interval_ms},
+                "topics": {"source": source,
                 "raw": pipe.ep.raw_topic, "clean": clean_topic}})  # fmt: skip
     return res
 
@@ -852,6 +857,8 @@ def main(argv: list[str] | None = None) -> int:
         default=WARMUP,
         help="warm-up records through each system before the measured backlog",
     )
+    ap.add_argument("--persist-interval-ms", type=int, default=1000,
+                    help="our dedup's PERSIST_INTERVAL_MS (default: its own default)")  # fmt: skip
     ap.add_argument("--stall", type=float, default=60.0, help="give up after S s without progress")
     ap.add_argument("--skip-build", action="store_true", help="reuse binaries already built")
     ap.add_argument("--work-dir", type=Path, default=None,
@@ -899,7 +906,8 @@ def main(argv: list[str] | None = None) -> int:
             pids[side] = broker.start().pid
             bootstraps.append(broker.bootstrap)
         ctx = RunContext((bootstraps[0], bootstraps[1]), pids, records, args.value_bytes,
-                         args.partitions, args.stall, work, args.warmup)  # fmt: skip
+                         args.partitions, args.stall, work, args.warmup,
+                         args.persist_interval_ms)  # fmt: skip
         for i, system in enumerate(order, 1):
             log(f"run {i}/{len(order)}: {system} (load {os.getloadavg()[0]:.1f})")
             try:

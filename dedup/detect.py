@@ -221,7 +221,7 @@ def _detect_bucket(
     state.setTimeoutDuration(bucket.next_due_in(now, params.scan_interval_ms))
 
 
-def detect_bucket_rows(  # noqa: PLR0917  one call per bucket (or raw partition) and batch
+def detect_bucket_rows(  # noqa: PLR0917  one call per bucket and batch
     params: DetectParams,
     rows: Rows | None,
     bucket: buckets.BucketState,
@@ -230,30 +230,91 @@ def detect_bucket_rows(  # noqa: PLR0917  one call per bucket (or raw partition)
     total_bytes: int = buckets.BUCKET_STATE_BYTES,
 ) -> None:
     """The detectors of ``bucket`` over ``rows`` (any source partitions), in place: each source
-    partition with rows, then each whose scan is due. The stateful step's buckets and the direct
-    layout's task (``dedup/direct.py``: all source partitions of one raw partition) call it."""
-    seen: set[tuple[str, int]] = set()
-    groups = {} if rows is None else rows.by_partition()
-    joining = sum(1 for key in groups if bucket.get(key) is None and key[1] >= 0)
-    budget = bucket.budget(params.max_state_bytes, joining, total_bytes)
-    for key in sorted(groups):
-        index = groups[key]
-        if key == (UNPARSED_TOPIC, UNPARSED_PARTITION):
-            _count_unparsed(len(index), out)
-            continue
-        seen.add(key)
-        assert rows is not None  # groups is empty without rows
-        part = rows.take(index)
-        blob, last_scan = detect_partition(
-            params, key[0], key[1], part, bucket.get(key), now, out, budget
-        )
-        bucket.put(key, blob, last_scan)
-    for key in bucket.due(now, params.scan_interval_ms):
-        if key not in seen:
-            blob, last_scan = detect_partition(
-                params, key[0], key[1], None, bucket.get(key), now, out, budget
-            )
-            bucket.put(key, blob, last_scan)
+    partition with rows, then each whose scan is due (the stateful step's bucket call)."""
+    live = LiveBucket(params, bucket, now, total_bytes)
+    live.observe(rows, out)
+    live.finish(out)
+
+
+class LiveBucket:
+    """The detectors of one bucket, each parsed at its first use and saved once at the end.
+
+    The direct layout's task (``dedup/direct.py``: every source partition of one raw partition)
+    calls :meth:`observe` once per Arrow batch of its input: parsing and saving each detector
+    per Arrow batch made the task's cost grow with the source partitions per raw partition
+    (docs/benchmarks.md "The direct layout"). Each call does what one call of
+    :func:`detect_partition` per source partition does (resets first, data, withheld,
+    heartbeats, a due scan, the budget of the bucket's share at that call); the counters of a
+    partition's calls are summed into one ``stat`` row by :meth:`finish`, which writes the
+    touched detectors back into the bucket. Bounded: the detectors together stay within the
+    bucket's ``total_bytes`` (each keeps its share's budget, as when saved per call).
+    """
+
+    def __init__(
+        self,
+        params: DetectParams,
+        bucket: buckets.BucketState,
+        now: int,
+        total_bytes: int = buckets.BUCKET_STATE_BYTES,
+    ) -> None:
+        self.params = params
+        self.bucket = bucket
+        self.now = now
+        self.total_bytes = total_bytes
+        self._live: dict[buckets.Key, _LivePartition] = {}
+
+    def _known(self, key: buckets.Key) -> bool:
+        return key in self._live or self.bucket.get(key) is not None
+
+    def observe(self, rows: Rows | None, out: Output) -> None:
+        """One call's rows (any source partitions, or None: the due scans only)."""
+        params, now = self.params, self.now
+        seen: set[buckets.Key] = set()
+        groups = {} if rows is None else rows.by_partition()
+        joining = sum(1 for key in groups if not self._known(key) and key[1] >= 0)
+        held = len(self.bucket) + sum(1 for key in self._live if self.bucket.get(key) is None)
+        share = self.total_bytes // max(1, held + joining)
+        budget = min(params.max_state_bytes, max(buckets.MIN_STATE_BYTES, share))
+        for key in sorted(groups):
+            index = groups[key]
+            if key == (UNPARSED_TOPIC, UNPARSED_PARTITION):
+                _count_unparsed(len(index), out)
+                continue
+            seen.add(key)
+            assert rows is not None  # groups is empty without rows
+            self._partition(key, rows.take(index), budget).call(params, now, out, budget)
+        due = [
+            key
+            for key, part in self._live.items()
+            if key not in seen and now - part.last_scan >= params.scan_interval_ms
+        ]
+        due += [
+            key
+            for key in self.bucket.due(now, params.scan_interval_ms)
+            if key not in seen and key not in self._live
+        ]
+        for key in sorted(due):
+            self._partition(key, None, budget).call(params, now, out, budget)
+
+    def _partition(self, key: buckets.Key, rows: Rows | None, budget: int) -> _LivePartition:
+        part = self._live.get(key)
+        if part is None:
+            part = _LivePartition.start(self.params, key, rows, self.bucket.get(key), self.now,
+                                        budget)  # fmt: skip
+            self._live[key] = part
+        else:
+            part.next_rows(self.params, rows, self.now, budget)
+        return part
+
+    def finish(self, out: Output) -> buckets.BucketState:
+        """Save the touched detectors into the bucket and add their ``stat`` rows; the bucket."""
+        for key in sorted(self._live):
+            part = self._live[key]
+            blob = part.detector.to_bytes()
+            self.bucket.put(key, blob, part.last_scan)
+            part.add_stat(out, len(blob))
+        self._live.clear()
+        return self.bucket
 
 
 def detect_partition(  # noqa: PLR0917  one call per source partition and batch
@@ -272,80 +333,141 @@ def detect_partition(  # noqa: PLR0917  one call per source partition and batch
     ``max_state_bytes``: the partition's share of its bucket's budget, when below
     ``MAX_STATE_BYTES`` (``buckets.BucketState.budget``).
     """
-    stats = dict.fromkeys(STAT_COLUMNS, 0)
     budget = params.max_state_bytes if max_state_bytes is None else max_state_bytes
-    config = gaps.DetectorConfig(
+    part = _LivePartition.start(params, (topic, partition), rows, saved, now, budget)
+    part.call(params, now, out, budget)
+    blob = part.detector.to_bytes()
+    part.add_stat(out, len(blob))
+    return blob, part.last_scan
+
+
+def _detector_config(params: DetectParams, budget: int) -> gaps.DetectorConfig:
+    return gaps.DetectorConfig(
         window_size=params.window_size,
         max_windows=params.max_windows,
         max_expired_gaps=params.max_expired_gaps,
         max_state_bytes=budget,
     )
-    kinds = rows["kind"] if rows is not None else np.empty(0, dtype=np.int8)
-    stats["resets"] = int(np.count_nonzero(kinds == KIND_RESET))
-    if stats["resets"]:
-        # docs/dedup.md "Reset": the reset applies before this batch's records, and before the
-        # saved state is read: it discards that state, which may be unreadable (WINDOW_SIZE).
-        log.warning("reset of %s:%d requested: state cleared", topic, partition)
-        detector = gaps.PartitionDetector(topic, partition, config, reset_at_ms=now)
-        last_scan = now
-    elif saved is not None:
-        blob, last_scan = saved
-        detector = load_detector(bytes(blob), config, topic, partition)
-    else:
-        detector, last_scan = gaps.PartitionDetector(topic, partition, config), now
-    below_before, budget_before = detector.below_window, detector.budget_evictions
 
-    if rows is not None:
-        stats["malformed"] = int(np.count_nonzero(kinds == KIND_MALFORMED))
-        offsets = rows["src_offset"]
-        data = np.flatnonzero((kinds == KIND_DATA) | (kinds == KIND_RUN_IN))
-        if len(data):
-            _observe_data(detector, rows, data, out, now, stats)
-        held = np.flatnonzero(kinds == KIND_WITHHELD)
-        if len(held):
-            # After the records: an offset that came both as a record and withheld (the rules
-            # changed between a send and a resend) is delivered.
-            lasts = rows["hb_low"]
-            stats["withheld"] = sum(
-                detector.withhold(int(offsets[i]), int(lasts[i]), now) for i in held.tolist()
+
+def _reset(
+    key: buckets.Key,
+    rows: Rows | None,
+    config: gaps.DetectorConfig,
+    now: int,
+    stats: dict[str, int],
+) -> gaps.PartitionDetector | None:
+    """A new detector if ``rows`` hold a reset of the partition (counted in ``stats``)."""
+    resets = 0 if rows is None else int(np.count_nonzero(rows["kind"] == KIND_RESET))
+    if not resets:
+        return None
+    stats["resets"] += resets
+    log.warning("reset of %s:%d requested: state cleared", *key)
+    return gaps.PartitionDetector(key[0], key[1], config, reset_at_ms=now)
+
+
+@dataclass(slots=True)
+class _LivePartition:
+    """One source partition's parsed detector, the rows of its next call and its counters."""
+
+    detector: gaps.PartitionDetector
+    last_scan: int
+    rows: Rows | None
+    stats: dict[str, int]
+
+    @classmethod
+    def start(  # noqa: PLR0917  one call per source partition and task
+        cls,
+        params: DetectParams,
+        key: buckets.Key,
+        rows: Rows | None,
+        saved: tuple[bytes, int] | None,
+        now: int,
+        budget: int,
+    ) -> _LivePartition:
+        """The partition's first call: its saved detector (or a new one), unless a reset in
+        ``rows`` discards it before it is read (docs/dedup.md "Reset": the saved state may be
+        unreadable, WINDOW_SIZE)."""
+        config = _detector_config(params, budget)
+        stats = dict.fromkeys(STAT_COLUMNS, 0)
+        reset = _reset(key, rows, config, now, stats)
+        if reset is not None:
+            return cls(reset, now, rows, stats)
+        if saved is not None:
+            blob, last_scan = saved
+            return cls(load_detector(bytes(blob), config, *key), last_scan, rows, stats)
+        return cls(gaps.PartitionDetector(key[0], key[1], config), now, rows, stats)
+
+    def next_rows(self, params: DetectParams, rows: Rows | None, now: int, budget: int) -> None:
+        """A later call of the same task: a reset in ``rows`` applies before them."""
+        self.rows = rows
+        detector = self.detector
+        config = _detector_config(params, budget)
+        key = (detector.topic, detector.partition)
+        reset = _reset(key, rows, config, now, self.stats)
+        if reset is not None:
+            self.detector, self.last_scan = reset, now
+        else:
+            detector.config = config  # the bucket's share at this call, as if saved and loaded
+
+    def call(self, params: DetectParams, now: int, out: Output, budget: int) -> None:
+        """Observe the taken rows, scan if due, add the gap rows to ``out``."""
+        detector, rows, stats = self.detector, self.rows, self.stats
+        self.rows = None
+        below_before, budget_before = detector.below_window, detector.budget_evictions
+        if rows is not None:
+            kinds = rows["kind"]
+            stats["malformed"] += int(np.count_nonzero(kinds == KIND_MALFORMED))
+            offsets = rows["src_offset"]
+            data = np.flatnonzero((kinds == KIND_DATA) | (kinds == KIND_RUN_IN))
+            if len(data):
+                _observe_data(detector, rows, data, out, now, stats)
+            held = np.flatnonzero(kinds == KIND_WITHHELD)
+            if len(held):
+                # After the records: an offset that came both as a record and withheld (the
+                # rules changed between a send and a resend) is delivered.
+                lasts = rows["hb_low"]
+                stats["withheld"] += sum(
+                    detector.withhold(int(offsets[i]), int(lasts[i]), now) for i in held.tolist()
+                )
+            beats = np.flatnonzero(kinds == KIND_HEARTBEAT)
+            stats["heartbeats"] += len(beats)
+            if len(beats):
+                apply_heartbeats(detector, rows.take(beats), now)
+
+        reports: list[gaps.GapReport] = []
+        if now - self.last_scan >= params.scan_interval_ms:
+            reports.extend(detector.scan(now))
+            self.last_scan = now
+        reports.extend(detector.drain_reports())
+        for warning in detector.drain_warnings():
+            why = ""
+            if budget < params.max_state_bytes:
+                why = (
+                    f" (here: this partition's share of its bucket's {buckets.BUCKET_STATE_BYTES} "
+                    "bytes, MAX_STATE_BYTES being higher; more buckets need a new checkpoint with "
+                    'a higher SHUFFLE_PARTITIONS, docs/dedup.md "State layout")'
+                )
+            log.warning("%s:%d: %s%s", detector.topic, detector.partition, warning, why)
+        for report in reports:
+            out.add(
+                KIND_GAP,
+                detector.topic,
+                detector.partition,
+                gap_key=gap_record.gap_key(report),
+                gap_value=gap_record.gap_value(report),
             )
-        beats = np.flatnonzero(kinds == KIND_HEARTBEAT)
-        stats["heartbeats"] = len(beats)
-        if len(beats):
-            apply_heartbeats(detector, rows.take(beats), now)
+        stats["below_window"] += detector.below_window - below_before
+        stats["budget_evictions"] += detector.budget_evictions - budget_before
+        stats["expired_gaps"] += sum(1 for r in reports if r.state is gaps.GapState.EXPIRED)
 
-    reports: list[gaps.GapReport] = []
-    if now - last_scan >= params.scan_interval_ms:
-        reports.extend(detector.scan(now))
-        last_scan = now
-    reports.extend(detector.drain_reports())
-    for warning in detector.drain_warnings():
-        why = ""
-        if budget < params.max_state_bytes:
-            why = (
-                f" (here: this partition's share of its bucket's {buckets.BUCKET_STATE_BYTES} "
-                "bytes, MAX_STATE_BYTES being higher; more buckets need a new checkpoint with a "
-                'higher SHUFFLE_PARTITIONS, docs/dedup.md "State layout")'
-            )
-        log.warning("%s:%d: %s%s", topic, partition, warning, why)
-    for report in reports:
-        out.add(
-            KIND_GAP,
-            topic,
-            partition,
-            gap_key=gap_record.gap_key(report),
-            gap_value=gap_record.gap_value(report),
-        )
-
-    blob = detector.to_bytes()
-    stats["open_gaps"] = len(detector.reported_open())
-    stats["chains_missing"] = detector.chains_missing
-    stats["pending_gaps"] = detector.pending_gaps
-    stats["below_window"] = detector.below_window - below_before
-    stats["budget_evictions"] = detector.budget_evictions - budget_before
-    stats["expired_gaps"] = sum(1 for r in reports if r.state is gaps.GapState.EXPIRED)
-    out.add(KIND_STAT, topic, partition, state_bytes=len(blob), **stats)
-    return blob, last_scan
+    def add_stat(self, out: Output, state_bytes: int) -> None:
+        """The partition's ``stat`` row: its calls' counters, its detector's gauges now."""
+        detector, stats = self.detector, self.stats
+        stats["open_gaps"] = len(detector.reported_open())
+        stats["chains_missing"] = detector.chains_missing
+        stats["pending_gaps"] = detector.pending_gaps
+        out.add(KIND_STAT, detector.topic, detector.partition, state_bytes=state_bytes, **stats)
 
 
 def _observe_data(  # noqa: PLR0917  one call per source partition and batch
@@ -406,8 +528,8 @@ def _observe_data(  # noqa: PLR0917  one call per source partition and batch
             selection=selection,
             records=taken,
         )
-    stats["delivered"] = delivered
-    stats["duplicates"] = total - delivered
+    stats["delivered"] += delivered
+    stats["duplicates"] += total - delivered
 
 
 def _index_ranges(verdicts: list[bool]) -> list[tuple[int, int]]:

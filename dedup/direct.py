@@ -48,11 +48,11 @@ from common.errors import ServiceError
 from common.topic_limits import TimestampWindow
 from dedup.buckets import BucketState
 from dedup.classify_rows import classify_batch
-from dedup.detect import KIND_TICK, DetectParams, Output, Rows, detect_bucket_rows
+from dedup.detect import KIND_TICK, DetectParams, LiveBucket, Output, Rows
 from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
 from dedup.faults import fault, fault_during
 from dedup.fence import init_producer, last_values
-from dedup.rows import KIND_GAP, KIND_RUN, KIND_STAT
+from dedup.rows import KIND_GAP, KIND_RUN
 from dedup.task_result import task_attempt, task_result
 from dedup.transaction import PartitionWriter, gc_paused, record_count
 from dedup.worker_heap import FreezeOnLoad
@@ -183,13 +183,23 @@ class DirectPartition:
                 committed.batch_id,
             )
             return BatchResult(batch_id, skipped=True, fenced=True)
-        detectors = committed.detectors if committed is not None else BucketState()
+        # parsed once each, saved once at the end (not per Arrow batch)
+        live = LiveBucket(
+            self.spec.params,
+            committed.detectors if committed is not None else BucketState(),
+            self.spec.now_ms,
+            DIRECT_STATE_BYTES,
+        )
         result = BatchResult(batch_id)
         producer.begin_transaction()
         try:
             for batch in batches:
                 self._check_source(batch)
-                self._one_batch(producer, batch, detectors, result, on_stats)
+                self._one_batch(producer, batch, live, result)
+            stats = Output()
+            detectors = live.finish(stats)
+            if stats.rows:
+                on_stats(stats.record_batch())
             state = StateRecord(
                 batch_id=batch_id,
                 raw_topic=self.raw_topic,
@@ -228,9 +238,8 @@ class DirectPartition:
         self,
         producer: Producer,
         batch: pa.RecordBatch,
-        detectors: BucketState,
+        live: LiveBucket,
         result: BatchResult,
-        on_stats: Any,
     ) -> None:
         """Observe one Arrow batch of input, produce what it delivers (one batch of payload in
         the task at a time)."""
@@ -243,16 +252,13 @@ class DirectPartition:
             if len(keep) != len(kinds):
                 rows = rows.take(keep)
         out = Output()
-        detect_bucket_rows(
-            self.spec.params, rows, detectors, self.spec.now_ms, out, DIRECT_STATE_BYTES
-        )
+        live.observe(rows, out)
         if not out.rows:
             return
         produced = out.record_batch()
         kind = produced.column("kind")
         runs = produced.filter(pc.equal(kind, KIND_RUN))
         gap_rows = produced.filter(pc.equal(kind, KIND_GAP))
-        on_stats(produced.filter(pc.equal(kind, KIND_STAT)))
         result.records += record_count(runs)
         result.gaps += gap_rows.num_rows
         with gc_paused():

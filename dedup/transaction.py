@@ -212,6 +212,20 @@ class PartitionWriter:
         if new:
             self._windows.update(checked_clean_topics(self.settings, new))
 
+    def _learn_partition_counts(self, producer: Producer, topics: list[str]) -> None:
+        """The partition counts of the clean topics not known yet, from one metadata request
+        (a task of a raw partition that carries many source topics paid one per topic)."""
+        missing = [t for t in topics if t not in self._partitions]
+        if len(missing) < 2:
+            return  # _partition_count asks for the one topic
+        # every topic's metadata: asking for names would let a broker auto-create them; the
+        # clean topics exist by now (_check_new_topics created the missing ones)
+        meta = producer.list_topics(timeout=KAFKA_TIMEOUT_S).topics
+        for topic in missing:
+            found = meta.get(topic)
+            if found is not None and found.error is None and found.partitions:
+                self._partitions[topic] = len(found.partitions)
+
     def _partition_count(self, producer: Producer, topic: str) -> int:
         count = self._partitions.get(topic)
         if count is None:
@@ -250,7 +264,9 @@ class PartitionWriter:
         if runs.num_rows == 0:
             return
         now_ms = int(time.time() * 1000)
-        self._check_new_topics(runs.column("src_topic").unique().to_pylist())
+        source_topics = runs.column("src_topic").unique().to_pylist()
+        self._check_new_topics(source_topics)
+        self._learn_partition_counts(producer, [self.clean_name(t) for t in source_topics])
         targets: dict[tuple[str, int], tuple[str, int, tuple[int, int]]] = {}
         payload_bytes = record_bytes = replaced = 0
         for topic, partition, payload, selection in zip(

@@ -68,9 +68,16 @@ def setup(bootstrap: str, raw_partitions: int = 1) -> tuple[WriterSettings, str,
 def runs(raw: str, raw_partition: int, spans: list[tuple[int, int, int]]) -> pa.RecordBatch:
     """Raw records as Spark's source reads them: a v2 run per ``(source partition, first,
     last)``, then the driver's tick."""
+    return topic_runs(raw, raw_partition, [(SOURCE, *span) for span in spans])
+
+
+def topic_runs(
+    raw: str, raw_partition: int, spans: list[tuple[str, int, int, int]]
+) -> pa.RecordBatch:
+    """``runs`` of ``(source topic, source partition, first, last)``."""
     rows = []
-    for partition, first, last in spans:
-        run = RunBuilder(SOURCE, partition, 1, first, TS + first)
+    for topic, partition, first, last in spans:
+        run = RunBuilder(topic, partition, 1, first, TS + first)
         for o in range(first, last + 1):
             run.append(o, TS + o, b"k%d" % o, b"v%d-%d" % (partition, o), ())
         session = [{"key": "diode.session", "value": b"ab"}]
@@ -187,3 +194,42 @@ def config_env(config) -> dict[str, str]:
         "STATE_DIR_CONFIG": config.state_dir_config,
         "STATE_LAYOUT": config.state_layout,
     }
+
+
+def test_a_task_of_many_source_topics_keeps_their_detectors_across_its_arrow_batches(
+    downstream_kafka,
+) -> None:
+    """A raw partition carrying several source topics, its input in several Arrow batches
+    (docs/dedup.md "The direct layout"): each detector is parsed once and saved once
+    (``detect.LiveBucket``), each record delivered once, one stat row per source partition;
+    the clean topics' partition counts are learned together, a missing clean topic created."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    topics = [SOURCE, "orders.us", "orders.ap"]  # the last two: created by the task
+    spans = [[(t, p, 0, 9) for t in topics for p in (0, 1)],
+             [(t, p, 5, 19) for t in topics for p in (0, 1)],  # 5..9 again: duplicates
+             [(t, 1, 20, 24) for t in topics]]  # fmt: skip
+    stats: list[pa.RecordBatch] = []
+    task = DirectPartition(spec(settings, query, 0), raw, 0)
+    result = task.run([topic_runs(raw, 0, s) for s in spans], stats.append)
+    assert result.records == len(topics) * (20 + 25)
+    table = pa.Table.from_batches(stats).to_pylist()
+    per_partition = {(r["src_topic"], r["src_partition"]): r for r in table}
+    assert len(table) == len(per_partition) == 2 * len(topics)
+    assert {k: (r["delivered"], r["duplicates"]) for k, r in per_partition.items()} == {
+        (t, p): (20 + 5 * p, 5) for t in topics for p in (0, 1)
+    }
+    for topic in topics:
+        records = consume_all(bootstrap, settings.clean_topic.replace("{topic}", topic))
+        found = Counter((int(r.value.split(b"-")[0][1:]), r.timestamp - TS) for r in records)
+        assert found == Counter({(p, o): 1 for p in (0, 1) for o in range(20 + 5 * p)}), topic
+        # source partition p -> clean partition p mod its count: 4 for SOURCE's, 1 for those
+        # the task created (NEW_TOPIC_PARTITIONS)
+        count = 4 if topic == SOURCE else 1
+        assert {(int(r.value.split(b"-")[0][1:]) % count, r.partition) for r in records} <= {
+            (0, 0),
+            (1, 1),
+        }
+    state = read_state(settings, state_key(query, raw, 0), 0)
+    assert state is not None
+    assert sorted(state.detectors) == sorted((t, p) for t in topics for p in (0, 1))

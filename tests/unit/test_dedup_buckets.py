@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from dedup import buckets, detect
 from dedup.gaps import GapStateError
-from dedup.rows import COLUMN_NAMES
+from dedup.rows import COLUMN_NAMES, STAT_COLUMNS
 from tests.dedup_support import FakeState, run_value
 
 INTERVAL = 1_000
@@ -204,3 +204,101 @@ def test_a_partition_over_its_share_of_the_bucket_evicts_and_says_why(
 def test_a_share_never_drops_below_the_least_budget() -> None:
     crowded = buckets.BucketState({("x", p): (b"", 0) for p in range(100_000)})
     assert crowded.budget(64 << 20) == buckets.MIN_STATE_BYTES
+
+
+#: Stat columns that are the detector's state after a call; the others count what a call did.
+GAUGES = ("open_gaps", "chains_missing", "pending_gaps", "state_bytes")
+kinds = st.sampled_from(["run", "run", "run", "heartbeat", "reset"])
+task_items = st.tuples(
+    st.integers(0, len(PARTITIONS) - 1), kinds, st.integers(0, 150), st.integers(1, 12)
+)
+# tasks: each a few calls (Arrow batches) at one time, the time between tasks
+calls = st.lists(st.lists(task_items, max_size=6), min_size=1, max_size=4)
+tasks = st.lists(st.tuples(calls, st.integers(0, 2 * INTERVAL)), min_size=1, max_size=5)
+
+
+def _task_row(topic: str, partition: int, kind: str, first: int, count: int) -> dict[str, Any]:
+    row = _row(topic, partition, kind != "run", first, count)
+    if kind == "reset":
+        row["kind"] = detect.KIND_RESET
+    return row
+
+
+def _rows(items: list[tuple[int, str, int, int]]) -> detect.Rows | None:
+    rows = [_task_row(*PARTITIONS[i], kind, first, n) for i, kind, first, n in items]
+    return detect.Rows.from_frame(pd.DataFrame(rows)) if rows else None
+
+
+def _split(out: detect.Output) -> tuple[dict[Any, list[Any]], dict[Any, dict[str, Any]]]:
+    """(the non-stat rows per partition, in order; the stat rows' values per partition)."""
+    frame = out.frame()
+    rows = _per_partition(frame[frame["kind"] != "stat"])
+    stats: dict[Any, dict[str, Any]] = {}
+    for row in frame[frame["kind"] == "stat"].to_dict("records"):
+        stats[(row["src_topic"], row["src_partition"])] = row
+    return rows, stats
+
+
+@settings(max_examples=80, deadline=None)
+@given(tasks)
+def test_detectors_kept_parsed_across_a_tasks_calls_give_the_output_of_saving_each_call(
+    plan: list[tuple[list[list[tuple[int, str, int, int]]], int]],
+) -> None:
+    """The direct layout's task keeps each detector parsed across its Arrow batches
+    (``detect.LiveBucket``): the same runs, gaps and final state as parsing and saving per
+    call, and per partition one stat row with the calls' counters summed."""
+    now = 10_000
+    per_call = buckets.BucketState()
+    kept = buckets.BucketState()
+    for calls, step in plan:
+        now += step
+        expected_rows: dict[Any, list[Any]] = {}
+        expected_stats: dict[Any, dict[str, Any]] = {}
+        live = detect.LiveBucket(PARAMS, kept, now, total_bytes=40_000)
+        live_out = detect.Output()
+        for items in calls:
+            out = detect.Output()
+            detect.detect_bucket_rows(PARAMS, _rows(items), per_call, now, out, 40_000)
+            rows, stats = _split(out)
+            for key, found in rows.items():
+                expected_rows.setdefault(key, []).extend(found)
+            for key, row in stats.items():
+                total = expected_stats.setdefault(key, dict.fromkeys(row, 0))
+                for name, value in row.items():
+                    if name in STAT_COLUMNS and name not in GAUGES:
+                        total[name] += value
+                    else:
+                        total[name] = value
+            live.observe(_rows(items), live_out)
+        assert live.finish(live_out) is kept
+        rows, stats = _split(live_out)
+        assert rows == expected_rows
+        assert stats == expected_stats
+        assert kept.to_bytes() == per_call.to_bytes()
+
+
+def test_a_kept_detector_takes_the_smaller_share_when_partitions_join_in_a_later_call() -> None:
+    params = detect.DetectParams(
+        window_size=4096,
+        max_windows=64,
+        max_expired_gaps=100,
+        max_state_bytes=1 << 30,
+        scan_interval_ms=INTERVAL,
+    )
+    total = 1 << 20
+    alone = [_row("a", 0, False, o, 1) for o in range(0, 8 * 4096, 2)]  # ~32 KiB of bitmaps
+    crowd = [_row("x", p, False, 0, 1) for p in range(200)] + [_row("a", 0, False, 9 * 4096, 1)]
+    calls = [detect.Rows.from_frame(pd.DataFrame(rows)) for rows in (alone, crowd)]
+    per_call, kept = buckets.BucketState(), buckets.BucketState()
+    expected = detect.Output()
+    for rows in calls:
+        detect.detect_bucket_rows(params, rows, per_call, 10_000, expected, total)
+    live = detect.LiveBucket(params, kept, 10_000, total)
+    out = detect.Output()
+    for rows in calls:
+        live.observe(rows, out)
+    live.finish(out)
+    evictions = out.frame().query("kind == 'stat' and src_topic == 'a'")["budget_evictions"]
+    assert evictions.tolist()[0] > 0  # 1 MiB alone, then 1 MiB / 201 partitions
+    assert evictions.sum() == expected.frame().query("src_topic == 'a'")["budget_evictions"].sum()
+    assert kept.to_bytes() == per_call.to_bytes()

@@ -232,7 +232,8 @@ def test_clean_and_gap_topics_are_exact(
     assert layout_file["layout"] == layout
 
 
-@pytest.mark.parametrize("layout", ["buckets", "direct"])
+# the buckets case (its ticks go to the control topic) runs with the slow tests, for CI's time
+@pytest.mark.parametrize("layout", [pytest.param("buckets", marks=pytest.mark.slow), "direct"])
 def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
     downstream_kafka, kafka_topic, tmp_path, layout
 ) -> None:

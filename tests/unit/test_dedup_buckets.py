@@ -174,16 +174,20 @@ def test_the_detectors_of_a_bucket_share_its_budget() -> None:
     assert bucket.budget(1 << 20, joining=1) == 1 << 20
 
 
+#: Windows of 4096 offsets: every other offset of a window is a bitmap of its own (~4 KiB).
+WIDE = detect.DetectParams(
+    window_size=4096,
+    max_windows=64,
+    max_expired_gaps=100,
+    max_state_bytes=1 << 30,  # above the bucket's share: the share is the budget
+    scan_interval_ms=INTERVAL,
+)
+
+
 def test_a_partition_over_its_share_of_the_bucket_evicts_and_says_why(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    params = detect.DetectParams(
-        window_size=4096,
-        max_windows=64,
-        max_expired_gaps=100,
-        max_state_bytes=1 << 30,  # above the bucket's share: the share is the budget
-        scan_interval_ms=INTERVAL,
-    )
+    params = WIDE
     many = {("x", p): (b"", 10_000) for p in range(buckets.BUCKET_STATE_BYTES // 8192)}
     share = buckets.BucketState(many).budget(params.max_state_bytes, joining=1)
     assert 4096 <= share < 8192
@@ -278,13 +282,7 @@ def test_detectors_kept_parsed_across_a_tasks_calls_give_the_output_of_saving_ea
 
 
 def test_a_kept_detector_takes_the_smaller_share_when_partitions_join_in_a_later_call() -> None:
-    params = detect.DetectParams(
-        window_size=4096,
-        max_windows=64,
-        max_expired_gaps=100,
-        max_state_bytes=1 << 30,
-        scan_interval_ms=INTERVAL,
-    )
+    params = WIDE
     total = 1 << 20
     alone = [_row("a", 0, False, o, 1) for o in range(0, 8 * 4096, 2)]  # ~32 KiB of bitmaps
     crowd = [_row("x", p, False, 0, 1) for p in range(200)] + [_row("a", 0, False, 9 * 4096, 1)]

@@ -254,6 +254,27 @@ def cpu_split_per_million(before: dict[str, float], total: int) -> dict[str, flo
     return {k: round((v - before[k]) * 1e6 / total, 1) for k, v in tree_cpu().items()}
 
 
+def broker_cpu_s() -> float:
+    """CPU seconds of the broker this bench started, a child of this process (0 with
+    ``--bootstrap``: not ours to see)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    me = os.getpid()
+    try:
+        with open(f"/proc/{me}/task/{me}/children") as f:
+            children = [int(p) for p in f.read().split()]
+    except OSError:
+        return 0.0
+    total = 0.0
+    for pid in filter(_is_broker, children):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / tick
+    return total
+
+
 def _is_broker(pid: int) -> bool:
     """The Kafka broker this bench may have started is not part of the measured job."""
     try:
@@ -283,6 +304,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
     """Seconds to read ``total`` rows, and where the micro-batches' time went (query progress)."""
     split_before = tree_cpu()
     cpu_before = sum(split_before.values())
+    broker_before = broker_cpu_s()
     driver_before = time.process_time()
     start = time.monotonic()
     query = job.start_query(spark, config, writer, transform=transform)
@@ -294,6 +316,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         seconds = time.monotonic() - start
         cpu_s = tree_cpu_s() - cpu_before
         split = cpu_split_per_million(split_before, total)
+        broker_s = broker_cpu_s() - broker_before
         driver_s = time.process_time() - driver_before
         # The last batch's progress is posted after its foreachBatch returned: wait for it.
         last_id = writer.last.batch_id if writer.last is not None else -1
@@ -321,6 +344,8 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         profile["cpu_s"] = round(cpu_s, 1)
         profile["cpu_s_per_million"] = round(cpu_s * 1e6 / total, 1)
         profile["cpu_s_per_million_by_process"] = split
+        # not part of the dedup's CPU: what its writes cost the (bench's own) broker
+        profile["broker_cpu_s_per_million"] = round(broker_s * 1e6 / total, 1)
         # Gaps are reported by time (two scans GAP_EMIT_INTERVAL_SEC apart), not by data: keep the
         # query running three intervals more, outside the measured CPU, so that each layout's gap
         # topic holds its final states before the two are compared. Scans run only in batches,
@@ -352,6 +377,7 @@ def run_sink_passthrough(
     """Spark's Kafka source -> Spark's Kafka sink, records unchanged: seconds and CPU profile."""
     split_before = tree_cpu()
     cpu_before = sum(split_before.values())
+    broker_before = broker_cpu_s()
     start = time.monotonic()
     reader = (
         spark.readStream.format("kafka")
@@ -388,6 +414,7 @@ def run_sink_passthrough(
         seconds = time.monotonic() - start
         cpu_s = tree_cpu_s() - cpu_before
         split = cpu_split_per_million(split_before, total)
+        broker_s = broker_cpu_s() - broker_before
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(
             [p for p in query.recentProgress if p.get("numInputRows")]
@@ -397,6 +424,7 @@ def run_sink_passthrough(
             "cpu_s": round(cpu_s, 1),
             "cpu_s_per_million": round(cpu_s * 1e6 / total, 1),
             "cpu_s_per_million_by_process": split,
+            "broker_cpu_s_per_million": round(broker_s * 1e6 / total, 1),
             "batches_with_input": sum(1 for n in seen.values() if n),
             **steady(query.recentProgress),
         }
@@ -426,6 +454,11 @@ def main() -> int:
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: the default")
     parser.add_argument("--value-bytes", type=int, default=200, help="source value size")
     parser.add_argument(
+        "--clean-topics-exist",
+        action="store_true",
+        help="create each dedup's clean topics before it starts (a deployment past batch 1)",
+    )
+    parser.add_argument(
         "--spark-conf", action="append", default=[], metavar="NAME=VALUE", help="Spark setting"
     )
     args = parser.parse_args()
@@ -445,6 +478,24 @@ def main() -> int:
         if broker is not None:
             broker.stop()
             shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def create_clean_topics(bootstrap: str, topics: list[str]) -> None:
+    """Create ``topics`` (PARTITIONS each) and wait until every partition has a leader."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics]).values():
+        future.result(30)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        meta = admin.list_topics(timeout=10).topics
+        if all(
+            t in meta and len(meta[t].partitions) == PARTITIONS
+            and all(p.leader >= 0 for p in meta[t].partitions.values())
+            for t in topics
+        ):  # fmt: skip
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"clean topics without leaders after 60 s: {topics[:3]}...")
 
 
 def read_topic(bootstrap: str, topic: str) -> list:
@@ -555,6 +606,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
 
     def dedup(name: str, layout: str, state_layout: str = "buckets") -> None:
         c = config(name, layout, state_layout)
+        if args.clean_topics_exist:
+            clean = [f"{tag}.{name}.clean.src{t}" for t in range(args.topics)]
+            create_clean_topics(bootstrap, clean)
         writer = CountingWriter(writer_settings(c, WriterSettings))
         seconds, profile = run_query(spark, c, writer, written[layout])
         profile["write_payload_bytes"] = writer.payload_bytes
@@ -592,6 +646,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         "source_records": written[layouts[-1]],
         "raw_records": raw_records,
         "fan_in": args.topics,
+        "clean_topics_exist": args.clean_topics_exist,
         "state_partitions": config("x", "runs").effective_shuffle_partitions(),
         "run_records": args.run_records,
         "value_bytes": len(VALUE),

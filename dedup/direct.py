@@ -51,7 +51,7 @@ from dedup.classify_rows import classify_batch
 from dedup.detect import KIND_TICK, DetectParams, LiveBucket, Output, Rows
 from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
 from dedup.faults import fault, fault_during
-from dedup.fence import init_producer, last_values
+from dedup.fence import init_producer, last_values, wait_for_room
 from dedup.rows import KIND_GAP, KIND_RUN
 from dedup.task_result import task_attempt, task_result
 from dedup.transaction import PartitionWriter, gc_paused, record_count
@@ -294,7 +294,7 @@ def _produce_waiting(
             producer.produce(topic, value, key, partition)
             return
         except BufferError:
-            producer.poll(0.05)
+            wait_for_room(producer)
 
 
 def _abort(producer: Producer, transactional_id: str) -> None:

@@ -26,6 +26,16 @@ log = logging.getLogger(__name__)
 FENCE_SCAN_STEP = 512
 #: The marker partition: one partition keeps the markers of a query in order.
 MARKER_PARTITION = 0
+#: The write producers' linger (ms), unless KAFKA_CONF_LINGER_MS says otherwise. Nothing a
+#: transaction writes is visible before its commit, and the commit flushes at once (librdkafka
+#: ignores linger.ms while flushing), so a long linger delays no record: it only lets each clean
+#: partition's batch fill. A task that writes into many clean partitions (one per source topic
+#: its raw partition carries) sent each a small batch every 20 ms, and the broker's cost is per
+#: batch: 32 clean partitions at 55k records/s cost it 2.5 CPU-s per 200k records at 20 ms, 1.1
+#: at 2 s (docs/benchmarks.md "Fan-in: the broker's cost per batch").
+WRITE_LINGER_MS = 2_000
+#: Seconds a produce waits for room in a full local queue before it tries again.
+ROOM_WAIT_S = 0.05
 
 
 def partition_transactional_id(base: str, partition: int) -> str:
@@ -50,7 +60,7 @@ def init_producer(
         {
             "transactional.id": transactional_id,
             "enable.idempotence": True,
-            "linger.ms": conf.get("linger.ms", 20),
+            "linger.ms": conf.get("linger.ms", _write_linger_ms(conf)),
             "batch.num.messages": conf.get("batch.num.messages", 10_000),
             "queue.buffering.max.messages": conf.get("queue.buffering.max.messages", 500_000),
             # bounds the payload in flight in a task (records stream in from the re-read)
@@ -79,6 +89,27 @@ def init_producer(
             "BOOTSTRAP_SERVERS and that the broker allows transactions)",
         ) from exc
     return producer
+
+
+def _write_linger_ms(conf: dict[str, Any]) -> int:
+    """``WRITE_LINGER_MS``, or less where the user's timeouts are shorter (librdkafka refuses a
+    linger as long as ``message.timeout.ms``, which a transaction's timeout caps)."""
+    timeouts = (
+        int(conf[name])
+        for name in ("message.timeout.ms", "delivery.timeout.ms", "transaction.timeout.ms")
+        if str(conf.get(name, "")).isdigit()
+    )
+    return min([WRITE_LINGER_MS, *(t // 2 for t in timeouts)])
+
+
+def wait_for_room(producer: Producer) -> None:
+    """The producer's local queue is full: send what it holds, now.
+
+    librdkafka keeps a partition's batch until ``linger.ms`` expires even when the queue is full,
+    so a poll could wait a whole ``WRITE_LINGER_MS`` (measured: a queue of 256 partial batches
+    stalled until the transaction timed out); a flush sends every partition's batch at once and
+    serves the delivery reports."""
+    producer.flush(ROOM_WAIT_S)
 
 
 def read_last_marker(settings: WriterSettings, key: bytes, group_id: str) -> int:

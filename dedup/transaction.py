@@ -33,6 +33,7 @@ from dedup.fence import (
     init_producer,
     partition_transactional_id,
     read_last_marker,
+    wait_for_room,
 )
 from dedup.rows import KIND_GAP, KIND_RUN, KIND_STAT, unpack_selection
 from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult, WriterSettings
@@ -313,7 +314,7 @@ class PartitionWriter:
                     producer.produce(topic, value, key)
                     break
                 except BufferError:
-                    producer.poll(0.05)
+                    wait_for_room(producer)
 
 
 def record_count(runs: pa.Table | pa.RecordBatch) -> int:
@@ -413,7 +414,7 @@ def _produce_blocking(
     name, value, key, target, timestamp, headers = args
     while True:
         if not first_try:
-            producer.poll(0.05)  # the local queue is full: let librdkafka send
+            wait_for_room(producer)
         first_try = False
         try:
             producer.produce(name, value, key, target, None, None, timestamp, headers)

@@ -14,6 +14,7 @@ What one raw partition's task can go through (docs/dedup.md "The direct layout")
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -233,3 +234,43 @@ def test_a_task_of_many_source_topics_keeps_their_detectors_across_its_arrow_bat
     state = read_state(settings, state_key(query, raw, 0), 0)
     assert state is not None
     assert sorted(state.detectors) == sorted((t, p) for t in topics for p in (0, 1))
+
+
+def test_a_full_producer_queue_is_sent_at_once_not_after_the_write_linger(
+    downstream_kafka,
+) -> None:
+    """The write producers linger long (``fence.WRITE_LINGER_MS``: the commit flushes anyway);
+    a task whose local queue fills before then sends every partial batch at once
+    (``fence.wait_for_room``) instead of polling until the linger expires. Here the queue holds
+    50 records, the task writes 600 into 12 clean partitions and the linger is 30 s: polling
+    would stall that long at each full queue."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    settings = dataclasses.replace(
+        settings,
+        kafka_conf={"linger.ms": "30000", "queue.buffering.max.messages": "50"},
+    )
+    topics = [SOURCE, *(f"orders.r{i}" for i in range(5))]
+    task = DirectPartition(spec(settings, query, 0), raw, 0)
+    done: list[object] = []
+
+    def write() -> None:
+        try:
+            done.append(
+                task.run(
+                    [topic_runs(raw, 0, [(t, p, 0, 49) for t in topics for p in (0, 1)])],
+                    lambda _: None,
+                )
+            )
+        except BaseException as exc:  # reported by the assertion below
+            done.append(exc)
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    thread.join(20)  # a stall lasts the linger: 30 s
+    assert done, "the task stalled on its full queue"
+    assert not isinstance(done[0], BaseException), done[0]
+    for topic in topics:
+        records = consume_all(bootstrap, settings.clean_topic.replace("{topic}", topic))
+        found = Counter((int(r.value.split(b"-")[0][1:]), r.timestamp - TS) for r in records)
+        assert found == Counter({(p, o): 1 for p in (0, 1) for o in range(50)}), topic

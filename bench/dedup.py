@@ -19,6 +19,10 @@ Then, in ONE SparkSession (local[2]), over the whole of each topic:
 
 CPU is the process tree's (driver JVM = executor in local mode, Python workers; not the broker)
 per million **source** records read (copies included), robust to other load on a shared machine.
+Beside it, not part of it: the broker's CPU per million (``broker_cpu_s_per_million``, when the
+bench started the broker) and the JIT's compile seconds inside the JVM's share
+(``jvm_jit_s_per_million``, from JMX). ``--clean-topics-exist`` creates each dedup's clean topics
+before it starts, as a deployment past its first batch has them.
 The clean and gap topics of the two measured dedups are compared record for record. Write tasks
 consume only the payload the stateful step hands them: ``write_payload_ratio`` is those bytes over
 the bytes of the records they turn into clean records or drop as duplicates (values, keys,
@@ -254,6 +258,14 @@ def cpu_split_per_million(before: dict[str, float], total: int) -> dict[str, flo
     return {k: round((v - before[k]) * 1e6 / total, 1) for k, v in tree_cpu().items()}
 
 
+def jit_s(spark) -> float:
+    """Seconds the JVM's JIT compilers have spent compiling (JMX ``getTotalCompilationTime``,
+    summed over its compiler threads): part of the JVM's CPU, and timed by when HotSpot gets
+    to its queue, not by the query's work."""
+    bean = spark._jvm.java.lang.management.ManagementFactory.getCompilationMXBean()
+    return bean.getTotalCompilationTime() / 1000.0
+
+
 def broker_cpu_s() -> float:
     """CPU seconds of the broker this bench started, a child of this process (0 with
     ``--bootstrap``: not ours to see)."""
@@ -305,6 +317,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
     split_before = tree_cpu()
     cpu_before = sum(split_before.values())
     broker_before = broker_cpu_s()
+    jit_before = jit_s(spark)
     driver_before = time.process_time()
     start = time.monotonic()
     query = job.start_query(spark, config, writer, transform=transform)
@@ -317,6 +330,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         cpu_s = tree_cpu_s() - cpu_before
         split = cpu_split_per_million(split_before, total)
         broker_s = broker_cpu_s() - broker_before
+        jit = jit_s(spark) - jit_before
         driver_s = time.process_time() - driver_before
         # The last batch's progress is posted after its foreachBatch returned: wait for it.
         last_id = writer.last.batch_id if writer.last is not None else -1
@@ -346,6 +360,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         profile["cpu_s_per_million_by_process"] = split
         # not part of the dedup's CPU: what its writes cost the (bench's own) broker
         profile["broker_cpu_s_per_million"] = round(broker_s * 1e6 / total, 1)
+        profile["jvm_jit_s_per_million"] = round(jit * 1e6 / total, 1)
         # Gaps are reported by time (two scans GAP_EMIT_INTERVAL_SEC apart), not by data: keep the
         # query running three intervals more, outside the measured CPU, so that each layout's gap
         # topic holds its final states before the two are compared. Scans run only in batches,
@@ -378,6 +393,7 @@ def run_sink_passthrough(
     split_before = tree_cpu()
     cpu_before = sum(split_before.values())
     broker_before = broker_cpu_s()
+    jit_before = jit_s(spark)
     start = time.monotonic()
     reader = (
         spark.readStream.format("kafka")
@@ -415,6 +431,7 @@ def run_sink_passthrough(
         cpu_s = tree_cpu_s() - cpu_before
         split = cpu_split_per_million(split_before, total)
         broker_s = broker_cpu_s() - broker_before
+        jit = jit_s(spark) - jit_before
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(
             [p for p in query.recentProgress if p.get("numInputRows")]
@@ -425,6 +442,7 @@ def run_sink_passthrough(
             "cpu_s_per_million": round(cpu_s * 1e6 / total, 1),
             "cpu_s_per_million_by_process": split,
             "broker_cpu_s_per_million": round(broker_s * 1e6 / total, 1),
+            "jvm_jit_s_per_million": round(jit * 1e6 / total, 1),
             "batches_with_input": sum(1 for n in seen.values() if n),
             **steady(query.recentProgress),
         }

@@ -513,6 +513,8 @@ class RunContext:
     warmup: int = WARMUP
     persist_interval_ms: int = 1000
     """Our dedup's PERSIST_INTERVAL_MS (its trigger interval; the default 1000)."""
+    spark_master: str = "local[2]"
+    """Our dedup's SPARK_MASTER (task slots: one task per raw partition in the direct layout)."""
 
 
 def _cpu(proc: ManagedProcess) -> tuple[float, int]:
@@ -631,7 +633,8 @@ def run_ours(ctx: RunContext, index: int) -> dict[str, Any]:
     """``kafka-diode send/receive/dedup`` over a pre-filled backlog (module doc)."""
     spec = PipelineSpec(records=ctx.records, topics=("bench",), partitions=ctx.partitions,
                         value_size=ctx.value_bytes, profile=None, run_dedup=True,
-                        persist_interval_ms=ctx.persist_interval_ms)  # fmt: skip
+                        persist_interval_ms=ctx.persist_interval_ms,
+                        spark_master=ctx.spark_master)  # fmt: skip
     pipe = Pipeline(spec, ctx.work / f"run{index}-ours",
                     upstream=ctx.bootstraps[0], downstream=ctx.bootstraps[1])  # fmt: skip
     source = pipe.ep.source_topics[0]
@@ -661,7 +664,8 @@ def run_ours(ctx: RunContext, index: int) -> dict[str, Any]:
             raw.stop()
             clean.stop()
     res.update({"system": "ours", "fill_s": fill_s,
-                "settings": {"PERSIST_INTERVAL_MS": ctx.persist_interval_ms},
+                "settings": {"PERSIST_INTERVAL_MS": ctx.persist_interval_ms,
+                             "SPARK_MASTER": ctx.spark_master},
                 "topics": {"source": source,
                 "raw": pipe.ep.raw_topic, "clean": clean_topic}})  # fmt: skip
     return res
@@ -859,6 +863,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--persist-interval-ms", type=int, default=1000,
                     help="our dedup's PERSIST_INTERVAL_MS (default: its own default)")  # fmt: skip
+    ap.add_argument(
+        "--spark-master",
+        default="local[2]",
+        help="our dedup's SPARK_MASTER (local[3]: a slot per raw partition)",
+    )
     ap.add_argument("--stall", type=float, default=60.0, help="give up after S s without progress")
     ap.add_argument("--skip-build", action="store_true", help="reuse binaries already built")
     ap.add_argument("--work-dir", type=Path, default=None,
@@ -907,7 +916,7 @@ def main(argv: list[str] | None = None) -> int:
             bootstraps.append(broker.bootstrap)
         ctx = RunContext((bootstraps[0], bootstraps[1]), pids, records, args.value_bytes,
                          args.partitions, args.stall, work, args.warmup,
-                         args.persist_interval_ms)  # fmt: skip
+                         args.persist_interval_ms, args.spark_master)  # fmt: skip
         for i, system in enumerate(order, 1):
             log(f"run {i}/{len(order)}: {system} (load {os.getloadavg()[0]:.1f})")
             try:

@@ -260,6 +260,9 @@ class LiveBucket:
         self.params = params
         self.bucket = bucket
         self.now = now
+        #: raw records whose key did not parse (or that the caller made malformed), counted in
+        #: one ``stat`` row by :meth:`finish`, beside the partitions' rows
+        self.unparsed = 0
         self.total_bytes = total_bytes
         self._live: dict[buckets.Key, _LivePartition] = {}
 
@@ -278,7 +281,7 @@ class LiveBucket:
         for key in sorted(groups):
             index = groups[key]
             if key == (UNPARSED_TOPIC, UNPARSED_PARTITION):
-                _count_unparsed(len(index), out)
+                self.unparsed += len(index)
                 continue
             seen.add(key)
             assert rows is not None  # groups is empty without rows
@@ -314,6 +317,11 @@ class LiveBucket:
             self.bucket.put(key, blob, part.last_scan)
             part.add_stat(out, len(blob))
         self._live.clear()
+        if self.unparsed:
+            # the direct task adds only finish's rows to its stats: a row per observe call,
+            # in the output it produces from, was dropped there (and never counted)
+            _count_unparsed(self.unparsed, out)
+            self.unparsed = 0
         return self.bucket
 
 

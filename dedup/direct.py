@@ -48,7 +48,16 @@ from common.errors import ServiceError
 from common.topic_limits import TimestampWindow
 from dedup.buckets import BucketState
 from dedup.classify_rows import classify_batch
-from dedup.detect import KIND_TICK, DetectParams, LiveBucket, Output, Rows
+from dedup.detect import (
+    KIND_MALFORMED,
+    KIND_TICK,
+    UNPARSED_PARTITION,
+    UNPARSED_TOPIC,
+    DetectParams,
+    LiveBucket,
+    Output,
+    Rows,
+)
 from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
 from dedup.faults import fault, fault_during
 from dedup.fence import init_producer, last_values, wait_for_room
@@ -101,6 +110,9 @@ class DirectSpec:
     """The driver's clock when it started the batch: the gap scans' time."""
     windows: Mapping[str, TimestampWindow] = field(default_factory=dict)
     """Clean topics the driver checked at start-up and the timestamps each accepts."""
+    raw_partitions: int = 0
+    """The raw topic's partition count (the driver checked it is fixed); a record of source
+    partition ``p`` belongs in raw partition ``p mod raw_partitions`` (0: not checked)."""
     heap: FreezeOnLoad = field(default_factory=FreezeOnLoad)
     """Unpickled in a Python worker, freezes its loaded code out of the collector's walks."""
 
@@ -244,6 +256,8 @@ class DirectPartition:
         """Observe one Arrow batch of input, produce what it delivers (one batch of payload in
         the task at a time)."""
         columns = classify_batch(batch, (self.raw_topic,))
+        if self.spec.raw_partitions:
+            _drop_misrouted(columns, self.spec.raw_partitions, self.raw_topic, self.raw_partition)
         kinds = columns["kind"]
         keep = np.flatnonzero(kinds != KIND_TICK)
         rows = None
@@ -264,6 +278,42 @@ class DirectPartition:
         with gc_paused():
             self.clean.produce_records(producer, runs, result)
         self.clean.produce_gaps(producer, gap_rows)
+
+
+def _drop_misrouted(
+    columns: dict[str, np.ndarray], raw_partitions: int, raw_topic: str, raw_partition: int
+) -> None:
+    """Make malformed the rows whose source partition belongs in another raw partition.
+
+    The receiver writes source partition ``p`` into raw partition ``p mod N`` only, and this
+    layout keeps each source partition's detector in the state of that one raw partition: a
+    record elsewhere (written by something else) would start a second detector, blind to the
+    first one's offsets. Counted as malformed and logged instead, like any record this dedup
+    cannot take; its offsets stay gaps in the right detector until a resend brings them through
+    a receiver."""
+    kinds = columns["kind"]
+    partitions = columns["src_partition"]
+    parsed = (kinds != KIND_TICK) & (kinds != KIND_MALFORMED)
+    misrouted = np.flatnonzero(parsed & (partitions % raw_partitions != raw_partition))
+    if not len(misrouted):
+        return
+    first = int(misrouted[0])
+    log.warning(
+        "%d raw records in %s:%d belong in other raw partitions (the first: source %s:%d, "
+        "which a receiver writes into raw partition %d of %d): counted as malformed, their "
+        "offsets stay gaps until a resend; is something other than kafka-diode's receiver "
+        "writing into the raw topic?",
+        len(misrouted),
+        raw_topic,
+        raw_partition,
+        columns["src_topic"][first],
+        int(partitions[first]),
+        int(partitions[first]) % raw_partitions,
+        raw_partitions,
+    )
+    kinds[misrouted] = KIND_MALFORMED
+    columns["src_topic"][misrouted] = UNPARSED_TOPIC
+    partitions[misrouted] = UNPARSED_PARTITION
 
 
 def read_state(settings: WriterSettings, key: bytes, partition: int) -> StateRecord | None:

@@ -227,6 +227,7 @@ class TransactionalBatchWriter:
                 batch_id=batch_id,
                 now_ms=int(time.time() * 1000),
                 windows=dict(self._windows),
+                raw_partitions=self.direct_partitions,
             )
             task: Any = functools.partial(direct_task, direct)
         else:

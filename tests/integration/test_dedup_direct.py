@@ -274,3 +274,30 @@ def test_a_full_producer_queue_is_sent_at_once_not_after_the_write_linger(
         records = consume_all(bootstrap, settings.clean_topic.replace("{topic}", topic))
         found = Counter((int(r.value.split(b"-")[0][1:]), r.timestamp - TS) for r in records)
         assert found == Counter({(p, o): 1 for p in (0, 1) for o in range(50)}), topic
+
+
+def test_a_record_in_the_wrong_raw_partition_is_malformed_not_a_second_detector(
+    downstream_kafka, caplog
+) -> None:
+    """Source partition p belongs in raw partition p mod N (the receiver writes it nowhere
+    else; docs/dedup.md "The direct layout"). A run of source partition 1 found in raw
+    partition 0 of two is counted as malformed and logged, never delivered, and starts no
+    detector in partition 0's state; partition 0's own runs are delivered."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap, raw_partitions=2)
+    stats: list[pa.RecordBatch] = []
+    task = DirectPartition(dataclasses.replace(spec(settings, query, 0), raw_partitions=2), raw, 0)
+    with caplog.at_level(logging.WARNING, logger="dedup.direct"):
+        result = task.run([runs(raw, 0, [(0, 0, 9), (1, 0, 4), (2, 0, 9)])], stats.append)
+    assert result.records == 20
+    assert clean(bootstrap, settings) == Counter({(p, o): 1 for p in (0, 2) for o in range(10)})
+    rows = {
+        (r["src_topic"], r["src_partition"]): r for r in pa.Table.from_batches(stats).to_pylist()
+    }
+    assert rows[("", -1)]["malformed"] == 1
+    assert (SOURCE, 1) not in rows
+    assert "belong in other raw partitions" in caplog.text
+    assert f"source {SOURCE}:1" in caplog.text
+    state = read_state(settings, state_key(query, raw, 0), 0)
+    assert state is not None
+    assert sorted(state.detectors) == [(SOURCE, 0), (SOURCE, 2)]

@@ -51,6 +51,7 @@ import shutil  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 
 import pyarrow.compute as pc  # noqa: E402
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
@@ -63,6 +64,7 @@ from dedup.runner import idle_ticker, writer_settings  # noqa: E402
 from dedup.writer import TransactionalBatchWriter  # noqa: E402
 from dedup.writer_settings import WriterSettings  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
+from runtime import kafka  # noqa: E402
 from runtime.maven import spark_connector_jars  # noqa: E402
 
 PARTITIONS = 8
@@ -266,6 +268,20 @@ def jit_s(spark) -> float:
     return bean.getTotalCompilationTime() / 1000.0
 
 
+def side_costs(spark, total: int) -> Callable[[], dict[str, float]]:
+    """Starts counting what is measured beside the dedup's CPU; the returned call gives it per
+    million of ``total``: the broker's CPU (``broker_cpu_s``) and the JIT's compile time."""
+    broker, jit = broker_cpu_s(), jit_s(spark)
+
+    def since() -> dict[str, float]:
+        return {
+            "broker_cpu_s_per_million": round((broker_cpu_s() - broker) * 1e6 / total, 1),
+            "jvm_jit_s_per_million": round((jit_s(spark) - jit) * 1e6 / total, 1),
+        }
+
+    return since
+
+
 def broker_cpu_s() -> float:
     """CPU seconds of the broker this bench started, a child of this process (0 with
     ``--bootstrap``: not ours to see)."""
@@ -316,8 +332,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
     """Seconds to read ``total`` rows, and where the micro-batches' time went (query progress)."""
     split_before = tree_cpu()
     cpu_before = sum(split_before.values())
-    broker_before = broker_cpu_s()
-    jit_before = jit_s(spark)
+    side = side_costs(spark, total)
     driver_before = time.process_time()
     start = time.monotonic()
     query = job.start_query(spark, config, writer, transform=transform)
@@ -329,8 +344,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         seconds = time.monotonic() - start
         cpu_s = tree_cpu_s() - cpu_before
         split = cpu_split_per_million(split_before, total)
-        broker_s = broker_cpu_s() - broker_before
-        jit = jit_s(spark) - jit_before
+        beside = side()
         driver_s = time.process_time() - driver_before
         # The last batch's progress is posted after its foreachBatch returned: wait for it.
         last_id = writer.last.batch_id if writer.last is not None else -1
@@ -358,9 +372,8 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         profile["cpu_s"] = round(cpu_s, 1)
         profile["cpu_s_per_million"] = round(cpu_s * 1e6 / total, 1)
         profile["cpu_s_per_million_by_process"] = split
-        # not part of the dedup's CPU: what its writes cost the (bench's own) broker
-        profile["broker_cpu_s_per_million"] = round(broker_s * 1e6 / total, 1)
-        profile["jvm_jit_s_per_million"] = round(jit * 1e6 / total, 1)
+        # not part of the dedup's CPU: what its writes cost the (bench's own) broker, and the JIT
+        profile |= beside
         # Gaps are reported by time (two scans GAP_EMIT_INTERVAL_SEC apart), not by data: keep the
         # query running three intervals more, outside the measured CPU, so that each layout's gap
         # topic holds its final states before the two are compared. Scans run only in batches,
@@ -392,8 +405,7 @@ def run_sink_passthrough(
     """Spark's Kafka source -> Spark's Kafka sink, records unchanged: seconds and CPU profile."""
     split_before = tree_cpu()
     cpu_before = sum(split_before.values())
-    broker_before = broker_cpu_s()
-    jit_before = jit_s(spark)
+    side = side_costs(spark, total)
     start = time.monotonic()
     reader = (
         spark.readStream.format("kafka")
@@ -430,8 +442,7 @@ def run_sink_passthrough(
         seconds = time.monotonic() - start
         cpu_s = tree_cpu_s() - cpu_before
         split = cpu_split_per_million(split_before, total)
-        broker_s = broker_cpu_s() - broker_before
-        jit = jit_s(spark) - jit_before
+        beside = side()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(
             [p for p in query.recentProgress if p.get("numInputRows")]
@@ -441,8 +452,7 @@ def run_sink_passthrough(
             "cpu_s": round(cpu_s, 1),
             "cpu_s_per_million": round(cpu_s * 1e6 / total, 1),
             "cpu_s_per_million_by_process": split,
-            "broker_cpu_s_per_million": round(broker_s * 1e6 / total, 1),
-            "jvm_jit_s_per_million": round(jit * 1e6 / total, 1),
+            **beside,
             "batches_with_input": sum(1 for n in seen.values() if n),
             **steady(query.recentProgress),
         }
@@ -496,24 +506,6 @@ def main() -> int:
         if broker is not None:
             broker.stop()
             shutil.rmtree(data_dir, ignore_errors=True)
-
-
-def create_clean_topics(bootstrap: str, topics: list[str]) -> None:
-    """Create ``topics`` (PARTITIONS each) and wait until every partition has a leader."""
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics]).values():
-        future.result(30)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        meta = admin.list_topics(timeout=10).topics
-        if all(
-            t in meta and len(meta[t].partitions) == PARTITIONS
-            and all(p.leader >= 0 for p in meta[t].partitions.values())
-            for t in topics
-        ):  # fmt: skip
-            return
-        time.sleep(0.1)
-    raise TimeoutError(f"clean topics without leaders after 60 s: {topics[:3]}...")
 
 
 def read_topic(bootstrap: str, topic: str) -> list:
@@ -625,8 +617,11 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
     def dedup(name: str, layout: str, state_layout: str = "buckets") -> None:
         c = config(name, layout, state_layout)
         if args.clean_topics_exist:
-            clean = [f"{tag}.{name}.clean.src{t}" for t in range(args.topics)]
-            create_clean_topics(bootstrap, clean)
+            specs = [
+                kafka.TopicSpec(name=f"{tag}.{name}.clean.src{t}", partitions=PARTITIONS)
+                for t in range(args.topics)
+            ]  # created, and their leaders waited for, as the dedup does it
+            kafka.ensure_topics({"bootstrap.servers": bootstrap}, specs, timeout=60)
         writer = CountingWriter(writer_settings(c, WriterSettings))
         seconds, profile = run_query(spark, c, writer, written[layout])
         profile["write_payload_bytes"] = writer.payload_bytes

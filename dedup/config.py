@@ -150,9 +150,10 @@ class DedupConfig:
     """Extra librdkafka properties of the dedup's Kafka clients: writer, fence reader, retention
     probe, admin (KAFKA_CONF_<NAME>)."""
     kafka_source: dict[str, str] = field(default_factory=dict)
-    """Extra options of Spark's Kafka source (KAFKA_SOURCE_<NAME>); the retention probe copies
-    kafka.security.protocol, kafka.sasl.mechanism, kafka.isolation.level and the other options
-    librdkafka shares with Java (KAFKA_CONF_<NAME> wins)."""
+    """Extra options of Spark's Kafka source (KAFKA_SOURCE_<NAME>; kafka.fetch.max.wait.ms is 10
+    unless set here); the retention probe copies kafka.security.protocol, kafka.sasl.mechanism,
+    kafka.isolation.level and the other options librdkafka shares with Java (KAFKA_CONF_<NAME>
+    wins)."""
 
     def __post_init__(self) -> None:
         if not self.raw_topics:

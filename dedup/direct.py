@@ -35,7 +35,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,8 +60,9 @@ from dedup.detect import (
 )
 from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
 from dedup.faults import fault, fault_during
-from dedup.fence import init_producer, last_values, wait_for_room
+from dedup.fence import init_producer, wait_for_room
 from dedup.rows import KIND_GAP, KIND_RUN
+from dedup.state_reader import forget, read_state, remember
 from dedup.task_result import task_attempt, task_result
 from dedup.transaction import PartitionWriter, gc_paused, record_count
 from dedup.worker_heap import FreezeOnLoad
@@ -84,9 +85,6 @@ INPUT_COLUMNS = (
     "hb_started",
     "hb_chain",
 )
-#: State records read per step when searching a state partition backwards for this key's last
-#: one (with one raw topic, the partition's last committed record is it).
-STATE_SCAN_STEP = 8
 
 
 def transactional_id(base: str, raw_topic: str, raw_partition: int) -> str:
@@ -221,21 +219,36 @@ class DirectPartition:
                 gaps=result.gaps,
                 committed_at_ms=int(time.time() * 1000),
             )
+            value = state.encode()
+            written: list[int] = []
             _produce_waiting(
-                producer, self.settings.state_topic, state.encode(), self.key, self.raw_partition
+                producer,
+                self.settings.state_topic,
+                value,
+                self.key,
+                self.raw_partition,
+                on_delivery=lambda err, msg: written.append(-1 if err else msg.offset()),
             )
             fault("task-before-commit", batch_id, self.raw_partition)
             with fault_during("task-in-commit", batch_id, self.raw_partition):
                 producer.commit_transaction(KAFKA_TIMEOUT_S * 4)
+            producer.poll(0)  # the state record's delivery report, if the commit left it queued
         except KafkaException as exc:
             _abort(producer, self.transactional_id)
+            forget(self.settings, self.key, self.raw_partition)
             raise ServiceError(
                 f"writing batch {batch_id} raw partition {self.raw_topic}:{self.raw_partition} "
                 f"failed and was aborted (nothing of it is visible): {exc}"
             ) from exc
         except BaseException:
             _abort(producer, self.transactional_id)
+            forget(self.settings, self.key, self.raw_partition)
             raise
+        if written and written[0] >= 0:
+            # the partition then ends after the record and this transaction's commit marker
+            remember(self.settings, self.key, self.raw_partition, written[0] + 2, value)
+        else:
+            forget(self.settings, self.key, self.raw_partition)
         fault("task-after-commit", batch_id, self.raw_partition)
         return result
 
@@ -316,32 +329,17 @@ def _drop_misrouted(
     partitions[misrouted] = UNPARSED_PARTITION
 
 
-def read_state(settings: WriterSettings, key: bytes, partition: int) -> StateRecord | None:
-    """The last committed state record with ``key`` in partition ``partition`` of the state
-    topic (``read_committed``), or None: a raw partition this checkpoint has not written yet.
-    With one raw topic the partition's last committed record is the one.
-
-    Raises:
-        ServiceError: the topic cannot be read.
-        GapStateError: the record is not one this version reads.
-    """
-    values = last_values(
-        settings,
-        settings.state_topic,
-        partition,
-        key,
-        f"{settings.transactional_id}.state",
-        STATE_SCAN_STEP,
-    )
-    return StateRecord.decode(values[-1]) if values else None
-
-
-def _produce_waiting(
-    producer: Producer, topic: str, value: bytes, key: bytes, partition: int
+def _produce_waiting(  # noqa: PLR0917  produce's own arguments
+    producer: Producer,
+    topic: str,
+    value: bytes,
+    key: bytes,
+    partition: int,
+    on_delivery: Callable[[Any, Any], None] | None = None,
 ) -> None:
     while True:
         try:
-            producer.produce(topic, value, key, partition)
+            producer.produce(topic, value, key, partition, on_delivery=on_delivery)
             return
         except BufferError:
             wait_for_room(producer)

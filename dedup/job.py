@@ -179,6 +179,15 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
     return spark
 
 
+#: Spark's Kafka source's ``fetch.max.wait.ms`` (Kafka's default: 500). A cached consumer of
+#: the source has a fetch in flight past the end of its last task's range, which the broker holds
+#: this long for data that does not come; the next task's first fetch of that partition waits
+#: for it. At 500 ms a task waited ~0.5 s for its first records in most batches
+#: (docs/benchmarks.md "Each task's fixed cost"); a consumer polls only inside a task, so a short
+#: wait costs one empty fetch per task.
+SOURCE_FETCH_WAIT_MS = 10
+
+
 def raw_stream(
     spark: SparkSession, config: DedupConfig, topics: tuple[str, ...] | None = None
 ) -> DataFrame:
@@ -186,18 +195,24 @@ def raw_stream(
     (the direct layout reads its raw topic alone)."""
     if topics is None:
         topics = (*config.raw_topics, config.control_topic)
-    reader = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", config.bootstrap_servers)
-        .option("subscribe", ",".join(topics))
-        .option("includeHeaders", "true")
-        .option("startingOffsets", "earliest")
-        .option("failOnDataLoss", str(config.fail_on_data_loss).lower())
-        .option("maxOffsetsPerTrigger", str(config.max_offsets_per_trigger))
-    )
-    for name, value in config.kafka_source.items():
+    reader = spark.readStream.format("kafka")
+    for name, value in source_options(config, topics).items():
         reader = reader.option(name, value)
     return reader.load()
+
+
+def source_options(config: DedupConfig, topics: tuple[str, ...]) -> dict[str, str]:
+    """The options of Spark's Kafka source; ``KAFKA_SOURCE_<NAME>`` wins over each default."""
+    return {
+        "kafka.bootstrap.servers": config.bootstrap_servers,
+        "subscribe": ",".join(topics),
+        "includeHeaders": "true",
+        "startingOffsets": "earliest",
+        "failOnDataLoss": str(config.fail_on_data_loss).lower(),
+        "maxOffsetsPerTrigger": str(config.max_offsets_per_trigger),
+        "kafka.fetch.max.wait.ms": str(SOURCE_FETCH_WAIT_MS),
+        **config.kafka_source,
+    }
 
 
 def detect_params(config: DedupConfig) -> DetectParams:

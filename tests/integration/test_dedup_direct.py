@@ -10,6 +10,9 @@ What one raw partition's task can go through (docs/dedup.md "The direct layout")
    (a run that overlaps the first batch's is written only for its new offsets).
 3. The state record holds every source partition of the raw partition, and each raw partition
    has its own record and fence.
+4. A Python worker keeps the state record it committed (``dedup/state_reader.py``) and uses it
+   only while the state partition has not moved since: a worker whose raw partition another
+   worker ran meanwhile reads the newer record.
 """
 
 from __future__ import annotations
@@ -27,11 +30,12 @@ import pytest
 from common.errors import ServiceError
 from common.raw_run import RunBuilder
 from common.raw_topic import TICK
-from dedup import runner
+from dedup import runner, state_reader
 from dedup.config import from_sources
 from dedup.detect import DetectParams
-from dedup.direct import DirectPartition, DirectSpec, read_state
+from dedup.direct import DirectPartition, DirectSpec
 from dedup.direct_state import state_key
+from dedup.state_reader import read_state
 from dedup.writer_settings import WriterSettings
 from tests.kafka_helpers import consume_all, create_topic
 
@@ -46,6 +50,12 @@ PARAMS = DetectParams(
     max_state_bytes=1 << 20,
     scan_interval_ms=1000,
 )
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _close_kept_consumers() -> Iterator[None]:
+    yield
+    state_reader.close()  # the tasks ran in this process: its consumers outlive no broker
 
 
 def setup(bootstrap: str, raw_partitions: int = 1) -> tuple[WriterSettings, str, str]:
@@ -146,6 +156,65 @@ def test_a_committed_batch_is_skipped_and_the_next_one_finds_its_state(downstrea
     assert state is not None
     assert state.batch_id == 4
     assert sorted(state.detectors) == [(SOURCE, 0), (SOURCE, 1)]
+
+
+def test_a_worker_reads_the_state_another_worker_committed_since_its_own(
+    downstream_kafka,
+) -> None:
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    key = state_key(query, raw, 0)
+    # worker A commits batch 0 and keeps its state record
+    assert (
+        DirectPartition(spec(settings, query, 0), raw, 0)
+        .run([runs(raw, 0, [(0, 0, 9)])], lambda _: None)
+        .records
+        == 10
+    )
+    worker_a = dict(state_reader._kept)
+    assert [k.value for k in worker_a.values()] != []
+    # worker B, which keeps nothing, runs batch 1
+    state_reader._kept.clear()
+    assert (
+        DirectPartition(spec(settings, query, 1), raw, 0)
+        .run([runs(raw, 0, [(0, 10, 19)])], lambda _: None)
+        .records
+        == 10
+    )
+    # worker A runs batch 2: its kept record (batch 0) is stale, the partition has moved
+    state_reader._kept.clear()
+    state_reader._kept.update(worker_a)
+    third = DirectPartition(spec(settings, query, 2), raw, 0)
+    assert third.run([runs(raw, 0, [(0, 0, 24)])], lambda _: None).records == 5
+    assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(25)})
+    state = read_state(settings, key, 0)
+    assert state is not None
+    assert state.batch_id == 2
+
+
+def test_a_kept_state_is_used_while_its_partition_has_not_moved(
+    downstream_kafka, monkeypatch
+) -> None:
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    key = state_key(query, raw, 0)
+    first = DirectPartition(spec(settings, query, 0), raw, 0)
+    assert first.run([runs(raw, 0, [(0, 0, 9)])], lambda _: None).records == 10
+
+    def no_scan(*_args: object) -> list[bytes]:
+        raise AssertionError("the state partition was read although it had not moved")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(state_reader, "scan_back", no_scan)
+        # the next batch starts from it (after its fence) without reading the partition
+        nxt = DirectPartition(spec(settings, query, 1), raw, 0)
+        assert nxt.run([runs(raw, 0, [(0, 5, 14)])], lambda _: None).records == 5
+    # forgotten (as after a failed task), it is read again
+    state_reader.forget(settings, key, 0)
+    state = read_state(settings, key, 0)
+    assert state is not None
+    assert state.batch_id == 1
+    assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(15)})
 
 
 def test_raw_partitions_have_their_own_state_and_fence(downstream_kafka) -> None:

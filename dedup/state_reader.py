@@ -1,0 +1,126 @@
+"""The direct layout's state reads, and what a Python worker keeps of them between its tasks.
+
+Runs in the executors' Python workers (``dedup/direct.py``). A worker runs one task at a time,
+and Spark hands it the next one (``spark.python.worker.reuse``, on by default), so it keeps:
+
+- one read_committed consumer per Kafka configuration: a new one costs a connection and two
+  metadata round trips, ~25 ms on a task's critical path every batch;
+- per state key, the last state record it read or committed there, with the state partition's
+  end (its last stable offset) just after that record.
+
+A task asks for its state only after ``init_transactions``, which completes or aborts the last
+transaction of its ``transactional.id`` (the markers are written when it returns). If the
+partition's last stable offset then equals the end kept with the record, nothing was written
+into that partition since: the record is still the last committed one with its key, and the
+read cost one ListOffsets request. Otherwise (another worker ran this raw partition since,
+another checkpoint shares the state topic, an attempt aborted after its state record) the
+partition is read as before. A worker keeps the record's bytes, decoded per task, so a task that
+changes its detectors and then aborts leaves nothing stale behind.
+
+Bounded: ``MAX_CONSUMERS`` consumers and ``MAX_KEPT_BYTES`` of records per worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+from dedup.direct_state import StateRecord
+from dedup.fence import reader_conf, scan_back
+from dedup.writer_settings import KAFKA_TIMEOUT_S, WriterSettings
+from runtime import kafka
+
+#: State records read per step when searching a state partition backwards for this key's last
+#: one (with one raw topic, the partition's last committed record is it).
+STATE_SCAN_STEP = 8
+#: Consumers a worker keeps (one per Kafka configuration; a dedup process has one).
+MAX_CONSUMERS = 4
+#: Bytes of state records a worker keeps; a larger record is read from Kafka each time.
+MAX_KEPT_BYTES = 16 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    end: int
+    value: bytes
+
+
+#: Python-worker globals: a worker runs one task at a time.
+_consumers: OrderedDict[tuple[tuple[str, str], ...], Consumer] = OrderedDict()
+_kept: OrderedDict[tuple[str, str, int, bytes], _Kept] = OrderedDict()
+
+
+def read_state(settings: WriterSettings, key: bytes, partition: int) -> StateRecord | None:
+    """The last committed state record with ``key`` in partition ``partition`` of the state
+    topic (``read_committed``), or None: a raw partition this checkpoint has not written yet.
+    Call it only after the raw partition's ``init_transactions`` (see the module's doc).
+
+    Raises:
+        ServiceError: the topic cannot be read.
+        GapStateError: the record is not one this version reads.
+    """
+    conf = reader_conf(settings, f"{settings.transactional_id}.state")
+    name = tuple(sorted((k, str(v)) for k, v in conf.items()))
+    consumer = _consumers.pop(name, None) or kafka.consumer(conf)
+    where = TopicPartition(settings.state_topic, partition)
+    try:
+        low, high = consumer.get_watermark_offsets(where, timeout=KAFKA_TIMEOUT_S)
+        place = _place(settings, key, partition)
+        kept = _kept.get(place)
+        if kept is not None and kept.end == high:
+            _kept.move_to_end(place)
+            value: bytes | None = kept.value
+        else:
+            values = scan_back(consumer, where, key, (low, high), STATE_SCAN_STEP)
+            value = values[-1] if values else None
+            if value is not None:
+                remember(settings, key, partition, high, value)
+    except BaseException:
+        consumer.close()
+        raise
+    _keep_consumer(name, consumer)
+    return StateRecord.decode(value) if value is not None else None
+
+
+def remember(settings: WriterSettings, key: bytes, partition: int, end: int, value: bytes) -> None:
+    """``value`` is the last committed state record with ``key`` while the partition ends at
+    ``end`` (its last stable offset)."""
+    place = _place(settings, key, partition)
+    _kept.pop(place, None)
+    if len(value) > MAX_KEPT_BYTES:
+        return
+    _kept[place] = _Kept(end, value)
+    total = sum(len(k.value) for k in _kept.values())
+    while total > MAX_KEPT_BYTES:
+        _, dropped = _kept.popitem(last=False)
+        total -= len(dropped.value)
+
+
+def forget(settings: WriterSettings, key: bytes, partition: int) -> None:
+    """Keep nothing of ``key`` (a task of it failed: what it wrote is not known here)."""
+    _kept.pop(_place(settings, key, partition), None)
+
+
+def _place(settings: WriterSettings, key: bytes, partition: int) -> tuple[str, str, int, bytes]:
+    return (settings.bootstrap_servers, settings.state_topic, partition, key)
+
+
+def _keep_consumer(name: tuple[tuple[str, str], ...], consumer: Consumer) -> None:
+    _consumers[name] = consumer
+    while len(_consumers) > MAX_CONSUMERS:
+        _, old = _consumers.popitem(last=False)
+        with contextlib.suppress(KafkaException, RuntimeError):  # closed already
+            old.close()
+
+
+def close() -> None:
+    """Close the kept consumers and keep no records (a process that ran tasks in-line, as the
+    tests do, before its brokers go)."""
+    _kept.clear()
+    while _consumers:
+        _, consumer = _consumers.popitem()
+        with contextlib.suppress(KafkaException, RuntimeError):
+            consumer.close()

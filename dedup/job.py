@@ -59,6 +59,13 @@ spark_compat.apply()
 #: not 64: the JVM spent ~1 CPU-s more per million 200 B records building 64 MiB batches (a
 #: bucket's rows fill them; docs/benchmarks.md "State by bucket"), and a worker holds less.
 ARROW_MAX_BYTES_PER_BATCH = 16 << 20
+#: The same bound for a direct checkpoint: its task classifies, detects and writes each Arrow
+#: batch as it comes, so smaller batches let the JVM read and convert the next one meanwhile
+#: (at 16 MiB a task's whole input of a backlog batch was one Arrow batch, and its worker waited
+#: for all of it). 4 MiB measured 4.5 against 5.1 CPU-s per M at a fan-in of 32 and the same at
+#: one, and 1.1x the rate to the clean topic side by side with the peer (docs/benchmarks.md
+#: "Each task's fixed cost").
+DIRECT_ARROW_MAX_BYTES_PER_BATCH = 4 << 20
 
 #: The Python workers' allocator (``spark.executorEnv.*``; ``--spark-conf`` overrides each).
 #: Payload passes through the workers in buffers of up to an Arrow batch; with pyarrow's
@@ -139,12 +146,15 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         builder = builder.master(config.spark_master)
         for name, value in JVM_ENV.items():  # the JVM is started with this process's environment
             os.environ.setdefault(name, value)
+    direct = direct_checkpoint(config)
     conf: dict[str, str] = {
         "spark.sql.shuffle.partitions": str(config.effective_shuffle_partitions()),
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(config.arrow_max_records_per_batch),
         # runs carry payload: a byte bound too, so that a Python worker holds at most this much
         # of a micro-batch at a time (the write tasks stream, docs/dedup.md "Memory")
-        "spark.sql.execution.arrow.maxBytesPerBatch": str(ARROW_MAX_BYTES_PER_BATCH),
+        "spark.sql.execution.arrow.maxBytesPerBatch": str(
+            DIRECT_ARROW_MAX_BYTES_PER_BATCH if direct else ARROW_MAX_BYTES_PER_BATCH
+        ),
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
         ),
@@ -167,7 +177,7 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         # cluster administrator's: docs/dedup.md "Running on a Spark cluster" says what to add
         conf["spark.driver.defaultJavaOptions"] = JVM_OPTIONS
         conf["spark.executor.defaultJavaOptions"] = JVM_OPTIONS
-        if direct_checkpoint(config):
+        if direct:
             conf["spark.driver.memory"] = DIRECT_DRIVER_MEMORY
     if jars:
         conf["spark.jars"] = ",".join(jars)

@@ -104,7 +104,8 @@ try:
     with open(f"/proc/{beans.getRuntimeMXBean().getPid()}/environ", "rb") as f:
         environ = dict(e.decode().split("=", 1) for e in f.read().split(b"\\0") if b"=" in e)
     arenas = environ.get("MALLOC_ARENA_MAX")
-    print(json.dumps({"collectors": names, "args": args, "arenas": arenas}))
+    arrow = spark.conf.get("spark.sql.execution.arrow.maxBytesPerBatch")
+    print(json.dumps({"collectors": names, "args": args, "arenas": arenas, "arrow": arrow}))
 finally:
     spark.stop()
 """
@@ -116,7 +117,8 @@ def test_a_session_the_dedup_launches_collects_with_the_parallel_collector_and_t
 ) -> None:
     """In its own process (a JVM already running in this one would keep its flags), with and
     without a user's ``extraJavaOptions``, which add to the dedup's defaults. A new checkpoint
-    of the direct layout (``auto``, one raw topic) gets a 512 MB heap, a buckets one Spark's."""
+    of the direct layout (``auto``, one raw topic) gets a 512 MB heap and 4 MiB Arrow batches, a
+    buckets one Spark's heap and 16 MiB."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -144,3 +146,7 @@ def test_a_session_the_dedup_launches_collects_with_the_parallel_collector_and_t
     assert seen["arenas"] == job.JVM_ENV["MALLOC_ARENA_MAX"]
     heap = [a for a in seen["args"] if a.startswith("-Xmx")]
     assert heap == (["-Xmx512m"] if layout == "auto" else ["-Xmx1g"]), seen["args"]
+    # a direct task's input comes in smaller Arrow batches (read while the last one is written)
+    direct = layout == "auto"
+    arrow = job.DIRECT_ARROW_MAX_BYTES_PER_BATCH if direct else job.ARROW_MAX_BYTES_PER_BATCH
+    assert int(seen["arrow"]) == arrow == (4 << 20 if direct else 16 << 20)

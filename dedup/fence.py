@@ -55,6 +55,30 @@ def init_producer(
     """A transactional producer after ``init_transactions``: every older one with that id is
     fenced and its open transaction aborted (or completed, if its commit had begun).
     ``message_bytes``: a larger message than the link's largest record it must write."""
+    producer = kafka.producer(writer_conf(settings, transactional_id, message_bytes))
+    try:
+        # Metadata first, twice: a fresh librdkafka producer that asks for its transaction
+        # coordinator before a connection to a broker it learned from metadata is up finds "no
+        # brokers available" and waits for its 500 ms coordinator-query timer. The first request
+        # goes through the bootstrap connection, the second through a learned broker (a few ms
+        # each). Measured in the dedup's write tasks (bench/dedup_latency.py, quiet): a ~500 ms
+        # fence in 23 of 65 batches with one request, 1 of 31 inits with two (docs/benchmarks.md).
+        for _ in range(2):
+            producer.list_topics(settings.progress_topic, timeout=KAFKA_TIMEOUT_S)
+        producer.init_transactions(KAFKA_TIMEOUT_S)
+    except KafkaException as exc:
+        raise kafka.error(
+            exc,
+            f"cannot initialise Kafka transactions as {transactional_id!r} (check "
+            "BOOTSTRAP_SERVERS and that the broker allows transactions)",
+        ) from exc
+    return producer
+
+
+def writer_conf(
+    settings: WriterSettings, transactional_id: str, message_bytes: int = 0
+) -> dict[str, Any]:
+    """A write producer's configuration: the dedup's defaults, ``KAFKA_CONF_<NAME>`` over them."""
     conf = base_conf(settings)
     conf.update(
         {
@@ -77,24 +101,7 @@ def init_producer(
     needed = max(record_limit(settings.max_record_size), message_bytes)
     if int(conf.get("message.max.bytes", 0) or 0) < needed:
         conf["message.max.bytes"] = needed
-    producer = kafka.producer(conf)
-    try:
-        # Metadata first, twice: a fresh librdkafka producer that asks for its transaction
-        # coordinator before a connection to a broker it learned from metadata is up finds "no
-        # brokers available" and waits for its 500 ms coordinator-query timer. The first request
-        # goes through the bootstrap connection, the second through a learned broker (a few ms
-        # each). Measured in the dedup's write tasks (bench/dedup_latency.py, quiet): a ~500 ms
-        # fence in 23 of 65 batches with one request, 1 of 31 inits with two (docs/benchmarks.md).
-        for _ in range(2):
-            producer.list_topics(settings.progress_topic, timeout=KAFKA_TIMEOUT_S)
-        producer.init_transactions(KAFKA_TIMEOUT_S)
-    except KafkaException as exc:
-        raise kafka.error(
-            exc,
-            f"cannot initialise Kafka transactions as {transactional_id!r} (check "
-            "BOOTSTRAP_SERVERS and that the broker allows transactions)",
-        ) from exc
-    return producer
+    return conf
 
 
 def _write_linger_ms(conf: dict[str, Any]) -> int:

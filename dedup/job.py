@@ -62,9 +62,9 @@ ARROW_MAX_BYTES_PER_BATCH = 16 << 20
 #: The same bound for a direct checkpoint: its task classifies, detects and writes each Arrow
 #: batch as it comes, so smaller batches let the JVM read and convert the next one meanwhile
 #: (at 16 MiB a task's whole input of a backlog batch was one Arrow batch, and its worker waited
-#: for all of it). 4 MiB measured 4.5 against 5.1 CPU-s per M at a fan-in of 32 and the same at
-#: one, and 1.1x the rate to the clean topic side by side with the peer (docs/benchmarks.md
-#: "Each task's fixed cost").
+#: for all of it). 4 MiB measured 4.1-4.8 CPU-s per M at a fan-in of 32 (16 MiB: 4.8-5.4),
+#: 3.6-5.4 at one (16 MiB: 4.1-4.4), and 1.1x the rate to the clean topic side by side with the
+#: peer (docs/benchmarks.md "Each task's fixed cost").
 DIRECT_ARROW_MAX_BYTES_PER_BATCH = 4 << 20
 
 #: The Python workers' allocator (``spark.executorEnv.*``; ``--spark-conf`` overrides each).

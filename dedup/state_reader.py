@@ -17,21 +17,28 @@ another checkpoint shares the state topic, an attempt aborted after its state re
 partition is read as before. A worker keeps the record's bytes, decoded per task, so a task that
 changes its detectors and then aborts leaves nothing stale behind.
 
-Bounded: ``MAX_CONSUMERS`` consumers and ``MAX_KEPT_BYTES`` of records per worker.
+A kept consumer may know a partition leader that has gone since (a broker killed or rolled):
+it refreshes its metadata first and gets ``KEPT_TIMEOUT_S``; if it fails, a new consumer reads
+with the full timeout (and is kept instead). Bounded: ``MAX_CONSUMERS`` consumers and
+``MAX_KEPT_BYTES`` of records per worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from common.errors import ServiceError
 from dedup.direct_state import StateRecord
 from dedup.fence import reader_conf, scan_back
 from dedup.writer_settings import KAFKA_TIMEOUT_S, WriterSettings
 from runtime import kafka
+
+log = logging.getLogger(__name__)
 
 #: State records read per step when searching a state partition backwards for this key's last
 #: one (with one raw topic, the partition's last committed record is it).
@@ -40,6 +47,8 @@ STATE_SCAN_STEP = 8
 MAX_CONSUMERS = 4
 #: Bytes of state records a worker keeps; a larger record is read from Kafka each time.
 MAX_KEPT_BYTES = 16 << 20
+#: Seconds a kept consumer gets before a new one (fresh metadata, the full timeout) reads instead.
+KEPT_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,25 +73,46 @@ def read_state(settings: WriterSettings, key: bytes, partition: int) -> StateRec
     """
     conf = reader_conf(settings, f"{settings.transactional_id}.state")
     name = tuple(sorted((k, str(v)) for k, v in conf.items()))
-    consumer = _consumers.pop(name, None) or kafka.consumer(conf)
-    where = TopicPartition(settings.state_topic, partition)
-    try:
-        low, high = consumer.get_watermark_offsets(where, timeout=KAFKA_TIMEOUT_S)
-        place = _place(settings, key, partition)
-        kept = _kept.get(place)
-        if kept is not None and kept.end == high:
-            _kept.move_to_end(place)
-            value: bytes | None = kept.value
+    consumer = _consumers.pop(name, None)
+    if consumer is not None:
+        try:
+            # its metadata first: a kept consumer's leader of the partition may be a broker
+            # that has gone since (a kill, a roll), and a watermark query waits for that one
+            consumer.list_topics(settings.state_topic, timeout=KEPT_TIMEOUT_S)
+            value = _read(settings, consumer, key, partition, KEPT_TIMEOUT_S)
+        except (KafkaException, ServiceError) as exc:
+            _close(consumer)
+            log.info("the kept state consumer failed (%s); reading with a new one", exc)
         else:
-            values = scan_back(consumer, where, key, (low, high), STATE_SCAN_STEP)
-            value = values[-1] if values else None
-            if value is not None:
-                remember(settings, key, partition, high, value)
+            _keep_consumer(name, consumer)
+            return StateRecord.decode(value) if value is not None else None
+    consumer = kafka.consumer(conf)
+    try:
+        value = _read(settings, consumer, key, partition, KAFKA_TIMEOUT_S)
     except BaseException:
-        consumer.close()
+        _close(consumer)
         raise
     _keep_consumer(name, consumer)
     return StateRecord.decode(value) if value is not None else None
+
+
+def _read(
+    settings: WriterSettings, consumer: Consumer, key: bytes, partition: int, timeout: float
+) -> bytes | None:
+    """The last committed value with ``key`` in the state partition: the kept one if the
+    partition has not moved since it, else read."""
+    where = TopicPartition(settings.state_topic, partition)
+    low, high = consumer.get_watermark_offsets(where, timeout=timeout)
+    place = _place(settings, key, partition)
+    kept = _kept.get(place)
+    if kept is not None and kept.end == high:
+        _kept.move_to_end(place)
+        return kept.value
+    values = scan_back(consumer, where, key, (low, high), STATE_SCAN_STEP)
+    if not values:
+        return None
+    remember(settings, key, partition, high, values[-1])
+    return values[-1]
 
 
 def remember(settings: WriterSettings, key: bytes, partition: int, end: int, value: bytes) -> None:
@@ -111,9 +141,12 @@ def _place(settings: WriterSettings, key: bytes, partition: int) -> tuple[str, s
 def _keep_consumer(name: tuple[tuple[str, str], ...], consumer: Consumer) -> None:
     _consumers[name] = consumer
     while len(_consumers) > MAX_CONSUMERS:
-        _, old = _consumers.popitem(last=False)
-        with contextlib.suppress(KafkaException, RuntimeError):  # closed already
-            old.close()
+        _close(_consumers.popitem(last=False)[1])
+
+
+def _close(consumer: Consumer) -> None:
+    with contextlib.suppress(KafkaException, RuntimeError):  # closed already
+        consumer.close()
 
 
 def close() -> None:
@@ -121,6 +154,4 @@ def close() -> None:
     tests do, before its brokers go)."""
     _kept.clear()
     while _consumers:
-        _, consumer = _consumers.popitem()
-        with contextlib.suppress(KafkaException, RuntimeError):
-            consumer.close()
+        _close(_consumers.popitem()[1])

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import socket
 import threading
 import time
 from collections import Counter
@@ -37,6 +38,7 @@ from dedup.direct import DirectPartition, DirectSpec
 from dedup.direct_state import state_key
 from dedup.state_reader import read_state
 from dedup.writer_settings import WriterSettings
+from runtime import kafka
 from tests.kafka_helpers import consume_all, create_topic
 
 pytestmark = [pytest.mark.kafka]
@@ -215,6 +217,35 @@ def test_a_kept_state_is_used_while_its_partition_has_not_moved(
     assert state is not None
     assert state.batch_id == 1
     assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(15)})
+
+
+def test_a_kept_consumer_that_cannot_reach_its_broker_gives_way_to_a_new_one(
+    downstream_kafka, monkeypatch
+) -> None:
+    """A worker's kept consumer whose broker has gone (here: a port where none listens) fails
+    within ``KEPT_TIMEOUT_S``; a new consumer reads the state and is kept instead."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    assert (
+        DirectPartition(spec(settings, query, 0), raw, 0)
+        .run([runs(raw, 0, [(0, 0, 9)])], lambda _: None)
+        .records
+        == 10
+    )
+    monkeypatch.setattr(state_reader, "KEPT_TIMEOUT_S", 2.0)
+    conf = state_reader.reader_conf(settings, f"{settings.transactional_id}.state")
+    name = tuple(sorted((k, str(v)) for k, v in conf.items()))
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        gone = f"127.0.0.1:{closed.getsockname()[1]}"
+    stale = kafka.consumer({**conf, "bootstrap.servers": gone})
+    state_reader._consumers.pop(name, None)
+    state_reader._consumers[name] = stale
+    state_reader.forget(settings, state_key(query, raw, 0), 0)
+    state = read_state(settings, state_key(query, raw, 0), 0)
+    assert state is not None
+    assert state.batch_id == 0
+    assert state_reader._consumers[name] is not stale
 
 
 def test_raw_partitions_have_their_own_state_and_fence(downstream_kafka) -> None:

@@ -411,8 +411,13 @@ class Pipeline:
             seed=self.spec.seed,
         )
 
-    def produce(self, progress: Callable[[int], None] | None = None) -> int:
-        """Produce the workload upstream; returns records acknowledged."""
+    def produce(
+        self,
+        progress: Callable[[int], None] | None = None,
+        gate: Callable[[int], None] | None = None,
+    ) -> int:
+        """Produce the workload upstream; returns records acknowledged. ``gate``: see
+        ``kafka_diode.workload.produce``."""
         self.produced += produce(
             self.ep.upstream,
             self.workload(),
@@ -422,6 +427,7 @@ class Pipeline:
             clock=time.monotonic,
             sleep=time.sleep,
             conf=self.conf("upstream"),
+            gate=gate,
         )
         return self.produced
 

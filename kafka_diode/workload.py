@@ -52,10 +52,14 @@ def produce(
     clock: Callable[[], float] | None = None,
     sleep: Callable[[float], None] | None = None,
     conf: Mapping[str, str] | None = None,
+    gate: Callable[[int], None] | None = None,
 ) -> int:
     """Produce ``workload`` to ``bootstrap`` and flush; returns how many records were acknowledged.
 
     ``rate`` (records/s) paces production for demos; ``None`` produces as fast as possible.
+    ``gate(seq)`` runs before record ``seq`` is produced and may block: a chaos harness holds the
+    rest of the workload back until its fault has happened, so that records flow after the fault
+    by construction. Pacing resumes from the moment the gate returns.
     """
     rng = random.Random(workload.seed)
     largest = max(workload.value_size, workload.value_size_max, workload.huge_size * 5 // 4)
@@ -85,6 +89,11 @@ def produce(
 
     start = clock() if clock else 0.0
     for seq in range(workload.records):
+        if gate is not None:
+            held = clock() if clock else 0.0
+            gate(seq)
+            if clock:
+                start += clock() - held  # time spent held is not a backlog to catch up
         topic = workload.topics[seq % len(workload.topics)]
         partition = rng.randrange(partitions)
         if workload.huge_every and seq % workload.huge_every == workload.huge_every // 2:

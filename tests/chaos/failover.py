@@ -3,6 +3,11 @@
 ``inject(run, fault)`` runs on the chaos harness's main thread while the producer thread feeds the
 upstream cluster. Every fault picks its node from the cluster's own metadata at that moment:
 
+The harness produces only the first half of the workload until a fault's first kill or stop
+(``inject`` sets ``run.fault_happened``), so every condition below that waits for progress after
+the fault is one that must become true if the promise holds: the records it counts were produced
+after the fault, and each one pre-fault condition asks for less than the first half.
+
 - ``raw-leader-sigkill`` (downstream): SIGKILL the leader of the raw partition with the most
   records, once a third of the records are in the raw topic; restart it once the raw topic grew
   by another sixth of the records without it (the receiver wrote through the new leader).
@@ -11,10 +16,11 @@ upstream cluster. Every fault picks its node from the cluster's own metadata at 
 - ``txn-coordinator-sigkill`` (downstream): SIGKILL the transaction coordinator of the dedup's
   writers (the leader of the ``__transaction_state`` partition of their ``transactional.id``\\ s,
   read from the dedup's log: ``abs(javaHashCode(id)) % partitions``, Kafka's own rule) once it has
-  committed; restart after it committed more through the new coordinator.
+  committed; restart after it committed another sixth of the records, all produced after the
+  kill, so committed through the new coordinator.
 - ``group-coordinator-sigkill`` (upstream): SIGKILL the coordinator of the sender's consumer
-  group (``describe_consumer_groups``) once a third of the records crossed; restart after more
-  crossed.
+  group (``describe_consumer_groups``) once a third of the records crossed; restart after
+  another sixth crossed.
 - ``rolling-restart`` (``Scenario.cluster_side``): stop and start every node in turn, each only
   once every partition of the cluster is fully in sync again (how operators upgrade).
 - ``node-down-60s`` (``Scenario.cluster_side``): SIGKILL the busiest raw (or source) leader and
@@ -193,11 +199,16 @@ def inject(run: Run, fault: str) -> None:
     def wait(predicate: Any, what: str) -> None:
         wait_until(predicate, timeout=limit, interval=0.2, what=what, alive=alive)
 
-    def kill_then_restart(node_id: int, why: str, recovered: Any, what: str) -> None:
+    def kill_then_restart(node_id: int, why: str, progress: Any, what: str) -> None:
+        """Kill the node, let the held records flow, and restart it once ``progress()`` grew by
+        a sixth of the records: at most half were produced before the kill, so that many more
+        must follow it."""
         node = side.node(node_id)
         events.append(f"SIGKILL {node.name} ({why})")
         node.kill()
-        wait(recovered, what)
+        before = progress()
+        run.fault_happened.set()
+        wait(lambda: progress() >= before + sixth, what)
         events.append(f"restart {node.name}")
         node.start()
         wait(lambda: all_in_sync(side.bootstrap), f"{node.name} back in sync")
@@ -208,28 +219,26 @@ def inject(run: Run, fault: str) -> None:
         kill_then_restart(
             leader,
             f"leader of {where}",
-            lambda: crossed(run) >= third + sixth,
+            lambda: crossed(run),
             "records written to the raw topic without the killed leader",
         )
     elif fault == "clean-leader-sigkill":
         wait(lambda: committed(run) >= sixth, "clean output of the dedup")
         leader, where = busiest_leader(down, clean)
-        before = committed(run)
         kill_then_restart(
             leader,
             f"leader of {where}",
-            lambda: committed(run) >= before + sixth,
+            lambda: committed(run),
             "clean records committed without the killed leader",
         )
     elif fault == "txn-coordinator-sigkill":
         wait(lambda: committed(run) >= sixth, "clean output of the dedup")
         ids = dedup_transactional_ids(run)
         assert ids, "the dedup's log names no transactional.id"
-        before = committed(run)
         kill_then_restart(
             txn_coordinator(down, ids),
             f"transaction coordinator of {', '.join(ids)}",
-            lambda: committed(run) >= before + sixth,
+            lambda: committed(run),
             "commits through the new transaction coordinator",
         )
     elif fault == "group-coordinator-sigkill":
@@ -238,7 +247,7 @@ def inject(run: Run, fault: str) -> None:
         kill_then_restart(
             group_coordinator(p.ep.upstream, group),
             f"coordinator of consumer group {group}",
-            lambda: crossed(run) >= third + sixth,
+            lambda: crossed(run),
             "records crossing after the coordinator moved",
         )
     elif fault == "rolling-restart":
@@ -247,6 +256,7 @@ def inject(run: Run, fault: str) -> None:
             wait(lambda: all_in_sync(side.bootstrap), "every partition in sync")
             events.append(f"rolling: stop {node.name}")
             node.stop()
+            run.fault_happened.set()
             events.append(f"rolling: start {node.name}")
             node.start()
         wait(lambda: all_in_sync(side.bootstrap), "every partition in sync after the roll")
@@ -257,6 +267,7 @@ def inject(run: Run, fault: str) -> None:
         node = side.node(leader)
         events.append(f"SIGKILL {node.name} (leader of {where}) for {OUTAGE_S:.0f} s")
         node.kill()
+        run.fault_happened.set()
         began = time.monotonic()
         threading.Event().wait(OUTAGE_S)  # the outage's length is the fault itself
         events.append(f"restart {node.name} after {time.monotonic() - began:.0f} s")
@@ -275,6 +286,7 @@ def inject(run: Run, fault: str) -> None:
         began = time.monotonic()
         for node in victims:
             node.kill()
+        run.fault_happened.set()
         wait_until(
             lambda: overflowed(run) >= OVERFLOW_RECORDS,
             timeout=limit,

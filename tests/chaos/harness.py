@@ -11,7 +11,10 @@ Sequence, per scenario:
 1. start receiver, relay, sender and dedup; produce the workload upstream (paced in a background
    thread when a fault must land mid-stream);
 2. fault scenarios: wait for a progress condition (records in the raw topic, or the first clean
-   output for the dedup), then inject the fault;
+   output for the dedup), then inject the fault. Cluster faults hold the second half of the
+   workload back until the fault has happened (``Run.fault_happened``), so records flow after it
+   by construction and every "more progress after the fault" condition must become true if the
+   promise holds, whatever the machine's speed;
 3. wait until the run is *settled*: ``ok``, or every record accounted for (delivered, or inside an
    open gap) and the verdict unchanged for ``quiet`` s (at least 4 dedup micro-batches);
 4. if records are missing: a resend pass (``bundle create`` + ``resend``, the real commands), settle
@@ -244,6 +247,10 @@ class Run:
         )
         self.final: Verdict | None = None
         self.first: Verdict | None = None
+        self.fault_happened = threading.Event()
+        """Set by a cluster fault right after its first kill or stop: the producer holds the
+        workload's second half (from ``hold_at``) back until then."""
+        self.hold_at = scenario.records // 2
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -283,9 +290,15 @@ class Run:
             return
         failure: list[BaseException] = []
 
+        def hold(seq: int) -> None:
+            if seq == self.hold_at and not self.fault_happened.wait(self.settle_timeout):
+                raise TimeoutError(f"the fault did not happen within {self.settle_timeout:.0f} s")
+
+        gate = hold if self.sc.cluster_fault is not None else None
+
         def produce() -> None:
             try:
-                p.produce()
+                p.produce(gate=gate)
             except BaseException as exc:  # re-raised on the test's thread
                 failure.append(exc)
 
@@ -299,6 +312,7 @@ class Run:
 
                 inject(self, self.sc.cluster_fault)
         finally:
+            self.fault_happened.set()  # a failed injection must not leave the producer held
             producer.join(timeout=self.settle_timeout)
         if producer.is_alive():
             raise TimeoutError("the producer did not finish")

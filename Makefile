@@ -47,7 +47,7 @@ fmt: $(STAMP)
 
 # Everything CI runs: static checks, unit, property, integration and the fast chaos subset.
 test: check jars tools
-	$(BIN)/pytest -m "not slow" $(PYTEST_ARGS)
+	$(BIN)/pytest -m "not slow" --durations=30 $(PYTEST_ARGS)
 
 # The full matrix, including the slow chaos scenarios.
 test-all: check jars tools

@@ -291,8 +291,11 @@ class Run:
         failure: list[BaseException] = []
 
         def hold(seq: int) -> None:
-            if seq == self.hold_at and not self.fault_happened.wait(self.settle_timeout):
+            if seq != self.hold_at:
+                return
+            if not self.fault_happened.wait(self.settle_timeout):
                 raise TimeoutError(f"the fault did not happen within {self.settle_timeout:.0f} s")
+            self.outcome.events.append(f"records {seq}-{self.sc.records - 1} produced after it")
 
         gate = hold if self.sc.cluster_fault is not None else None
 

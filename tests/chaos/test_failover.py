@@ -140,6 +140,7 @@ def test_the_dedups_transaction_coordinator_sigkilled_in_ci(
     """
     outcome = _strict_run(CI_CASE, upstream_kafka, downstream_cluster, chaos_results, tmp_path)
     assert any("SIGKILL" in e for e in outcome.events), outcome.events
+    assert any("produced after it" in e for e in outcome.events), outcome.events
     assert any(e.startswith("restart ") for e in outcome.events), outcome.events
 
 

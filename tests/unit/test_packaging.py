@@ -229,6 +229,7 @@ def test_expected_units_exist() -> None:
         "kafka-diode-sender@.service",
         "kafka-diode-receiver@.service",
         "kafka-diode-dedup@.service",
+        "kafka-diode-dedup-cluster@.service",
         "kafka-diode-resend@.service",
         "kafka-diode-resend@.path",
         "kafka-diode-bundle@.service",
@@ -286,7 +287,7 @@ def test_service_hardening_baseline(unit: Path) -> None:
     for key in ("StateDirectory", "LogsDirectory", "ConfigurationDirectory", "MemoryMax", "UMask"):
         assert key in service, f"{unit.name}: {key}= missing"
     # The JVM's JIT needs W+X memory; everything else runs without it.
-    jvm = unit.name.startswith("kafka-diode-dedup@")
+    jvm = unit.name.startswith(("kafka-diode-dedup@", "kafka-diode-dedup-cluster@"))
     assert service.get("MemoryDenyWriteExecute") == (None if jvm else ["yes"])
     if service["Type"] != ["oneshot"]:
         assert service["Restart"] == ["on-failure"]

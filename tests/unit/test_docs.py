@@ -1,13 +1,21 @@
-"""Documentation that is generated from code must match the code."""
+"""Documentation must match the code: what is generated from it, and what the docs state (links,
+section references, paths, defaults, page lengths, the README's two set-up commands)."""
 
 import dataclasses
 import importlib
 import re
+import tomllib
 from pathlib import Path
 
+from common import settings
 from common.settings import field_docs
+from dedup.config import DedupConfig, env_var, from_sources
 from kafka_diode import cli_reference, docs_gen
 from kafka_diode.cli import SUBCOMMANDS
+from receiver.config import ENV_PREFIX as RECEIVER_PREFIX
+from receiver.config import ReceiverConfig
+from sender.config import ENV_PREFIX as SENDER_PREFIX
+from sender.config import SenderConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,8 +90,9 @@ def test_every_table_row_of_the_reference_has_its_header_s_columns() -> None:
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 #: The pages an operator reads to deploy and run kafka-diode, each kept to about 5,000 words.
-#: Reference pages are exempt: docs/protocol.md (the normative wire specification) and
-#: docs/configuration.md (generated from the code).
+#: Reference and explanation pages are exempt: docs/protocol.md (the normative wire
+#: specification), docs/configuration.md (generated from the code) and docs/dedup-internals.md (how
+#: the dedup works, for developers).
 OPERATOR_PAGES = (
     "deployment.md",
     "operations.md",
@@ -98,7 +107,7 @@ OPERATOR_PAGES = (
     "topics.md",
     "benchmarks.md",
 )
-REFERENCE_PAGES = ("protocol.md", "configuration.md")
+REFERENCE_PAGES = ("protocol.md", "configuration.md", "dedup-internals.md")
 OPERATOR_PAGE_WORDS = 5_000
 README_WORDS = 1_000
 _LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)")
@@ -149,7 +158,8 @@ def _words(path: Path) -> int:
 
 
 def test_slug_follows_github() -> None:
-    assert _slug("The operator's view: `kafka-diode status`") == "the-operators-view-kafka-diode-status"
+    view = "the-operators-view-kafka-diode-status"
+    assert _slug("The operator's view: `kafka-diode status`") == view
     assert _slug("4.3 Compression") == "43-compression"
     assert _slug("Choosing the settings (block size, latency, burst tolerance)") == (
         "choosing-the-settings-block-size-latency-burst-tolerance"
@@ -223,6 +233,22 @@ def test_operator_pages_stay_readable() -> None:
 def test_reference_pages_say_they_are_reference() -> None:
     protocol = (DOCS / "protocol.md").read_text(encoding="utf-8")[:2_000]
     assert "reference" in protocol.lower()
+    internals = (DOCS / "dedup-internals.md").read_text(encoding="utf-8")[:1_000]
+    assert "not needed to run" in internals.lower()
+
+
+def test_every_quoted_section_reference_exists() -> None:
+    """``docs/x.md "Some heading"`` names a heading of that page."""
+    broken = []
+    pattern = re.compile(r'(?:docs/)?([a-z_-]+\.md),?\s+"([^"\n]{3,80})"')
+    for page in _pages():
+        for name, title in pattern.findall(_prose(page.read_text(encoding="utf-8"))):
+            dest = DOCS / name
+            if not dest.exists():
+                continue  # a file elsewhere, checked as a path
+            if not any(a.startswith(_slug(title)) for a in _anchors(dest)):
+                broken.append(f'{page.name}: {name} "{title}"')
+    assert not broken, "\n".join(broken)
 
 
 def test_readme_set_up_commands_are_make_demo_and_make_test() -> None:
@@ -239,11 +265,6 @@ def test_readme_set_up_commands_are_make_demo_and_make_test() -> None:
 def _defaults() -> dict[str, set[str]]:
     """Every setting's name as docs write it (snake_case key, ``--flag``, environment variable)
     -> the default(s) the code gives it, as text."""
-    from dedup.config import DedupConfig, env_var
-    from receiver.config import ENV_PREFIX as RECEIVER_PREFIX
-    from receiver.config import ReceiverConfig
-    from sender.config import ENV_PREFIX as SENDER_PREFIX
-    from sender.config import SenderConfig
 
     out: dict[str, set[str]] = {}
 
@@ -334,13 +355,7 @@ def _block_after(text: str, marker: str) -> str:
     return "\n".join(block).strip() + "\n"
 
 
-def test_deployment_guide_configurations_are_valid(tmp_path: Path) -> None:
-    import tomllib
-
-    from common import settings
-    from dedup.config import from_sources
-    from receiver.config import ReceiverConfig
-    from sender.config import SenderConfig
+def test_deployment_guide_configurations_are_valid() -> None:
 
     text = (DOCS / "deployment.md").read_text(encoding="utf-8")
     sender = tomllib.loads(_block_after(text, "`/etc/kafka-diode/sender/main.toml`"))

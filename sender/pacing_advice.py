@@ -19,6 +19,6 @@ def pacing_warning(config: SenderConfig) -> str | None:
     return (
         "pacing is off (rate_bytes = 0): the sender sends as fast as it can read, and a diode "
         "cannot push back, so anything beyond the link's or receiver's capacity is lost (as "
-        "gaps). Set --rate-bytes (DIODE_SENDER_RATE_BYTES, TOML rate_bytes) to about 90 % of "
+        "gaps). Set --rate-bytes (DIODE_SENDER_RATE_BYTES, TOML rate_bytes) to about 80 % of "
         "the link's bytes/s, e.g. --rate-bytes 100000000 for a 1 Gbit/s diode"
     )

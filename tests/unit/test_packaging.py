@@ -34,8 +34,19 @@ from pathlib import Path
 
 import pytest
 
+from common import settings
 from common.metrics import CollectorRegistry
+from dedup.bundle_cli import bundle_env
+from dedup.bundle_create import BundleConfig
+from dedup.config import DedupConfig, from_sources
 from kafka_diode import cli
+from receiver.config import ENV_PREFIX as RECEIVER_PREFIX
+from receiver.config import ReceiverConfig
+from runtime import config_file
+from runtime.bundle_files import ENV_PREFIX as BUNDLE_PREFIX
+from sender.config import ENV_PREFIX as SENDER_PREFIX
+from sender.config import SenderConfig
+from sender.resend_job import EXIT_OK, EXIT_UNRECOVERABLE
 
 REPO = Path(__file__).resolve().parents[2]
 SYSTEMD_DIR = REPO / "packaging" / "systemd"
@@ -229,6 +240,7 @@ def test_expected_units_exist() -> None:
         "kafka-diode-sender@.service",
         "kafka-diode-receiver@.service",
         "kafka-diode-dedup@.service",
+        "kafka-diode-dedup-cluster@.service",
         "kafka-diode-resend@.service",
         "kafka-diode-resend@.path",
         "kafka-diode-bundle@.service",
@@ -286,7 +298,7 @@ def test_service_hardening_baseline(unit: Path) -> None:
     for key in ("StateDirectory", "LogsDirectory", "ConfigurationDirectory", "MemoryMax", "UMask"):
         assert key in service, f"{unit.name}: {key}= missing"
     # The JVM's JIT needs W+X memory; everything else runs without it.
-    jvm = unit.name.startswith("kafka-diode-dedup@")
+    jvm = unit.name.startswith(("kafka-diode-dedup@", "kafka-diode-dedup-cluster@"))
     assert service.get("MemoryDenyWriteExecute") == (None if jvm else ["yes"])
     if service["Type"] != ["oneshot"]:
         assert service["Restart"] == ["on-failure"]
@@ -559,3 +571,119 @@ def test_dashboard_is_importable_grafana_json() -> None:
     assert doc["panels"]
     ids = [p["id"] for p in doc["panels"]]
     assert len(ids) == len(set(ids))
+
+
+# --- example environment files, through the components' own loaders (issue 47) ------------------
+
+
+def _assignments(path: Path, *, commented: bool) -> dict[str, str]:
+    """``KEY=value`` lines of an env file; with ``commented``, the ``#KEY=value`` examples too."""
+    values = {}
+    for line in path.read_text().splitlines():
+        text = line.strip()
+        if commented and re.match(r"^#[A-Z][A-Z0-9_]*=", text):
+            text = text[1:]
+        if text and not text.startswith("#") and "=" in text:
+            key, _, value = text.partition("=")
+            values[key.strip()] = value.strip()
+    return values
+
+
+ENV_EXAMPLES = REPO / "packaging" / "env"
+
+
+def test_every_example_env_file_is_tested() -> None:
+    assert {p.name for p in ENV_EXAMPLES.iterdir()} == {
+        "sender.env.example",
+        "receiver.env.example",
+        "dedup.env.example",
+        "bundle.env.example",
+        "resend.env.example",
+    }
+
+
+@pytest.mark.parametrize("commented", [False, True], ids=["as shipped", "examples uncommented"])
+def test_sender_env_example_loads_through_the_sender_s_loader(commented: bool) -> None:
+
+    env = _assignments(ENV_EXAMPLES / "sender.env.example", commented=commented)
+    assert all(k.startswith(SENDER_PREFIX) for k in env), env
+    toml = config_file.read_toml_section(REPO / "packaging/config/sender/example.toml", "sender")
+    config = settings.build(SenderConfig, file_values=toml, env=env, env_prefix=SENDER_PREFIX)
+    if commented:
+        assert config.rate_bytes == float(env["DIODE_SENDER_RATE_BYTES"])
+
+
+@pytest.mark.parametrize("commented", [False, True], ids=["as shipped", "examples uncommented"])
+def test_receiver_env_example_loads_through_the_receiver_s_loader(commented: bool) -> None:
+
+    env = _assignments(ENV_EXAMPLES / "receiver.env.example", commented=commented)
+    assert all(k.startswith(RECEIVER_PREFIX) for k in env), env
+    toml = config_file.read_toml_section(
+        REPO / "packaging/config/receiver/example.toml", "receiver"
+    )
+    settings.build(ReceiverConfig, file_values=toml, env=env, env_prefix=RECEIVER_PREFIX)
+
+
+@pytest.mark.parametrize("commented", [False, True], ids=["as shipped", "examples uncommented"])
+def test_dedup_env_example_loads_and_keeps_the_defaults(commented: bool) -> None:
+
+    env = {"STATE_DIR_CONFIG": "/var/lib/kafka-diode/dedup-example/checkpoint"}
+    env.update(_assignments(ENV_EXAMPLES / "dedup.env.example", commented=commented))
+    config = from_sources(env=env)
+    # WINDOW_SIZE can never change under a checkpoint: the example must not suggest another value
+    assert config.window_size == DedupConfig.window_size
+    assert config.max_windows == DedupConfig.max_windows
+    assert config.new_topic_replication >= 1, "topics the dedup creates must be replicated"
+
+
+def test_bundle_env_example_loads_through_bundle_create_s_loader(key_file: Path) -> None:
+
+    env = _assignments(ENV_EXAMPLES / "dedup.env.example", commented=False)
+    env.update(_assignments(ENV_EXAMPLES / "bundle.env.example", commented=True))
+    env[f"{BUNDLE_PREFIX}KEY_FILE"] = str(key_file)  # the example names the installed path
+    config = settings.build(BundleConfig, env=bundle_env(env), env_prefix=BUNDLE_PREFIX)
+    assert config.gap_topic == env["GAP_TOPIC"]
+    assert config.max_records == int(env[f"{BUNDLE_PREFIX}MAX_RECORDS"])
+
+
+def test_resend_env_example_sets_only_what_the_resend_unit_reads() -> None:
+    env = _assignments(ENV_EXAMPLES / "resend.env.example", commented=True)
+    unit = (SYSTEMD_DIR / "kafka-diode-resend@.service").read_text()
+    assert set(env) == {"BUNDLE"}
+    assert "${BUNDLE}" in unit
+
+
+def test_optional_env_files_are_optional_in_their_units() -> None:
+    """An env file the docs call optional is read with ``EnvironmentFile=-``; the dedup's is
+    required (every setting of the job lives there)."""
+    for unit, path in (
+        ("kafka-diode-sender@.service", "/etc/kafka-diode/sender/%i.env"),
+        ("kafka-diode-receiver@.service", "/etc/kafka-diode/receiver/%i.env"),
+        ("kafka-diode-resend@.service", "/etc/kafka-diode/resend/%i.env"),
+        ("kafka-diode-bundle@.service", "/etc/kafka-diode/bundle/%i.env"),
+    ):
+        files = read_unit(SYSTEMD_DIR / unit)["Service"]["EnvironmentFile"]
+        assert f"-{path}" in files, f"{unit}: EnvironmentFile=-{path}"
+    for unit in ("kafka-diode-dedup@.service", "kafka-diode-dedup-cluster@.service"):
+        files = read_unit(SYSTEMD_DIR / unit)["Service"]["EnvironmentFile"]
+        assert files == ["/etc/kafka-diode/dedup/%i.env"]
+
+
+def test_resend_unit_moves_the_bundle_after_an_unrecoverable_run() -> None:
+    """Exit 3 (some offsets unrecoverable upstream) fails the unit but must not leave the bundle in
+    the inbox, or the path unit runs it again and again."""
+
+    service = read_unit(SYSTEMD_DIR / "kafka-diode-resend@.service")["Service"]
+    assert "ExecStartPost" not in service  # it would not run after a non-zero exit
+    (post,) = service["ExecStopPost"]
+    assert f"{EXIT_OK}|{EXIT_UNRECOVERABLE})" in post
+    assert "done/last.bundle" in post
+    assert "SuccessExitStatus" not in service  # exit 3 stays visible as a failure
+
+
+def test_cluster_dedup_unit_needs_a_spark_master_and_sets_no_local_checkpoint() -> None:
+    service = read_unit(SYSTEMD_DIR / "kafka-diode-dedup-cluster@.service")["Service"]
+    assert not any(v.startswith("STATE_DIR_CONFIG=") for v in service.get("Environment", []))
+    (pre,) = service["ExecStartPre"]
+    assert "SPARK_MASTER" in pre
+    assert "spark://" in pre

@@ -238,7 +238,11 @@ class Receiver:
     def _open_socket(self, port: int) -> None:
         cfg = self.config
         sock, granted = open_udp_socket(
-            cfg.listen_host, port, reuse_port=self._reuse_port, rcvbuf=cfg.rcvbuf_bytes
+            cfg.listen_host,
+            port,
+            reuse_port=self._reuse_port,
+            rcvbuf=cfg.rcvbuf_bytes,
+            gro=cfg.udp_gro,
         )
         if not self.addresses:
             self._rcvbuf = granted

@@ -11,6 +11,14 @@ Kernel drops: with ``SO_RXQ_OVFL`` set, a ``recvmsg`` returns the socket's cumul
 as ancillary data. The first read of each wakeup uses ``recvmsg_into`` to sample it; the rest use
 the cheaper ``recv_into``. ``/proc/net/udp*`` (the ``drops`` column of the socket's inode) is the
 fallback read once a second, so a counter is exported even when nothing arrives after a drop.
+
+UDP GRO (``gro=True``, Linux 5.0+ where ``UDP_GRO`` is accepted): the kernel may hand over several
+datagrams of one flow as one buffer, all of the size it reports in a ``UDP_GRO`` control message
+(level ``SOL_UDP`` = 17, option 104) except the last, which may be shorter; on loopback that is
+what a sender's GSO run becomes, on a NIC what the driver's GRO coalesced. Every read then uses
+``recvmsg_into`` and the buffer is split at that size into the datagrams the sender sent, each
+handed over on its own, exactly as without GRO; a buffer without the control message is one
+datagram. ``max_per_wakeup`` counts datagrams either way.
 """
 
 from __future__ import annotations
@@ -21,6 +29,7 @@ import logging
 import os
 import socket
 import struct
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,15 +39,34 @@ SO_RXQ_OVFL = getattr(socket, "SO_RXQ_OVFL", 40)  # Linux asm-generic/socket.h
 SO_RCVBUFFORCE = getattr(socket, "SO_RCVBUFFORCE", 33)
 RECV_BUFFER = 65536  # larger than any UDP payload (65507), so nothing is ever truncated
 _CMSG_SPACE = socket.CMSG_SPACE(4)
+#: ``SOL_UDP`` and ``UDP_GRO`` (include/uapi/linux/udp.h): Python 3.11 names neither.
+SOL_UDP = 17
+UDP_GRO = 104
+#: Room for both control messages a GRO read may carry (drop counter, segment size).
+_GRO_CMSG_SPACE = 2 * socket.CMSG_SPACE(4)
 _U32 = struct.Struct("=I")
+_I32 = struct.Struct("=i")
+
+
+def enable_gro(sock: socket.socket) -> bool:
+    """Ask the kernel for coalesced reads on ``sock``; False where it has no UDP GRO."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        sock.setsockopt(SOL_UDP, UDP_GRO, 1)
+    except OSError:
+        return False
+    return True
 
 
 def open_udp_socket(
-    host: str, port: int, *, reuse_port: bool, rcvbuf: int
+    host: str, port: int, *, reuse_port: bool, rcvbuf: int, gro: bool = False
 ) -> tuple[socket.socket, int]:
     """Bind a non-blocking UDP socket; return it and the SO_RCVBUF the kernel granted.
 
     The kernel reports twice the usable size (it counts bookkeeping); we log what it reports.
+    ``gro``: enable UDP GRO where the kernel has it (``gro_enabled`` tells; read such a socket
+    with ``SocketDrainer(..., gro=True)``).
     """
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
     family, _, _, _, addr = infos[0]
@@ -54,6 +82,8 @@ def open_udp_socket(
             sock.setsockopt(socket.SOL_SOCKET, SO_RXQ_OVFL, 1)
         except OSError:
             log.debug("SO_RXQ_OVFL not supported; kernel drops read from /proc only")
+        if gro and not enable_gro(sock):
+            log.info("UDP GRO not supported here; one datagram per read")
         sock.bind(addr)
         sock.setblocking(False)
     except BaseException:
@@ -61,6 +91,14 @@ def open_udp_socket(
         raise
     granted = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
     return sock, granted
+
+
+def gro_enabled(sock: socket.socket) -> bool:
+    """Whether UDP GRO is on for ``sock``."""
+    try:
+        return bool(sock.getsockopt(SOL_UDP, UDP_GRO))
+    except OSError:
+        return False
 
 
 def log_rcvbuf(requested: int, granted: int) -> None:
@@ -114,7 +152,9 @@ class SocketDrainer:
         *,
         max_per_wakeup: int,
         on_error: Callable[[OSError], None],
+        gro: bool | None = None,
     ) -> None:
+        """``gro``: read coalesced buffers (None: whether the socket has UDP GRO on)."""
         self._sock = sock
         self._on_datagram = on_datagram
         self._on_wakeup_done = on_wakeup_done
@@ -129,6 +169,10 @@ class SocketDrainer:
         """Datagrams read from this socket (per-socket metrics: which port carries what)."""
         self.port = int(sock.getsockname()[1])
         """The local port this socket is bound to."""
+        self.gro = gro_enabled(sock) if gro is None else gro
+        """Whether reads may return coalesced datagrams (UDP GRO), split here."""
+        self.coalesced = 0
+        """Reads that returned two or more datagrams at once (UDP GRO)."""
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Register with ``loop``; reading starts at the next loop iteration."""
@@ -154,6 +198,9 @@ class SocketDrainer:
         return self.kernel_drops
 
     def _drain(self) -> None:
+        if self.gro:
+            self._drain_gro()
+            return
         sock, view, deliver = self._sock, self._view, self._on_datagram
         read = 0
         try:
@@ -170,6 +217,39 @@ class SocketDrainer:
                 nbytes = recv_into(view)
                 read += 1
                 deliver(bytes(view[:nbytes]))
+        except BlockingIOError:
+            pass
+        except InterruptedError:
+            pass
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
+                self._on_error(exc)
+        self.datagrams += read
+        self._on_wakeup_done()
+
+    def _drain_gro(self) -> None:
+        """``_drain`` for a GRO socket: every read says the segment size of what it returned."""
+        sock, view, deliver = self._sock, self._view, self._on_datagram
+        recvmsg_into, bufs, limit = sock.recvmsg_into, [self._buf], self._max
+        read = 0
+        try:
+            while read < limit:
+                nbytes, ancdata, _, _ = recvmsg_into(bufs, _GRO_CMSG_SPACE)
+                segment = 0
+                for level, kind, data in ancdata:
+                    if level == SOL_UDP and kind == UDP_GRO and len(data) >= 4:
+                        segment = _I32.unpack_from(data)[0]
+                    elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
+                        drops = _U32.unpack_from(data)[0]
+                        self.kernel_drops = max(self.kernel_drops, drops)
+                if 0 < segment < nbytes:
+                    self.coalesced += 1
+                    for start in range(0, nbytes, segment):
+                        read += 1
+                        deliver(bytes(view[start : min(start + segment, nbytes)]))
+                else:
+                    read += 1
+                    deliver(bytes(view[:nbytes]))
         except BlockingIOError:
             pass
         except InterruptedError:

@@ -105,6 +105,13 @@ class SenderConfig:
     """Source address host[:port] to send from (picks the interface); empty: kernel chooses."""
     send_buffer: int = 4 * 1024 * 1024
     """SO_SNDBUF in bytes (capped by net.core.wmem_max)."""
+    udp_gso: bool = True
+    """UDP segmentation offload where the kernel has it (Linux 4.18+): a run of equal-sized
+    datagrams (a large record's fragments, a backlog's full datagrams) leaves in one system call
+    and the kernel or NIC cuts it into the same datagrams; pacing still holds per datagram and a
+    run is never larger than the pacing burst. Off: one datagram per call. Turn it off when the
+    first hop is a veth pair or a tunnel that drops whole super-packets (loss comes in bursts of
+    up to 64 datagrams); on a real NIC a lost segment is one lost datagram."""
     key_file: Path | None = None
     """Key ring file written by 'kafka-diode keygen' (the active key encrypts); reloaded on
     SIGHUP or when its mtime changes."""

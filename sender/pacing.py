@@ -13,7 +13,9 @@ therefore lets through at most ``burst + rate * t`` tokens plus one datagram: th
 is exactly ``rate``. A busy event loop wakes the sender late; while datagrams were waiting for
 tokens (not idle), that lateness is credited back up to ``catch_up_seconds`` instead of being cut
 off at ``burst``, or the average would fall below ``rate`` whenever the loop is slow. Every copy
-of a redundant datagram is paced like any other datagram.
+of a redundant datagram is paced like any other datagram. A run of datagrams handed to the kernel
+in one call (UDP GSO) is paced per datagram: it may leave only when every datagram in it would
+have left at once on its own, without debt (``room``), so a run is never larger than the burst.
 
 Pure (docs/design.md, "A sans-IO core"): the caller passes ``now`` (seconds, monotonic); nothing
 here sleeps or reads a clock, so tests drive it with a fake clock.
@@ -65,6 +67,13 @@ class TokenBucket:
         if self._tokens >= need - _EPSILON:
             return 0.0
         return (need - self._tokens) / self.rate
+
+    def room(self) -> float:
+        """Tokens that may be taken at once after the last ``delay``: what the bucket holds, but
+        never more than ``burst`` (``inf`` when unlimited)."""
+        if self.rate == 0:
+            return math.inf
+        return min(self._tokens, self.burst)
 
     def take(self, amount: float, now: float) -> None:
         """Take ``amount`` tokens (the bucket may go into debt; see the module docstring)."""
@@ -132,6 +141,12 @@ class Pacer:
             self._bytes.delay(size, now, catch_up=catch_up),
             self._datagrams.delay(1, now, catch_up=catch_up),
         )
+
+    def room(self) -> tuple[float, float]:
+        """``(bytes, datagrams)`` that may leave together right after a ``delay`` that said 0:
+        a run of datagrams (UDP GSO) whose sizes add up to no more than these is paced exactly
+        as if each had asked ``delay`` in turn, and is never larger than either burst."""
+        return self._bytes.room(), self._datagrams.room()
 
     def take(self, size: int, now: float) -> None:
         """Account for a datagram of ``size`` bytes handed to the socket at ``now``."""

@@ -29,7 +29,9 @@ than fall out of the window. This bounds copy spacing to ``margin`` datagrams (d
 
 Pacing. Every copy is paced by ``Pacer`` (a token bucket in bytes and datagrams per second).
 ``next_transmit(now)`` returns ``None`` when the pacer or a copy's due time says wait;
-``next_timer()`` says until when.
+``next_timer()`` says until when. ``next_run`` hands out runs of fresh, equal-sized data datagrams
+for one UDP GSO call each; a run leaves only when the pacer would have let each of its datagrams
+leave at once, so pacing holds per datagram (tests/property/test_send_scheduler.py).
 
 Accounting. The caller hands the datagram to the socket and calls ``transmitted`` (or does not,
 when the socket would block: the same datagram is offered again). Only when the *last* copy of a
@@ -59,6 +61,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from itertools import islice
 from typing import TYPE_CHECKING
 
 from common.errors import ConfigError
@@ -319,6 +322,50 @@ class SendScheduler:
                 self._wake = now + wait
                 return None
         return item
+
+    def next_run(self, now: float, max_segments: int, max_bytes: int) -> list[Transmit] | None:
+        """Like ``next_transmit``, but datagrams that may leave together in one UDP GSO call:
+        the one ``next_transmit`` picks, then the data lane's next datagrams while they have the
+        same target and size (a shorter one ends the run), at most ``max_segments`` datagrams
+        and ``max_bytes`` in all, and no more than the pacer lets leave at once (``Pacer.room``:
+        pacing holds per datagram, and a run is never larger than the burst). Runs are only made
+        of fresh data with one copy each and nothing else waiting: any other case is a run of
+        one, so the order of transmissions is exactly ``next_transmit``'s. Call ``transmitted``
+        for each, in order.
+        """
+        first = self.next_transmit(now)
+        if first is None:
+            return None
+        run = [first]
+        data_lane, control_lane = self._fresh
+        if (
+            max_segments < 2
+            or self._copies != 1
+            or control_lane
+            or len(data_lane) < 2
+            or data_lane[0] is not first
+        ):
+            return run
+        size = len(first.data)
+        target = first.target
+        room_bytes, room_datagrams = self._pacer.room()
+        limit = min(max_segments, len(data_lane), room_datagrams)
+        total = size
+        for item in islice(data_lane, 1, None):
+            n = len(item.data)
+            if (
+                len(run) >= limit
+                or n > size
+                or item.target != target
+                or total + n > max_bytes
+                or total + n > room_bytes
+            ):
+                break
+            run.append(item)
+            total += n
+            if n < size:
+                break
+        return run
 
     def _next_with_copies(self, now: float) -> Transmit | None:
         heads = [lane[0] for lane in self._fresh if lane]

@@ -70,7 +70,9 @@ def open_send_path(
     first = announcer.start(clock(), wall_ms()) if announcer is not None else []
     if announcer is not None:
         keyring = announcer.keyring
-    udp = UdpSender(cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer)
+    udp = UdpSender(
+        cfg.targets(), bind=cfg.bind_address(), send_buffer=cfg.send_buffer, gso=cfg.udp_gso
+    )
     encoder = Encoder(cfg.wire_config(), keyring, session_id=session_id, topic_map=cfg.topic_map())
     fec = cfg.fec_encoder(keyring, session_id)
     if fec is not None:

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from sender.pacing import Pacer
 from sender.scheduler import SendScheduler
-from sender.transport import SendResult, UdpSender
+from sender.transport import GSO_MAX_BYTES, SendResult, UdpSender
 
 if TYPE_CHECKING:
     from common.wire import Encoder, OutgoingDatagram
@@ -362,6 +362,9 @@ class SendPipeline:
         self._report_pressure()
 
     def _send_some(self) -> None:
+        if self._udp.max_segments > 1:
+            self._send_runs()
+            return
         scheduler, udp, clock = self.scheduler, self._udp, self._clock
         next_transmit, transmitted = scheduler.next_transmit, scheduler.transmitted
         send, sent_result, blocked = udp.send, SendResult.SENT, SendResult.BLOCKED
@@ -373,6 +376,35 @@ class SendPipeline:
                 udp.wait_writable(self._loop, self._on_writable, item.target)
                 return
             transmitted(item, now, sent=result is sent_result)
+            now = clock()
+        wake = scheduler.next_timer()
+        if wake is not None:
+            self._timer_due = wake
+            self._timer = self._loop.call_later(max(0.0, wake - now), self._on_timer)
+        elif scheduler.idle:
+            self._idle.set()
+
+    def _send_runs(self) -> None:
+        """``_send_some`` with UDP GSO: a run of datagrams per system call (``next_run``)."""
+        scheduler, udp, clock = self.scheduler, self._udp, self._clock
+        next_run, transmitted = scheduler.next_run, scheduler.transmitted
+        send_run, sent_result, blocked = udp.send_run, SendResult.SENT, SendResult.BLOCKED
+        max_segments = udp.max_segments
+        now = clock()
+        while (run := next_run(now, max_segments, GSO_MAX_BYTES)) is not None:
+            target = run[0].target
+            if len(run) == 1:
+                count, result = 1, udp.send(run[0].data, target)
+            else:
+                count, result = send_run([item.data for item in run], target)
+            if result is blocked:
+                self._waiting_writable = True
+                udp.wait_writable(self._loop, self._on_writable, target)
+                return
+            sent = result is sent_result
+            for item in run[:count]:
+                transmitted(item, now, sent=sent)
+            max_segments = udp.max_segments  # 1 from now on if the route refused GSO
             now = clock()
         wake = scheduler.next_timer()
         if wake is not None:

@@ -16,6 +16,16 @@ port-unreachable, seen on loopback or a misconfigured target) is reported by Lin
 send of a connected socket and that send does not go out, so it is counted and the send retried
 once. ``ENOBUFS`` and other ``OSError``s drop the datagram and are counted by kind; the loss will
 show up downstream as a gap, which is how the system is designed to surface loss.
+
+UDP GSO (``send_run``, Linux 4.18+): a run of datagrams of one size (the last may be shorter) goes
+to the kernel in one ``sendmsg`` with the ``UDP_SEGMENT`` control message; the kernel (or the NIC)
+cuts it into the same datagrams, byte for byte, that one ``send`` each would have produced. The
+run's buffers go to the kernel as an I/O vector, so nothing is copied in Python. A run is all or
+nothing: it is accepted, blocked or refused as a whole. Where the socket refuses GSO (no kernel
+support at start-up, or ``EIO``/``EINVAL``/``EOPNOTSUPP`` on a route whose device cannot checksum
+segments) the sender falls back to one datagram per call for good and counts ``gso_unsupported``.
+On a real NIC a lost segment is one lost datagram; on a veth pair a dropped super-packet loses the
+whole run (docs/FACTS: loss becomes bursts), which is why it can be switched off (``udp_gso``).
 """
 
 from __future__ import annotations
@@ -24,9 +34,34 @@ import asyncio
 import enum
 import errno
 import socket
+import struct
+import sys
 from collections.abc import Callable, Sequence
 
 from common.errors import ConfigError
+
+#: ``SOL_UDP`` and the Linux UDP socket options (include/uapi/linux/udp.h); Python 3.11's socket
+#: module names neither.
+SOL_UDP = 17
+UDP_SEGMENT = 103
+#: Most segments one GSO send may carry (the kernel's ``UDP_MAX_SEGMENTS``: 64 before Linux 6.9).
+GSO_MAX_SEGMENTS = 64
+#: Most payload bytes one GSO send may carry (an IPv4 UDP datagram: 65535 - 20 - 8).
+GSO_MAX_BYTES = 65507
+#: errnos that say this socket or route cannot segment: fall back to one datagram per call.
+_GSO_REFUSED = frozenset((errno.EIO, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOPROTOOPT))
+_SEGMENT = struct.Struct("=H")
+
+
+def gso_supported(sock: socket.socket) -> bool:
+    """Whether the kernel takes ``UDP_SEGMENT`` on ``sock`` (setting it to 0 changes nothing)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        sock.setsockopt(SOL_UDP, UDP_SEGMENT, 0)
+    except OSError:
+        return False
+    return True
 
 
 class SendResult(enum.Enum):
@@ -91,8 +126,12 @@ class UdpSender:
         bind: tuple[str, int] | None = None,
         send_buffer: int = 0,
         key: str = "target",
+        gso: bool = False,
     ) -> None:
         """Open one socket per target (resolving names now, at start-up).
+
+        ``gso``: send runs of equal-sized datagrams with UDP GSO where every socket supports it
+        (``max_segments`` says whether it is in use).
 
         Raises:
             ConfigError: an address does not resolve, or binding fails (names ``key``/``bind``).
@@ -105,6 +144,7 @@ class UdpSender:
         """Datagrams the kernel accepted."""
         self._socks: list[socket.socket] = []
         self._sends: list[Callable[[bytes], int]] = []
+        self._sendmsgs: list[Callable[..., int]] = []
         self._waiting: tuple[asyncio.AbstractEventLoop, int] | None = None
         try:
             for host, port in targets:
@@ -126,6 +166,11 @@ class UdpSender:
             self.close()
             raise
         self._sends = [s.send for s in self._socks]
+        self._sendmsgs = [s.sendmsg for s in self._socks]
+        self.gso = gso and all(gso_supported(s) for s in self._socks)
+        """Whether runs go out with UDP GSO (False: one datagram per call)."""
+        self.gso_calls = 0
+        """``sendmsg`` calls that carried a GSO run of two or more datagrams."""
 
     @property
     def target_count(self) -> int:
@@ -133,12 +178,19 @@ class UdpSender:
         return len(self._sends)
 
     @property
+    def max_segments(self) -> int:
+        """Most datagrams one ``send_run`` call hands over at once (1 without GSO)."""
+        return GSO_MAX_SEGMENTS if self.gso else 1
+
+    @property
     def local_addresses(self) -> list[tuple[str, int]]:
         """The bound source address of each socket."""
         return [s.getsockname()[:2] for s in self._socks]
 
     def _count(self, exc: OSError) -> None:
-        name = errno.errorcode.get(exc.errno or 0, type(exc).__name__)
+        self._count_name(errno.errorcode.get(exc.errno or 0, type(exc).__name__))
+
+    def _count_name(self, name: str) -> None:
         self.errors[name] = self.errors.get(name, 0) + 1
 
     def send(self, data: bytes, target: int = 0) -> SendResult:
@@ -149,6 +201,49 @@ class UdpSender:
             return self._send_failed(target, data, exc)
         self.sent += 1
         return SendResult.SENT
+
+    def send_run(self, run: Sequence[bytes], target: int = 0) -> tuple[int, SendResult]:
+        """Hand the first datagrams of ``run`` to the socket of ``target``; never raises.
+
+        ``run``: datagrams of one size, the last one possibly shorter, at most ``max_segments``
+        of them and ``GSO_MAX_BYTES`` in all. Returns how many datagrams (from the first) the
+        result applies to: all of them with GSO (a run is accepted, blocked or refused whole),
+        else the first one only.
+        """
+        if len(run) == 1 or not self.gso:
+            return 1, self.send(run[0], target)
+        control = [(SOL_UDP, UDP_SEGMENT, _SEGMENT.pack(len(run[0])))]
+        try:
+            self._sendmsgs[target](run, control)
+        except OSError as exc:
+            return self._run_failed(target, run, control, exc)
+        self.sent += len(run)
+        self.gso_calls += 1
+        return len(run), SendResult.SENT
+
+    def _run_failed(
+        self, index: int, run: Sequence[bytes], control: list[tuple[int, int, bytes]], exc: OSError
+    ) -> tuple[int, SendResult]:
+        if isinstance(exc, BlockingIOError):
+            return len(run), SendResult.BLOCKED
+        if exc.errno in _GSO_REFUSED:
+            # This route cannot segment (docs above): one datagram per call from now on.
+            self._count_name("gso_unsupported")
+            self.gso = False
+            return 1, self.send(run[0], index)
+        self._count(exc)
+        if isinstance(exc, ConnectionRefusedError):  # a pending ICMP error: once more
+            try:
+                self._sendmsgs[index](run, control)
+            except BlockingIOError:
+                return len(run), SendResult.BLOCKED
+            except OSError as again:
+                self._count(again)
+            else:
+                self.sent += len(run)
+                self.gso_calls += 1
+                return len(run), SendResult.SENT
+        return len(run), SendResult.DROPPED
 
     def _send_failed(self, index: int, data: bytes, exc: OSError) -> SendResult:
         # Kept out of ``send``: the common case is one call, one counter, no loop.
@@ -194,3 +289,4 @@ class UdpSender:
             sock.close()
         self._socks.clear()
         self._sends = []
+        self._sendmsgs = []

@@ -14,13 +14,15 @@ import os
 import random
 from dataclasses import dataclass
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.wire import Decoder, DropReason, Encoder, RecordBatch, WireConfig
 from common.wire.fec import FecConfig, FecEncoder, is_repair
 from sender.pacing import Pacer, PacingConfig
-from sender.scheduler import SendScheduler
+from sender.scheduler import SendScheduler, Transmit
+from sender.transport import GSO_MAX_BYTES, GSO_MAX_SEGMENTS
 
 DATAGRAM = 600
 
@@ -41,6 +43,7 @@ class Setting:
     blocking: float
     seed: int
     fec_overhead: float = 0.0
+    gso_segments: int = 0  # 0: next_transmit; else next_run (UDP GSO) with this many at most
 
 
 settings_strategy = st.builds(
@@ -59,6 +62,7 @@ settings_strategy = st.builds(
     blocking=st.sampled_from([0.0, 0.05]),
     seed=st.integers(0, 2**32 - 1),
     fec_overhead=st.sampled_from([0.0, 0.0, 20.0]),
+    gso_segments=st.sampled_from([0, 0, 2, 8, GSO_MAX_SEGMENTS]),
 )
 
 
@@ -111,6 +115,10 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
     worst_distance = 0
     repairs = 0
     flushed = False
+    sent_bytes = 0
+    multi_runs = 0
+    burst_bytes = max(DATAGRAM, s.rate_bytes * 0.02)
+    burst_datagrams = max(1.0, s.rate_datagrams * 0.02)
 
     def push(out: list, now: float = 0.0) -> None:  # type: ignore[type-arg]
         nonlocal sealed
@@ -161,18 +169,34 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
                 heartbeat(now)
             next_heartbeat = now + s.heartbeat
         blocked = False
-        while (item := scheduler.next_transmit(now)) is not None:
-            if s.blocking and rng.random() < s.blocking:
-                blocked = True
-                break
-            worst_distance = max(worst_distance, scheduler.highest_sent - item.sequence)
-            decoder = decoders[item.target if s.window_per_target else 0]
-            if is_repair(item.data):
-                repairs += 1  # the receiver's FEC layer takes these; the ordering is checked
+        while True:
+            run: list[Transmit] | None
+            if s.gso_segments:
+                run = scheduler.next_run(now, s.gso_segments, GSO_MAX_BYTES)
+                if run is not None:
+                    check_run(run, s, burst_bytes, burst_datagrams)
+                    multi_runs += len(run) > 1
             else:
-                decoder.receive_datagram(item.data, now)
-            drain_events(decoder)
-            scheduler.transmitted(item, now)
+                item = scheduler.next_transmit(now)
+                run = None if item is None else [item]
+            if run is None:
+                break
+            if s.blocking and rng.random() < s.blocking:
+                blocked = True  # a GSO run is blocked (and offered again) as a whole
+                break
+            for item in run:
+                worst_distance = max(worst_distance, scheduler.highest_sent - item.sequence)
+                decoder = decoders[item.target if s.window_per_target else 0]
+                if is_repair(item.data):
+                    repairs += 1  # the receiver's FEC layer takes these; the ordering is checked
+                else:
+                    decoder.receive_datagram(item.data, now)
+                drain_events(decoder)
+                scheduler.transmitted(item, now)
+                sent_bytes += len(item.data)
+            if s.rate_bytes:  # pacing holds per datagram, GSO or not (sender/pacing.py)
+                catch_up = s.rate_bytes * 0.25  # PacingConfig.catch_up_seconds
+                assert sent_bytes <= s.rate_bytes * now + burst_bytes + catch_up + 2 * DATAGRAM
         for decoder in decoders:
             decoder.handle_timer(now)
             drain_events(decoder)
@@ -193,7 +217,31 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
             drops[reason] = drops.get(reason, 0) + count
     if s.fec_overhead:
         assert repairs > 0
-    return {"delivered": delivered, "drops": drops, "worst": worst_distance}
+    return {
+        "delivered": delivered,
+        "drops": drops,
+        "worst": worst_distance,
+        "multi_runs": multi_runs,
+    }
+
+
+def check_run(run: list[Transmit], s: Setting, burst_bytes: float, burst_datagrams: float) -> None:
+    """What one UDP GSO call may carry: one target, one size (the last may be shorter), within
+    the kernel's limits and never more than the pacer's burst."""
+    assert 1 <= len(run) <= s.gso_segments
+    if len(run) == 1:
+        return
+    size = len(run[0].data)
+    assert all(len(item.data) == size for item in run[:-1])
+    assert len(run[-1].data) <= size
+    assert len({item.target for item in run}) == 1
+    total = sum(len(item.data) for item in run)
+    assert total <= GSO_MAX_BYTES
+    if s.rate_bytes:
+        assert total <= burst_bytes
+    if s.rate_datagrams:
+        assert len(run) <= burst_datagrams
+    assert s.copies == 1
 
 
 @settings(
@@ -243,3 +291,31 @@ def test_the_simulation_catches_an_unbounded_reordering() -> None:
     late = simulate(spaced, margin=1 << 30)["drops"]
     assert isinstance(late, dict)
     assert late.get(DropReason.REPLAYED, 0) > 0
+
+
+@pytest.mark.parametrize("rate_bytes", [0.0, 300_000.0])
+def test_gso_runs_are_made_and_deliver_every_record_once(rate_bytes: float) -> None:
+    """The GSO path is exercised (fragments of large records leave in runs), paced or not."""
+    s = Setting(
+        rate_bytes=rate_bytes,
+        rate_datagrams=0.0,
+        copies=1,
+        spacing=0.0,
+        targets=2,
+        window_per_target=True,
+        heartbeat=0.01,
+        linger=0.002,
+        window=128,
+        backlog_datagrams=400,
+        large_every=5,
+        blocking=0.05,
+        seed=7,
+        gso_segments=8,
+    )
+    seen = simulate(s)
+    assert seen["drops"] == {}
+    delivered = seen["delivered"]
+    assert isinstance(delivered, list)
+    assert sorted(o for _, o in delivered) == list(range(300))
+    assert isinstance(seen["multi_runs"], int)
+    assert seen["multi_runs"] > 10

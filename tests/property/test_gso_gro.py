@@ -1,0 +1,137 @@
+"""UDP GSO on the send side and GRO on the receive side deliver exactly the datagrams sent.
+
+Real loopback sockets: ``UdpSender.send_run`` (one ``sendmsg`` with ``UDP_SEGMENT`` per run) into a
+``SocketDrainer`` that splits coalesced reads by the kernel's segment size (``UDP_GRO``), or reads
+one datagram per call (GRO off: the kernel segments). Runs of any segment size, a shorter last
+segment, single datagrams and their mixtures must arrive as the same datagrams in the same order.
+Then the whole wire path over the same sockets: encoder -> GSO -> GRO -> decoder.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from common.wire import Decoder, Encoder, Key, KeyRing, RecordBatch, WireConfig
+from receiver.transport import SocketDrainer, open_udp_socket
+from sender.transport import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, SendResult, UdpSender, gso_supported
+
+
+def _kernel_has_gso() -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        return gso_supported(sock)
+
+
+pytestmark = pytest.mark.skipif(not _kernel_has_gso(), reason="no UDP GSO in this kernel")
+
+
+@contextmanager
+def link(*, gro: bool) -> Iterator[tuple[UdpSender, SocketDrainer, list[bytes]]]:
+    sock, _ = open_udp_socket("127.0.0.1", 0, reuse_port=False, rcvbuf=32 << 20, gro=gro)
+    got: list[bytes] = []
+    drainer = SocketDrainer(
+        sock, got.append, lambda: None, max_per_wakeup=1 << 16, on_error=pytest.fail
+    )
+    assert drainer.gro is gro
+    udp = UdpSender([("127.0.0.1", drainer.port)], gso=True)
+    try:
+        assert udp.gso
+        yield udp, drainer, got
+    finally:
+        udp.close()
+        drainer.close()
+
+
+@st.composite
+def runs(draw: st.DrawFn) -> list[list[bytes]]:
+    """Runs as ``send_run`` takes them: one size, the last possibly shorter; singles among them."""
+    out: list[list[bytes]] = []
+    for _ in range(draw(st.integers(1, 6))):
+        size = draw(st.integers(1, 1472))
+        count = draw(st.integers(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size)))
+        last = draw(st.integers(1, size))
+        tag = len(out).to_bytes(1, "big")
+        run = [(tag + i.to_bytes(2, "big") * size)[:size] for i in range(count - 1)]
+        run.append((tag + b"L" * last)[:last])
+        out.append(run)
+    return out
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(runs(), st.booleans())
+def test_the_datagrams_sent_in_runs_arrive_as_sent(sent: list[list[bytes]], gro: bool) -> None:
+    with link(gro=gro) as (udp, drainer, got):
+        for run in sent:
+            assert udp.send_run(run) == (len(run), SendResult.SENT)
+            drainer._drain()  # loopback delivers during sendmsg: the datagrams are there
+        assert got == [d for run in sent for d in run]
+        assert drainer.datagrams == len(got)
+        assert udp.sent == len(got)
+        assert drainer.kernel_drops == 0
+
+
+def test_a_run_is_coalesced_into_one_read_with_gro_and_split_back() -> None:
+    run = [bytes([i]) * 1000 for i in range(10)] + [b"z" * 300]
+    with link(gro=True) as (udp, drainer, got):
+        assert udp.send_run(run) == (11, SendResult.SENT)
+        assert udp.send_run([b"alone"]) == (1, SendResult.SENT)
+        drainer._drain()
+        assert got == [*run, b"alone"]
+        assert drainer.coalesced == 1  # one read carried the run, another the single datagram
+        assert udp.gso_calls == 1
+
+
+def test_without_gso_a_run_goes_one_datagram_per_call() -> None:
+    with link(gro=True) as (udp, drainer, got):
+        udp.gso = False
+        assert udp.max_segments == 1
+        assert udp.send_run([b"a" * 10, b"b" * 10]) == (1, SendResult.SENT)
+        drainer._drain()
+        assert got == [b"a" * 10]
+
+
+@pytest.mark.parametrize("value_bytes", [200, 9000, 100_000])
+def test_the_wire_path_over_gso_and_gro_delivers_every_record(value_bytes: int) -> None:
+    """Encoder -> UdpSender runs (GSO) -> SocketDrainer (GRO) -> Decoder: the records, once."""
+    ring = KeyRing([Key.generate()])
+    wire = WireConfig()
+    encoder = Encoder(wire, ring, session_id=os.urandom(16))
+    decoder = Decoder(wire, ring)
+    values = [os.urandom(value_bytes) for _ in range(40)]
+    datagrams = []
+    for offset, value in enumerate(values):
+        datagrams += encoder.add("t", 0, offset, 1, 0, b"k", value, (), 0.0)
+    datagrams += encoder.flush()
+    with link(gro=True) as (udp, drainer, got):
+        i = 0
+        while i < len(datagrams):  # runs as the pipeline makes them: one size, last shorter
+            size = len(datagrams[i].data)
+            run = [datagrams[i].data]
+            while i + len(run) < len(datagrams) and len(run) < GSO_MAX_SEGMENTS:
+                n = len(datagrams[i + len(run)].data)
+                if n > size or sum(map(len, run)) + n > GSO_MAX_BYTES:
+                    break
+                run.append(datagrams[i + len(run)].data)
+                if n < size:
+                    break
+            count, result = udp.send_run(run)
+            assert result is SendResult.SENT
+            i += count
+            drainer._drain()
+        assert got == [d.data for d in datagrams]
+        if value_bytes > 1400:
+            assert drainer.coalesced > 0
+    for data in got:
+        decoder.receive_datagram(data, 0.0)
+    received = []
+    while (event := decoder.next_event()) is not None:
+        assert isinstance(event, RecordBatch), event
+        received += [(r.offset, r.value) for r in event.records]
+    assert received == list(enumerate(values))
+    assert not decoder.drops

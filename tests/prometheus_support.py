@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 RULES = ROOT / "packaging" / "prometheus" / "kafka-diode.rules.yml"
 RULE_TESTS = ROOT / "packaging" / "prometheus" / "kafka-diode.rules.test.yml"
 DASHBOARD = ROOT / "packaging" / "grafana" / "kafka-diode.json"
-OPERATIONS = ROOT / "docs" / "operations.md"
+RUNBOOKS = ROOT / "docs" / "metrics.md"
 
 _METRIC = re.compile(r"\b(kafka_diode_[a-z0-9_]+)")
 

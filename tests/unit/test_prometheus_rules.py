@@ -6,7 +6,7 @@ import re
 import subprocess
 
 from tests.prometheus_support import (
-    OPERATIONS,
+    RUNBOOKS,
     RULE_TESTS,
     RULES,
     dashboard_queries,
@@ -60,10 +60,10 @@ def _anchor(heading: str) -> str:
     return text.replace(" ", "-")
 
 
-def test_every_alert_has_a_runbook_entry_in_operations_md() -> None:
+def test_every_alert_has_a_runbook_entry_in_metrics_md() -> None:
     anchors = {
         _anchor(line.lstrip("#"))
-        for line in OPERATIONS.read_text().splitlines()
+        for line in RUNBOOKS.read_text().splitlines()
         if line.startswith("#")
     }
     for rule in rules():
@@ -71,9 +71,9 @@ def test_every_alert_has_a_runbook_entry_in_operations_md() -> None:
         assert isinstance(annotations, dict)
         runbook = str(annotations["runbook"])
         page, _, anchor = runbook.partition("#")
-        assert page == "docs/operations.md", runbook
+        assert page == "docs/metrics.md", runbook
         assert anchor == str(rule["alert"]).lower(), runbook
-        assert anchor in anchors, f"{rule['alert']}: no heading for #{anchor} in operations.md"
+        assert anchor in anchors, f"{rule['alert']}: no heading for #{anchor} in metrics.md"
         assert {"summary", "description"} <= set(annotations), rule["alert"]
         labels = rule["labels"]
         assert isinstance(labels, dict)

@@ -48,6 +48,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         ),
         epilog=environment_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument(
         "--config", type=Path, help="TOML file (top level or [dedup] table) with the settings"
@@ -94,6 +95,7 @@ def _reset_parser(prog: str) -> argparse.ArgumentParser:
         ),
         epilog=environment_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--topic", required=True, help="source topic")
     parser.add_argument("--partition", required=True, type=int, help="source partition")

@@ -30,6 +30,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "environment: BOOTSTRAP_SERVERS, GAP_TOPIC (default kafka-diode.gaps), "
             "KAFKA_CONF_<NAME> (librdkafka properties)"
         ),
+        allow_abbrev=False,
     )
     parser.add_argument("--bootstrap-servers", dest="bootstrap_servers", default=None)
     parser.add_argument("--gap-topic", dest="gap_topic", default=None)

@@ -151,6 +151,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description="Print a raw topic's records (layout v1, v2 runs, control), decoded.",
         epilog="environment: BOOTSTRAP_SERVERS, KAFKA_CONF_<NAME> (librdkafka properties)",
+        allow_abbrev=False,
     )
     parser.add_argument("action", choices=("dump",), help="dump: print raw records")
     parser.add_argument("--bootstrap-servers", dest="bootstrap_servers", default=None)

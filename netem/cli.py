@@ -83,6 +83,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description="Network impairment in netem's words: a userspace UDP relay (runs anywhere) "
         "or the kernel's tc netem (where the kernel has it). See docs/netem.md.",
+        allow_abbrev=False,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -92,6 +93,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         description="Receive UDP datagrams, impair them by a profile and forward them. Prints "
         "a JSON summary of what it did on exit (SIGINT/SIGTERM) and, optionally, periodically. "
         f"Settings: --config file < {ENV_PREFIX}* environment < flags.",
+        allow_abbrev=False,
     )
     relay.add_argument("--config", type=Path, help="TOML file with relay settings")
     settings.add_flags(relay, RelaySettings)
@@ -101,7 +103,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         ("clear", "remove the root qdisc of DEV"),
         ("show", "show the qdiscs of DEV"),
     ):
-        cmd = sub.add_parser(name, help=text, description=text)
+        cmd = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
         cmd.add_argument("--dev", required=True, help="network device, e.g. eth0")
         cmd.add_argument("--netns", help="run tc inside this network namespace")
         if name == "apply":
@@ -114,7 +116,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             )
 
     show = sub.add_parser(
-        "profiles", help="list the named profiles", description="List the named profiles."
+        "profiles",
+        help="list the named profiles",
+        description="List the named profiles.",
+        allow_abbrev=False,
     )
     show.add_argument("name", nargs="?", help="print one profile's netem words and fields")
     return parser

@@ -38,6 +38,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     """The argument parser (one flag per ReceiverConfig field)."""
     parser = argparse.ArgumentParser(
         prog=prog,
+        allow_abbrev=False,
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -39,6 +39,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     """The argument parser (every option documented from the config's field docstrings)."""
     parser = argparse.ArgumentParser(
         prog=prog,
+        allow_abbrev=False,
         description=(
             "Read Kafka topics and send them as paced, AES-256-GCM encrypted UDP datagrams "
             "through a one-way link. Settings come from --config (TOML), then "
@@ -52,10 +53,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         action="store_true",
         help="validate, print the effective configuration (secrets masked) and exit",
     )
-    parser.add_argument(
+    settings.add_list_argument(
+        parser,
         "--check-chains",
         nargs="+",
-        type=Path,
+        split=False,
+        item_type=Path,
         metavar="FILE",
         help="with chain set: read the other chains' TOML files and check that together with "
         "this configuration every offset is carried exactly once (share) or by every chain "

@@ -107,12 +107,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     what = parser.add_argument_group("what to resend (a bundle, or a topic with a range)")
     what.add_argument("--bundle", type=Path, help="bundle file made by 'kafka-diode bundle create'")
     what.add_argument("--topic", help="topic to resend from (without a bundle)")
-    what.add_argument(
+    settings.add_list_argument(
+        what,
         "--partition",
-        type=int,
-        action="append",
+        item_type=int,
         dest="partitions",
-        help="partition (repeatable); required with --from-offset, default all with --from-time",
+        help="partition(s); required with --from-offset, default all with --from-time",
     )
     what.add_argument("--from-offset", type=int, help="first offset to resend (inclusive)")
     what.add_argument("--to-offset", type=int, help="last offset to resend (inclusive)")

@@ -536,8 +536,12 @@ def describe(config: Any) -> dict[str, Any]:
 _ESCAPED_BAR = "\\|"
 
 
-def reference_table(cls: type[Any], env_prefix: str) -> str:
-    """A Markdown table of every field: key, env var, flag, type, default and meaning."""
+def reference_table(cls: type[Any], env_prefix: str | None, *, flags: bool = True) -> str:
+    """A Markdown table of every field: key, env var, flag, type, default and meaning.
+
+    ``env_prefix`` None: the keys have no environment variable; ``flags`` False: no flag (the
+    cells say "—", so the reference never lists a name that nothing reads).
+    """
     docs = field_docs(cls)
     hints = _hints(cls)
     rows = ["| key | environment | flag | type | default | meaning |", "|---|---|---|---|---|---|"]
@@ -545,7 +549,9 @@ def reference_table(cls: type[Any], env_prefix: str) -> str:
         # a Literal's choices are joined with " | ": escaped, or they would split the row
         type_text = _type_name(hints[f.name]).replace("|", _ESCAPED_BAR)
         rows.append(
-            f"| `{f.name}` | `{env_name(env_prefix, f.name)}` | `{flag_name(f.name)}` "
+            f"| `{f.name}` "
+            f"| {'—' if env_prefix is None else f'`{env_name(env_prefix, f.name)}`'} "
+            f"| {f'`{flag_name(f.name)}`' if flags else '—'} "
             f"| {type_text} | `{_default_text(f)}` | {docs.get(f.name, '')} |"
         )
     return "\n".join(rows)

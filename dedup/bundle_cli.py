@@ -29,6 +29,7 @@ from common.errors import BundleError, ConfigError, DiodeError
 from dedup.bundle_create import BundleConfig, create, write_qr
 from runtime import config_file
 from runtime.bundle_files import ENV_PREFIX, BundleKeyConfig, load_key_config, show
+from runtime.named_files import check_files
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -123,10 +124,12 @@ def main(argv: Sequence[str], prog: str = "kafka-diode bundle") -> int:
                 raise ConfigError("--out", "is required", "give --out FILE, or --dry-run")
             config.keyring()
             config.signing_key()
+            check_files(config)  # and every other file it names (ssl.ca.location, ...)
         else:
             key_config = load_key_config(args.config, vars(args), os.environ)
             keyring = key_config.keyring()
             trusted = key_config.trusted()
+            check_files(key_config)
     except ConfigError as exc:
         print(f"{prog} {args.command}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -17,7 +17,8 @@ from typing import Any
 
 from common.errors import ConfigError, DiodeError
 from common.gap_record import latest_gaps
-from dedup.config import tool_config
+from dedup.config import PASS_THROUGH, tool_config
+from runtime.named_files import check_files, table_variable
 
 READ_TIMEOUT_S = 60.0
 
@@ -76,6 +77,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode gaps") -> int:
     args = _parser(prog).parse_args(list(argv))
     try:
         config = tool_config(os.environ, args)
+        check_files(config, key=table_variable(PASS_THROUGH))
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2

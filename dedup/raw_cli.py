@@ -25,7 +25,8 @@ from common.errors import ConfigError, DiodeError, RemoteProtocolError
 from common.gap_record import MAX_OFFSET
 from common.raw_run import check_run, parse_run_key
 from common.raw_topic import CONTROL_HEADER, TICK, parse_raw_key, restore
-from dedup.config import tool_config
+from dedup.config import PASS_THROUGH, tool_config
+from runtime.named_files import check_files, table_variable
 
 READ_TIMEOUT_S = 30.0
 
@@ -171,6 +172,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode raw") -> int:
     args = _parser(prog).parse_args(list(argv))
     try:
         config = tool_config(os.environ, {"bootstrap_servers": args.bootstrap_servers})
+        check_files(config, key=table_variable(PASS_THROUGH))
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from typing import NamedTuple
 from common.settings import reference_table
 from kafka_diode import cli_reference
 
+
 class Section(NamedTuple):
     """One table of keys in docs/configuration.md."""
 
@@ -54,7 +55,7 @@ SECTIONS: tuple[Section, ...] = (
         ("kafka-diode dedup",),
         "The Spark dedup job. Configured by environment variables named as operators know them"
         " (the key upper-cased, no prefix), or the flags. A variable that looks like a typo of"
-        " one of these names stops the job (below, \"Lists, tables and typos\").",
+        ' one of these names stops the job (below, "Lists, tables and typos").',
     ),
     Section(
         "kafka-diode bundle create",

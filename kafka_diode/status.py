@@ -53,6 +53,7 @@ from common.gap_record import latest_gaps
 from common.raw_run import parse_run_key
 from common.raw_topic import CONTROL_HEADER, HEARTBEAT, parse_raw_key
 from dedup.config import check_environment
+from runtime.named_files import check_files, table_variable
 
 EXIT_OK = 0
 EXIT_ATTENTION = 1
@@ -630,6 +631,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode status") -> int:
     args = _parser(prog).parse_args(list(argv))
     try:
         config = config_from(args, os.environ)
+        check_files(config, key=table_variable({"kafka_conf": "KAFKA_CONF_"}))
         if args.interval <= 0:
             raise ConfigError("--interval", "must be positive", "e.g. 5")
     except ConfigError as exc:

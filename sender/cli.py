@@ -22,6 +22,7 @@ from common import settings
 from common.errors import ConfigError, DiodeError
 from runtime import config_file, service
 from runtime.metrics_http import serve
+from runtime.named_files import check_files
 from sender.chain_plan import plan_problems, summary
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 from sender.pacing_advice import pacing_warning
@@ -90,6 +91,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode send") -> int:
         config = load_config(args, os.environ)
         load_keyring(config)  # missing/unreadable key file fails now, naming key_file
         build_filter(config)  # so does an unreadable or wrong filter_file, naming it
+        check_files(config)  # and any other file it names (ssl.ca.location, ...)
         for host, port in config.targets():
             resolve("target", host, port)
     except ConfigError as exc:

@@ -107,6 +107,8 @@ LISTS_AND_TYPOS = """## Lists, tables and typos
   and may itself be comma-separated: `--topics a --topics b,c` reads `a`, `b` and `c`;
   `--rename a=x --rename c=y` keeps both renames. This holds for every list option of every
   command (the option tables below say "repeatable"); `--topics ""` gives the empty list.
+  Any other option is one value, and a repeat replaces it (`--bootstrap-servers` is one
+  librdkafka string: give every broker in one comma-separated value).
   A list from a later layer replaces the earlier layer's list: flags given on the command line
   replace the environment's list, which replaces the file's (a TOML array keeps commas inside
   its items; on the command line and in the environment a comma always separates items).

@@ -95,7 +95,9 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     c.add_argument("--config", type=Path, help="TOML file (top level or [bundle] table)")
     c.add_argument("--out", type=Path, help="bundle file to write (atomically)")
     c.add_argument("--dry-run", action="store_true", help="print the summary only; write nothing")
-    settings.add_list_argument(c, "--topic", dest="topics", help="only gaps of these source topics")
+    settings.add_list_argument(
+        c, "--topic", "--topics", dest="topics", help="only gaps of these source topics"
+    )
     settings.add_flags(c, BundleConfig, skip=("topics",))
     s = sub.add_parser("show", allow_abbrev=False, help="verify a bundle and print what it lists")
     s.add_argument("file", type=Path, help="bundle file")

@@ -522,3 +522,30 @@ def test_every_flag_in_the_key_tables_is_taken_by_its_commands() -> None:
             for command in section.commands:
                 options = {s for a in parsers[command]._actions for s in a.option_strings}
                 assert flag in options, f"{command} does not take {flag}"
+
+
+#: Keys an example env file sets to a value of its site, not the default.
+SITE_KEYS = frozenset(
+    {"bootstrap_servers", "raw_topics", "state_dir_config", "spark_master", "metrics_port"}
+    | {"metrics_addr", "clean_topic", "gap_topic", "gap_emit_interval_sec", "persist_interval_ms"}
+    | {"new_topic_partitions"}
+)
+
+
+@pytest.mark.parametrize(
+    "env_file", ["packaging/env/dedup.env.example", "packaging/compose/dedup.env"]
+)
+def test_dedup_example_env_files_keep_the_defaults(env_file: str) -> None:
+    """An example sets a detector key only to its default (WINDOW_SIZE can never change later)."""
+    from dedup.config import DedupConfig  # noqa: PLC0415
+
+    env = dict(
+        line.split("=", 1)
+        for line in (ROOT / env_file).read_text(encoding="utf-8").splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    config = from_sources({"STATE_DIR_CONFIG": "/tmp/x", **env})
+    for field in dataclasses.fields(DedupConfig):
+        if field.name in SITE_KEYS or field.default is dataclasses.MISSING:
+            continue
+        assert getattr(config, field.name) == field.default, (env_file, field.name)

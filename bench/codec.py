@@ -233,7 +233,7 @@ def interleave(tree: str, records: list[tuple], rounds: int) -> dict:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--records", type=int, default=50_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument(

@@ -461,7 +461,7 @@ def run_sink_passthrough(
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--records", type=int, default=1_000_000, help="source records")
     parser.add_argument("--topics", type=int, default=1, help="source topics (the fan-in)")
     parser.add_argument("--run-records", type=int, default=256, help="records per run")

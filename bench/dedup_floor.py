@@ -298,7 +298,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--records", type=int, default=1_000_000, help="source records")
     parser.add_argument("--run-records", type=int, default=256, help="records per run")
     parser.add_argument("--value-bytes", type=int, default=200, help="source value size")

@@ -245,7 +245,7 @@ def _raise_on_sigterm(signum: int, _frame: object) -> None:
 
 def main() -> int:
     signal.signal(signal.SIGTERM, _raise_on_sigterm)  # the finally below stops dedup and broker
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--rates", default="1000,5000,20000")
     parser.add_argument("--seconds", type=float, default=30.0)

@@ -1096,7 +1096,9 @@ def build_plan(args: argparse.Namespace) -> tuple[list[Case], list[Case]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None, allow_abbrev=False
+    )
     ap.add_argument(
         "--case", action="append", help="SIZE[:RECORDS[:none|gzip[:COPIES]]][@backlog]; repeatable"
     )

@@ -74,7 +74,7 @@ def bench_raptorq(k: int, m: int, symbols: list[bytes], seconds: float) -> tuple
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--symbol", type=int, default=1400)
     parser.add_argument("--seconds", type=float, default=0.5)
     args = parser.parse_args()

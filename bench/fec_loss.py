@@ -358,7 +358,9 @@ def _fmt(x: float) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0] if __doc__ else None, allow_abbrev=False
+    )
     parser.add_argument("--datagrams", type=int, default=1_000_000, help="per sampled case")
     parser.add_argument("--codec-datagrams", type=int, default=1_000_000, help="per codec case")
     parser.add_argument("--seed", type=int, default=7)

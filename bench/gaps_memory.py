@@ -37,7 +37,7 @@ def batches(n: int, loss: float, dup: float, size: int, seed: int) -> list[array
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--offsets", type=int, default=10_000_000)
     parser.add_argument("--loss", type=float, default=0.01)
     parser.add_argument("--dup", type=float, default=0.10, help="duplicates in the second run")

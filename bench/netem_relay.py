@@ -102,7 +102,7 @@ def impairer_rate(profile_name: str, count: int) -> int:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--count", type=int, default=100_000)
     parser.add_argument("--size", type=int, default=200)
     parser.add_argument("--rates", default="20000,50000,0", help="offered rates, 0 = flood")

@@ -847,7 +847,7 @@ def _exit_on_signal(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0], allow_abbrev=False)
     ap.add_argument("peer_src", type=Path, help="air-gap's source directory")
     ap.add_argument("--records", type=int, default=None,
                     help="backlog records (default 200,000; 30,000 from 10 KB values)")  # fmt: skip

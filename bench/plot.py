@@ -21,7 +21,9 @@ from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0] if __doc__ else None, allow_abbrev=False
+    )
     ap.add_argument("result", type=Path, help="JSON written by bench/e2e.py --json-out")
     ap.add_argument("png", type=Path, help="where to write the plot")
     args = ap.parse_args(argv)

@@ -81,7 +81,7 @@ def timed(fn, n: int) -> float:  # type: ignore[no-untyped-def]
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     ap.add_argument("--records", type=int, default=60_000)
     ap.add_argument("--rounds", type=int, default=9)
     args = ap.parse_args()

@@ -220,7 +220,7 @@ def fec_case(spec: str) -> tuple[float, tuple[int, int] | None]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument(

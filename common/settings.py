@@ -4,10 +4,14 @@ Every long-running command describes its settings as a frozen, keyword-only data
 carry a docstring (the attribute docstring right below the field). This module turns that one
 description into:
 
-- argparse options (``add_flags``), with the field docstring as help text;
+- argparse options (``add_flags``), with the field docstring as help text; a list or table option
+  (``ListAction``) accumulates when repeated: ``--topics a --topics b,c`` is ``[a, b, c]``;
 - a merged configuration (``build``) where a later layer overrides an earlier one
-  (defaults < file < environment < flags), unknown keys are refused with a "did you mean" hint,
-  and strings from the environment are converted to the field's type;
+  (defaults < file < environment < flags: a list given by a later layer replaces the earlier
+  list, a property table is merged key by key), unknown keys are refused with a "did you mean"
+  hint, and strings from the environment are converted to the field's type;
+- for commands that read unprefixed environment names (the dedup's ``WINDOW_SIZE``),
+  ``check_env_names``: a variable within two edits of a known name is refused as a typo;
 - a printable, secret-masked view (``describe``) for ``--check-config`` and start-up logs;
 - the reference tables in ``docs/configuration.md`` (``field_docs``), so docs cannot drift.
 
@@ -31,7 +35,7 @@ import textwrap
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -203,6 +207,139 @@ def _unknown(key: str, known: list[str], where: str) -> ConfigError:
     return ConfigError(key, f"unknown {where}", fix)
 
 
+#: Most edits (insert, delete, change, swap of neighbours) between a variable and one of a
+#: command's unprefixed names for the variable to count as a typo of it (``check_env_names``).
+TYPO_DISTANCE = 2
+
+
+def edit_distance(a: str, b: str) -> int:
+    """Edits (insert, delete, change, swap of two neighbours) that turn ``a`` into ``b``
+    (the optimal string alignment distance)."""
+    rows = [list(range(len(b) + 1))]
+    for i, ca in enumerate(a, 1):
+        row = [i] + [0] * len(b)
+        for j, cb in enumerate(b, 1):
+            row[j] = min(rows[-1][j] + 1, row[j - 1] + 1, rows[-1][j - 1] + (ca != cb))
+            if i > 1 and j > 1 and ca == b[j - 2] and a[i - 2] == cb:
+                row[j] = min(row[j], rows[-2][j - 2] + 1)
+        rows.append(row)
+    return rows[-1][-1]
+
+
+def check_env_names(
+    env: Mapping[str, str],
+    known: Collection[str],
+    *,
+    table_prefixes: Collection[str] = (),
+    ignore: Collection[str] = (),
+) -> None:
+    """Refuse environment variables that look like typos of a command's unprefixed names.
+
+    A command that reads names without a prefix of its own (the dedup's ``WINDOW_SIZE``) shares
+    the environment with everything else (``PATH``, ``JAVA_HOME``, ``SPARK_HOME``), so it cannot
+    refuse every name it does not know. A variable counts as ours, and is refused, when it is
+    not a known name, not in ``ignore``, does not start with a table prefix, and either
+
+    - its name, upper-cased, is within ``TYPO_DISTANCE`` edits of a known name
+      (``WINDOW_SIZ``, ``window_size``, ``RAW_TOPIC``), or
+    - its leading words (up to an ``_``, with more after it) are within ``TYPO_DISTANCE`` edits
+      of a table prefix (``KAFKA_CNF_SECURITY_PROTOCOL`` for ``KAFKA_CONF_``).
+
+    Raises:
+        ConfigError: naming the variable, with "did you mean" the closest name.
+    """
+    names = sorted(known)
+    prefixes = sorted(table_prefixes)
+    for var in sorted(env):
+        if var in known or var in ignore or any(var.startswith(p) for p in prefixes):
+            continue
+        upper = var.upper()
+        near = [n for n in names if edit_distance(upper, n) <= TYPO_DISTANCE]
+        if near:
+            best = min(near, key=lambda n: (edit_distance(upper, n), n))
+            raise ConfigError(var, "unknown environment variable", f"did you mean {best!r}?")
+        for prefix in prefixes:
+            head = prefix.rstrip("_")
+            for cut in (i for i, c in enumerate(upper) if c == "_" and i < len(upper) - 1):
+                if edit_distance(upper[:cut], head) <= TYPO_DISTANCE:
+                    meant = prefix + var[cut + 1 :]
+                    raise ConfigError(
+                        var, "unknown environment variable", f"did you mean {meant!r}?"
+                    )
+
+
+class ListAction(argparse.Action):
+    """A list option: every occurrence adds to the list, none is dropped.
+
+    ``--topics a --topics b,c`` gives ``["a", "b", "c"]`` (with ``split``, the default, each value
+    is also split at commas; ``--topics ""`` gives the empty list). Works with ``nargs="+"`` too
+    (``--merge A B --merge C`` gives ``[A, B, C]``). Until the option is given its value stays
+    the default (``None``: no override of the configuration file or environment). ``item_type``
+    converts each item (argparse's ``type`` would see the unsplit text).
+    """
+
+    def __init__(
+        self,
+        option_strings: Sequence[str],
+        dest: str,
+        *,
+        split: bool = True,
+        item_type: Callable[[str], Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("nargs") in (0, "?"):
+            raise ValueError(f"{dest}: a list option takes one or more values per occurrence")
+        if kwargs.get("type") is not None:
+            raise ValueError(f"{dest}: give item_type, not type, to a list option")
+        kwargs.setdefault("default", None)
+        super().__init__(option_strings, dest, **kwargs)
+        self.split = split
+        self.item_type = item_type
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: str | Sequence[Any] | None,
+        option_string: str | None = None,
+    ) -> None:
+        given = [values] if isinstance(values, str) or values is None else list(values)
+        items: list[Any] = []
+        for value in given:
+            text = "" if value is None else str(value)
+            parts = [p.strip() for p in text.split(",") if p.strip()] if self.split else [text]
+            for part in parts:
+                items.append(self._typed(part))
+        current = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, [*(current or ()), *items])  # a new list: never the default
+
+    def _typed(self, part: str) -> Any:
+        if self.item_type is None:
+            return part
+        try:
+            return self.item_type(part)
+        except (TypeError, ValueError) as exc:
+            name = getattr(self.item_type, "__name__", "item")
+            raise argparse.ArgumentError(self, f"invalid {name} value: {part!r}") from exc
+
+
+def add_list_argument(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    *names: str,
+    split: bool = True,
+    item_type: Callable[[str], Any] | None = None,
+    **kwargs: Any,
+) -> argparse.Action:
+    """Add a list option (``ListAction``); its help says it may be repeated."""
+    help_text = kwargs.pop("help", None)
+    if help_text is not None and help_text != argparse.SUPPRESS:
+        how = "repeatable, comma-separated" if split else "repeatable"
+        help_text = f"{help_text} ({how})"
+    return parser.add_argument(
+        *names, action=ListAction, split=split, item_type=item_type, help=help_text, **kwargs
+    )
+
+
 def add_flags(
     parser: argparse.ArgumentParser, cls: type[Any], *, skip: tuple[str, ...] = ()
 ) -> None:
@@ -217,13 +354,17 @@ def add_flags(
         default = _default_text(f)
         help_text = f"{docs.get(f.name, '')} [{_type_name(tp)}; default: {default}]"
         if typing.get_origin(inner) is dict:
-            parser.add_argument(
+            add_list_argument(
+                parser,
                 flag_name(f.name),
                 dest=f.name,
-                action="append",
+                split=False,  # a property's value may hold commas (bootstrap lists, JAAS)
                 metavar="PROP=VALUE",
-                default=None,
-                help=help_text + " (repeatable)",
+                help=help_text,
+            )
+        elif typing.get_origin(inner) is tuple:
+            add_list_argument(
+                parser, flag_name(f.name), dest=f.name, metavar="ITEM", help=help_text
             )
         else:
             parser.add_argument(flag_name(f.name), dest=f.name, default=None, help=help_text)
@@ -395,8 +536,12 @@ def describe(config: Any) -> dict[str, Any]:
 _ESCAPED_BAR = "\\|"
 
 
-def reference_table(cls: type[Any], env_prefix: str) -> str:
-    """A Markdown table of every field: key, env var, flag, type, default and meaning."""
+def reference_table(cls: type[Any], env_prefix: str | None, *, flags: bool = True) -> str:
+    """A Markdown table of every field: key, env var, flag, type, default and meaning.
+
+    ``env_prefix`` None: the keys have no environment variable; ``flags`` False: no flag (the
+    cells say "—", so the reference never lists a name that nothing reads).
+    """
     docs = field_docs(cls)
     hints = _hints(cls)
     rows = ["| key | environment | flag | type | default | meaning |", "|---|---|---|---|---|---|"]
@@ -404,7 +549,9 @@ def reference_table(cls: type[Any], env_prefix: str) -> str:
         # a Literal's choices are joined with " | ": escaped, or they would split the row
         type_text = _type_name(hints[f.name]).replace("|", _ESCAPED_BAR)
         rows.append(
-            f"| `{f.name}` | `{env_name(env_prefix, f.name)}` | `{flag_name(f.name)}` "
+            f"| `{f.name}` "
+            f"| {'—' if env_prefix is None else f'`{env_name(env_prefix, f.name)}`'} "
+            f"| {f'`{flag_name(f.name)}`' if flags else '—'} "
             f"| {type_text} | `{_default_text(f)}` | {docs.get(f.name, '')} |"
         )
     return "\n".join(rows)

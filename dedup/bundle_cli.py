@@ -29,6 +29,7 @@ from common.errors import BundleError, ConfigError, DiodeError
 from dedup.bundle_create import BundleConfig, create, write_qr
 from runtime import config_file
 from runtime.bundle_files import ENV_PREFIX, BundleKeyConfig, load_key_config, show
+from runtime.named_files import check_files
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -94,11 +95,8 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     c.add_argument("--config", type=Path, help="TOML file (top level or [bundle] table)")
     c.add_argument("--out", type=Path, help="bundle file to write (atomically)")
     c.add_argument("--dry-run", action="store_true", help="print the summary only; write nothing")
-    c.add_argument(
-        "--topic",
-        action="append",
-        dest="topics",
-        help="only gaps of this source topic (repeatable)",
+    settings.add_list_argument(
+        c, "--topic", "--topics", dest="topics", help="only gaps of these source topics"
     )
     settings.add_flags(c, BundleConfig, skip=("topics",))
     s = sub.add_parser("show", allow_abbrev=False, help="verify a bundle and print what it lists")
@@ -128,10 +126,12 @@ def main(argv: Sequence[str], prog: str = "kafka-diode bundle") -> int:
                 raise ConfigError("--out", "is required", "give --out FILE, or --dry-run")
             config.keyring()
             config.signing_key()
+            check_files(config)  # and every other file it names (ssl.ca.location, ...)
         else:
             key_config = load_key_config(args.config, vars(args), os.environ)
             keyring = key_config.keyring()
             trusted = key_config.trusted()
+            check_files(key_config)
     except ConfigError as exc:
         print(f"{prog} {args.command}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -22,6 +22,7 @@ from common import raw_topic, settings
 from common.errors import ConfigError, DiodeError
 from dedup.config import (
     LOG_LEVELS,
+    PASS_THROUGH,
     DedupConfig,
     DedupToolConfig,
     environment_help,
@@ -31,6 +32,7 @@ from dedup.config import (
 from dedup.runner import run
 from dedup.state_layout import DIRECT, LAYOUT_FILE
 from runtime import config_file
+from runtime.named_files import check_files, table_variable
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         ),
         epilog=environment_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument(
         "--config", type=Path, help="TOML file (top level or [dedup] table) with the settings"
@@ -94,6 +97,7 @@ def _reset_parser(prog: str) -> argparse.ArgumentParser:
         ),
         epilog=environment_help(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("--topic", required=True, help="source topic")
     parser.add_argument("--partition", required=True, type=int, help="source partition")
@@ -123,6 +127,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode dedup") -> int:
         config = from_sources(
             os.environ, args, file_values=config_file.read_toml_section(args.config, "dedup")
         )
+        check_files(config, key=table_variable(PASS_THROUGH))
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
@@ -141,6 +146,7 @@ def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
     args = _reset_parser(prog).parse_args(list(argv))
     try:
         config = tool_config(env, args)
+        check_files(config, key=table_variable(PASS_THROUGH))
     except ConfigError as exc:
         print(f"{prog} reset: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -226,6 +226,13 @@ class DedupConfig:
             raise ConfigError("SPARK_MASTER", "is empty", "use local[*] or spark://host:7077")
         if self.transactional_id is not None and not self.transactional_id.strip():
             raise ConfigError("TRANSACTIONAL_ID", "is empty", "unset it to derive one")
+        for key in self.spark_conf:
+            if not key.startswith("spark."):
+                raise ConfigError(
+                    "SPARK_CONF_" + key.upper().replace(".", "_"),
+                    f"{key!r} is not a Spark setting (Spark ignores names not starting spark.)",
+                    f"did you mean SPARK_CONF_SPARK_{key.upper().replace('.', '_')}?",
+                )
         for key in ("transactional.id", "enable.idempotence", "isolation.level"):
             if key in self.kafka_conf:
                 raise ConfigError(
@@ -323,6 +330,36 @@ ENV_NAMES = {
     env_var(f.name): f.name for f in dataclasses.fields(DedupConfig) if f.name not in PASS_THROUGH
 }
 ENV_TABLES = {prefix: name for name, prefix in PASS_THROUGH.items()}
+#: Variables the dedup reads besides its keys (dedup/job.py: the JVM's log level).
+OTHER_ENV = ("SPARK_LOG_LEVEL",)
+#: Spark's own variables that start like a pass-through table and are not a setting of it
+#: (SPARK_CONF_DIR: where spark-submit finds spark-defaults.conf).
+NOT_SETTINGS = ("SPARK_CONF_DIR",)
+
+
+def check_environment(env: Mapping[str, str]) -> None:
+    """Refuse a variable that looks like a typo of one of the dedup's names.
+
+    The rule (``common.settings.check_env_names``, docs/configuration.md): a variable that is
+    not one of the names above but within two edits of one (``WINDOW_SIZ``, ``RAW_TOPIC``), or
+    whose leading words are within two edits of ``SPARK_CONF_``, ``KAFKA_CONF_`` or
+    ``KAFKA_SOURCE_`` (``KAFKA_CNF_SECURITY_PROTOCOL``).
+
+    Raises:
+        ConfigError: naming the variable and the name it probably meant.
+    """
+    settings.check_env_names(
+        env,
+        [*ENV_NAMES, *OTHER_ENV],
+        table_prefixes=list(ENV_TABLES),
+        ignore=NOT_SETTINGS,
+    )
+
+
+def _settings_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` checked for typos, without the variables that only look like settings."""
+    check_environment(env)
+    return {var: value for var, value in env.items() if var not in NOT_SETTINGS}
 
 
 def from_sources(
@@ -333,7 +370,8 @@ def from_sources(
     """Build the configuration: defaults < ``--config`` file < environment < flags.
 
     The same mechanism as every command (``common.settings.build``), with the operators'
-    variable names (``ENV_NAMES``, ``ENV_TABLES``) instead of a prefix.
+    variable names (``ENV_NAMES``, ``ENV_TABLES``) instead of a prefix; a variable that looks
+    like a typo of one of them is refused (``check_environment``).
 
     Raises:
         ConfigError: naming the environment variable or flag at fault, and the fix.
@@ -341,7 +379,7 @@ def from_sources(
     return settings.build(
         DedupConfig,
         file_values=file_values,
-        env=env,
+        env=_settings_env(env),
         flags=flags,
         env_names=ENV_NAMES,
         env_tables=ENV_TABLES,
@@ -383,13 +421,16 @@ def tool_config(
 ) -> DedupToolConfig:
     """``DedupToolConfig`` from the environment (the dedup's names) and flags.
 
+    The environment is checked for typos of the dedup's names (``check_environment``): the
+    tools read the dedup's environment file.
+
     Raises:
         ConfigError: naming the variable or flag at fault (``BOOTSTRAP_SERVERS`` when missing).
     """
     names = {f.name for f in dataclasses.fields(DedupToolConfig)}
     return settings.build(
         DedupToolConfig,
-        env=env,
+        env=_settings_env(env),
         flags=flags,
         env_names={var: name for var, name in ENV_NAMES.items() if name in names},
         env_tables={PASS_THROUGH["kafka_conf"]: "kafka_conf"},

@@ -17,7 +17,8 @@ from typing import Any
 
 from common.errors import ConfigError, DiodeError
 from common.gap_record import latest_gaps
-from dedup.config import tool_config
+from dedup.config import PASS_THROUGH, tool_config
+from runtime.named_files import check_files, table_variable
 
 READ_TIMEOUT_S = 60.0
 
@@ -30,6 +31,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "environment: BOOTSTRAP_SERVERS, GAP_TOPIC (default kafka-diode.gaps), "
             "KAFKA_CONF_<NAME> (librdkafka properties)"
         ),
+        allow_abbrev=False,
     )
     parser.add_argument("--bootstrap-servers", dest="bootstrap_servers", default=None)
     parser.add_argument("--gap-topic", dest="gap_topic", default=None)
@@ -75,6 +77,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode gaps") -> int:
     args = _parser(prog).parse_args(list(argv))
     try:
         config = tool_config(os.environ, args)
+        check_files(config, key=table_variable(PASS_THROUGH))
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2

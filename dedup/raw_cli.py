@@ -25,7 +25,8 @@ from common.errors import ConfigError, DiodeError, RemoteProtocolError
 from common.gap_record import MAX_OFFSET
 from common.raw_run import check_run, parse_run_key
 from common.raw_topic import CONTROL_HEADER, TICK, parse_raw_key, restore
-from dedup.config import tool_config
+from dedup.config import PASS_THROUGH, tool_config
+from runtime.named_files import check_files, table_variable
 
 READ_TIMEOUT_S = 30.0
 
@@ -151,6 +152,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description="Print a raw topic's records (layout v1, v2 runs, control), decoded.",
         epilog="environment: BOOTSTRAP_SERVERS, KAFKA_CONF_<NAME> (librdkafka properties)",
+        allow_abbrev=False,
     )
     parser.add_argument("action", choices=("dump",), help="dump: print raw records")
     parser.add_argument("--bootstrap-servers", dest="bootstrap_servers", default=None)
@@ -170,6 +172,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode raw") -> int:
     args = _parser(prog).parse_args(list(argv))
     try:
         config = tool_config(os.environ, {"bootstrap_servers": args.bootstrap_servers})
+        check_files(config, key=table_variable(PASS_THROUGH))
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return 2

@@ -46,6 +46,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode bench") -> int:
         epilog="benchmarks:\n" + listing + "\n\nOptions after NAME go to the script "
         "('kafka-diode bench e2e --help'). docs/benchmarks.md has results and exact commands.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     parser.add_argument("name", choices=sorted(BENCHES), metavar="NAME", help="which benchmark")
     parser.add_argument("options", nargs=argparse.REMAINDER, help="passed to the script")

@@ -34,6 +34,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from common import settings
 from common.errors import DiodeError
 from common.logging import configure
 from kafka_diode.demo_topics import ensure_topics
@@ -163,6 +164,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         prog=prog,
         description="Run the whole system on this machine over a lossy link and judge the result "
         "from the topics. Subcommands 'produce' and 'verify' run the two halves on their own.",
+        allow_abbrev=False,
     )
     parser.add_argument("--records", type=int, default=20_000, help="records to produce (20000)")
     parser.add_argument(
@@ -207,19 +209,25 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument("--timeout", type=float, default=600.0, help="give up after (600 s)")
     parser.add_argument("--no-live", action="store_true", help="plain log lines, no live table")
     sub = parser.add_subparsers(dest="command")
-    prod = sub.add_parser("produce", help="produce the demo workload to a broker and exit")
+    prod = sub.add_parser(
+        "produce", help="produce the demo workload to a broker and exit", allow_abbrev=False
+    )
     prod.add_argument("--bootstrap-servers", required=True, help="upstream Kafka host:port")
     prod.add_argument("--records", type=int, default=20_000, help="records (20000)")
     prod.add_argument("--rate", type=float, default=0.0, help="records/s (0: as fast as possible)")
     prod.add_argument("--partitions", type=int, default=3, help="partitions per topic (3)")
     prod.add_argument("--seed", type=int, default=1, help="workload seed (1)")
-    prod.add_argument(
-        "--topics", default=",".join(Workload().topics), help="comma-separated topics"
+    settings.add_list_argument(
+        prod, "--topics", help=f"topics (default: {','.join(Workload().topics)})"
     )
-    ver = sub.add_parser("verify", help="judge the promise from upstream, clean and gap topics")
+    ver = sub.add_parser(
+        "verify", help="judge the promise from upstream, clean and gap topics", allow_abbrev=False
+    )
     ver.add_argument("--upstream", required=True, help="upstream Kafka host:port")
     ver.add_argument("--downstream", required=True, help="downstream Kafka host:port")
-    ver.add_argument("--topics", default=",".join(Workload().topics), help="source topics")
+    settings.add_list_argument(
+        ver, "--topics", help=f"source topics (default: {','.join(Workload().topics)})"
+    )
     ver.add_argument("--clean-topic", default="clean.{topic}", help="CLEAN_TOPIC name/template")
     ver.add_argument("--gap-topic", default="kafka-diode.gaps", help="GAP_TOPIC")
     ver.add_argument("--json", action="store_true", help="print the figures as JSON too")
@@ -243,7 +251,7 @@ def main(argv: Sequence[str] | None = None, prog: str = "kafka-diode demo") -> i
 
 def _produce_only(args: argparse.Namespace) -> int:
     workload = Workload(
-        topics=tuple(t for t in args.topics.split(",") if t), records=args.records, seed=args.seed
+        topics=tuple(args.topics or Workload().topics), records=args.records, seed=args.seed
     )
     created = ensure_topics(args.bootstrap_servers, workload.topics, args.partitions)
     if created:
@@ -264,7 +272,7 @@ def _verify_only(args: argparse.Namespace) -> int:
     verdict = verify(
         upstream=args.upstream,
         downstream=args.downstream,
-        source_topics=[t for t in args.topics.split(",") if t],
+        source_topics=list(args.topics or Workload().topics),
         clean_template=args.clean_topic,
         gap_topic=args.gap_topic,
     )

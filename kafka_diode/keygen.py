@@ -37,6 +37,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=prog,
         description="Write a new 256-bit key file with mode 0600 and print its key id.",
+        allow_abbrev=False,
     )
     p.add_argument("--out", type=Path, help="key file to write")
     p.add_argument("--force", action="store_true", help="overwrite an existing key file")

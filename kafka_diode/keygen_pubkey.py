@@ -22,6 +22,7 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
+from common import settings
 from common.errors import KeyRingError
 from common.wire.pubkey import (
     RECEIVER,
@@ -52,10 +53,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="write an Ed25519 signing key (a sender's, or the low side's bundle key) to --out "
         "(0600) and its public key (shareable)",
     )
-    mode.add_argument(
+    settings.add_list_argument(
+        mode,
         "--merge",
         nargs="+",
-        type=Path,
+        split=False,
+        item_type=Path,
         metavar="PUB",
         help="join signing public key files into one trusted list written to --out",
     )

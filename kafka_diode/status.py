@@ -47,10 +47,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from common import settings
 from common.errors import ConfigError, DiodeError, ServiceError
 from common.gap_record import latest_gaps
 from common.raw_run import parse_run_key
 from common.raw_topic import CONTROL_HEADER, HEARTBEAT, parse_raw_key
+from dedup.config import check_environment
+from runtime.named_files import check_files, table_variable
 
 EXIT_OK = 0
 EXIT_ATTENTION = 1
@@ -539,6 +542,7 @@ def as_json(report: Report) -> str:
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
+        allow_abbrev=False,
         description=(
             "The low side at a glance: per source partition the last heartbeat and its age, "
             "what the sender vouched for against what the raw topic holds and how far the "
@@ -553,13 +557,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument("--bootstrap-servers", help="downstream Kafka (BOOTSTRAP_SERVERS)")
-    parser.add_argument("--raw-topics", help="raw topic(s), comma-separated (RAW_TOPICS)")
+    settings.add_list_argument(parser, "--raw-topics", help="raw topic(s) (RAW_TOPICS)")
     parser.add_argument("--gap-topic", help="gap topic (GAP_TOPIC; default kafka-diode.gaps)")
-    parser.add_argument(
+    settings.add_list_argument(
+        parser,
         "--receiver-metrics",
-        action="append",
-        default=[],
-        help="host:port of a receiver's /metrics (repeat for each worker)",
+        help="host:port of a receiver's /metrics (one per worker)",
     )
     parser.add_argument("--dedup-metrics", help="host:port of the dedup's /metrics")
     parser.add_argument(
@@ -596,7 +599,12 @@ def config_from(args: argparse.Namespace, env: Mapping[str, str]) -> StatusConfi
     Raises:
         ConfigError: naming the key.
     """
-    raw = args.raw_topics or env.get("RAW_TOPICS") or "diode.raw"
+    check_environment(env)
+    raw_topics = (
+        tuple(args.raw_topics)
+        if args.raw_topics is not None
+        else tuple(t.strip() for t in env.get("RAW_TOPICS", "diode.raw").split(",") if t.strip())
+    )
     kafka_conf = {
         k[len("KAFKA_CONF_") :].lower().replace("_", "."): v
         for k, v in env.items()
@@ -604,9 +612,9 @@ def config_from(args: argparse.Namespace, env: Mapping[str, str]) -> StatusConfi
     }
     return StatusConfig(
         bootstrap_servers=args.bootstrap_servers or env.get("BOOTSTRAP_SERVERS", ""),
-        raw_topics=tuple(t.strip() for t in raw.split(",") if t.strip()),
+        raw_topics=raw_topics,
         gap_topic=args.gap_topic or env.get("GAP_TOPIC") or "kafka-diode.gaps",
-        receiver_metrics=tuple(args.receiver_metrics),
+        receiver_metrics=tuple(args.receiver_metrics or ()),
         dedup_metrics=args.dedup_metrics,
         kafka_conf=kafka_conf,
         silent_after=args.silent_after,
@@ -623,6 +631,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode status") -> int:
     args = _parser(prog).parse_args(list(argv))
     try:
         config = config_from(args, os.environ)
+        check_files(config, key=table_variable({"kafka_conf": "KAFKA_CONF_"}))
         if args.interval <= 0:
             raise ConfigError("--interval", "must be positive", "e.g. 5")
     except ConfigError as exc:

@@ -14,7 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,7 +23,7 @@ from common import settings
 from common.errors import ConfigError, ServiceError
 from common.metrics import CollectorRegistry
 from netem.kind_loss import KindLoss
-from netem.profile import NAMED_PROFILES, Profile, resolve
+from netem.profile import NAMED_PROFILES, Profile, override, resolve
 from netem.relay import Relay, parse_address
 from netem.tc import NetemUnavailableError, TcNetem
 from runtime import config_file, service
@@ -78,11 +78,54 @@ class RelaySettings:
             raise ConfigError("log_level", f"is {self.log_level!r}", "use DEBUG, INFO, ...")
 
 
+#: Profile keys with a flag of their own on ``relay`` and ``apply`` (``--seed`` is already there).
+PROFILE_FLAGS = tuple(f.name for f in fields(Profile) if f.name != "seed")
+
+
+def _add_profile_flags(parser: argparse.ArgumentParser) -> None:
+    """``--loss``, ``--ge-p``, ``--delay`` ...: one flag per profile key, over ``--profile``."""
+    docs = settings.field_docs(Profile)
+    group = parser.add_argument_group(
+        "profile keys: each replaces the --profile's value (netem's words such as 5%, 10ms, "
+        "10mbit, or a bare number of percent, milliseconds or bits/s); a key of one loss model "
+        "(--loss, --ge-p ...) replaces the profile's other one"
+    )
+    for name in PROFILE_FLAGS:
+        group.add_argument(
+            settings.flag_name(name),
+            dest=f"profile_{name}",
+            metavar="VALUE",
+            default=None,
+            help=docs.get(name, ""),
+        )
+
+
+def profile_from(args: argparse.Namespace, spec: str, seed: int | None) -> Profile:
+    """``--profile`` resolved, with the profile-key flags given on top.
+
+    Raises:
+        ConfigError: naming the flag (``--loss``) when its value is refused.
+    """
+    profile = resolve(spec, seed=seed)
+    given = {
+        name: value
+        for name in PROFILE_FLAGS
+        if (value := getattr(args, f"profile_{name}", None)) is not None
+    }
+    try:
+        return override(profile, given)
+    except ConfigError as exc:
+        if exc.key in given:
+            raise ConfigError(settings.flag_name(exc.key), exc.problem, exc.fix) from exc
+        raise
+
+
 def _parser(prog: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Network impairment in netem's words: a userspace UDP relay (runs anywhere) "
         "or the kernel's tc netem (where the kernel has it). See docs/netem.md.",
+        allow_abbrev=False,
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -92,16 +135,18 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         description="Receive UDP datagrams, impair them by a profile and forward them. Prints "
         "a JSON summary of what it did on exit (SIGINT/SIGTERM) and, optionally, periodically. "
         f"Settings: --config file < {ENV_PREFIX}* environment < flags.",
+        allow_abbrev=False,
     )
     relay.add_argument("--config", type=Path, help="TOML file with relay settings")
     settings.add_flags(relay, RelaySettings)
+    _add_profile_flags(relay)
 
     for name, text in (
         ("apply", "install a profile with 'tc qdisc replace dev DEV root netem ...'"),
         ("clear", "remove the root qdisc of DEV"),
         ("show", "show the qdiscs of DEV"),
     ):
-        cmd = sub.add_parser(name, help=text, description=text)
+        cmd = sub.add_parser(name, help=text, description=text, allow_abbrev=False)
         cmd.add_argument("--dev", required=True, help="network device, e.g. eth0")
         cmd.add_argument("--netns", help="run tc inside this network namespace")
         if name == "apply":
@@ -112,9 +157,13 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             cmd.add_argument(
                 "--dry-run", action="store_true", help="print the tc command, run nothing"
             )
+            _add_profile_flags(cmd)
 
     show = sub.add_parser(
-        "profiles", help="list the named profiles", description="List the named profiles."
+        "profiles",
+        help="list the named profiles",
+        description="List the named profiles.",
+        allow_abbrev=False,
     )
     show.add_argument("name", nargs="?", help="print one profile's netem words and fields")
     return parser
@@ -131,7 +180,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode netem") -> int:
             return _profiles(args.name)
         tc = TcNetem(args.dev, netns=args.netns)
         if args.command == "apply":
-            profile = resolve(args.profile, seed=args.seed)
+            profile = profile_from(args, args.profile, args.seed)
             with_seed = args.seed is not None
             if args.dry_run:
                 print(" ".join(tc.command_for(profile, include_seed=with_seed)))
@@ -188,7 +237,7 @@ def _relay(args: argparse.Namespace) -> int:
         flags=args,
     )
     diode_logging.configure(cfg.log_level, json_format=cfg.log_json)
-    profile = resolve(cfg.profile, seed=cfg.seed)
+    profile = profile_from(args, cfg.profile, cfg.seed)
     listen, forward = parse_address("listen", cfg.listen), parse_address("forward", cfg.forward)
     return service.run(lambda: _serve(cfg, profile, listen, forward), cfg.event_loop)
 

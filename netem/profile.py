@@ -54,6 +54,8 @@ _PERCENT_FIELDS = (
     "corrupt_correlation",
 )
 _TIME_FIELDS = ("delay", "jitter")
+_RANDOM_LOSS = ("loss", "loss_correlation")
+_GE_LOSS = ("ge_p", "ge_r", "ge_1_h", "ge_1_k")
 
 # tc(8) "RATES": SI and IEC multiples of bit/s, and of bytes/s for the ...bps spellings.
 _RATE_UNITS: dict[str, float] = {"bit": 1.0, "bps": 8.0}
@@ -422,6 +424,39 @@ def from_mapping(values: Mapping[str, Any], *, where: str = "profile") -> Profil
         else:
             out[key] = raw
     return _build(where, out)
+
+
+def _number_or_text(value: str | float) -> str | float:
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            continue
+    return text
+
+
+def override(profile: Profile, values: Mapping[str, str | float]) -> Profile:
+    """``profile`` with the keys in ``values`` replaced (the relay's and apply's ``--loss`` ...).
+
+    A value is netem's word (``5%``, ``10ms``, ``10mbit``) or a bare number in the key's unit
+    (percent, milliseconds, bits per second). Keys of one loss model (``loss``/``ge_*``) replace
+    the profile's other model, as a netem command line holds one ``loss``.
+
+    Raises:
+        ConfigError: naming the key, for a bad value or a combination netem refuses (random loss
+            and the Gilbert-Elliott model together, reorder without delay, ...).
+    """
+    if not values:
+        return profile
+    base = profile.to_dict()
+    for model, other in ((_RANDOM_LOSS, _GE_LOSS), (_GE_LOSS, _RANDOM_LOSS)):
+        if any(k in values for k in model) and not any(k in values for k in other):
+            base = {k: v for k, v in base.items() if k not in other}
+    merged = {**base, **{k: _number_or_text(v) for k, v in values.items()}}
+    return from_mapping(merged)
 
 
 def load_toml(path: Path) -> Profile:

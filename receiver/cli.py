@@ -19,6 +19,7 @@ from common import settings
 from common.errors import ConfigError, KeyRingError
 from receiver.config import ENV_PREFIX, ReceiverConfig
 from runtime import config_file
+from runtime.named_files import check_files
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +39,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     """The argument parser (one flag per ReceiverConfig field)."""
     parser = argparse.ArgumentParser(
         prog=prog,
+        allow_abbrev=False,
         description=_DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -82,6 +84,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode receive") -> int:
             from receiver.pubkey_glue import load_verifier  # noqa: PLC0415  keep --help light
 
             load_verifier(config)
+        check_files(config)  # every other file it names (ssl.ca.location, ...)
     except (ConfigError, KeyRingError) as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -90,7 +90,7 @@ def render(rows: Sequence[dict[str, Any]], *, machine: str = "", command: str = 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Print the table for a results file."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("results", type=Path, help="JSON-lines file written by the chaos suite")
     parser.add_argument("--machine", default="", help="machine description printed above the table")
     parser.add_argument("--command", default="", help="command that produced the results")

@@ -21,6 +21,7 @@ from common import settings
 from common.bundle_qr import join_parts
 from common.errors import BundleError, ConfigError
 from runtime.bundle_files import BundleKeyConfig, load_key_config, show_bytes, write_atomically
+from runtime.named_files import check_files
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -54,6 +55,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode bundle join") -> int:
         key_config = load_key_config(args.config, vars(args), os.environ)
         keyring = key_config.keyring()
         trusted = key_config.trusted()
+        check_files(key_config)
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

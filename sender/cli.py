@@ -22,6 +22,7 @@ from common import settings
 from common.errors import ConfigError, DiodeError
 from runtime import config_file, service
 from runtime.metrics_http import serve
+from runtime.named_files import check_files
 from sender.chain_plan import plan_problems, summary
 from sender.config import ENV_PREFIX, SenderConfig, load_keyring
 from sender.pacing_advice import pacing_warning
@@ -39,6 +40,7 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     """The argument parser (every option documented from the config's field docstrings)."""
     parser = argparse.ArgumentParser(
         prog=prog,
+        allow_abbrev=False,
         description=(
             "Read Kafka topics and send them as paced, AES-256-GCM encrypted UDP datagrams "
             "through a one-way link. Settings come from --config (TOML), then "
@@ -52,10 +54,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
         action="store_true",
         help="validate, print the effective configuration (secrets masked) and exit",
     )
-    parser.add_argument(
+    settings.add_list_argument(
+        parser,
         "--check-chains",
         nargs="+",
-        type=Path,
+        split=False,
+        item_type=Path,
         metavar="FILE",
         help="with chain set: read the other chains' TOML files and check that together with "
         "this configuration every offset is carried exactly once (share) or by every chain "
@@ -87,6 +91,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode send") -> int:
         config = load_config(args, os.environ)
         load_keyring(config)  # missing/unreadable key file fails now, naming key_file
         build_filter(config)  # so does an unreadable or wrong filter_file, naming it
+        check_files(config)  # and any other file it names (ssl.ca.location, ...)
         for host, port in config.targets():
             resolve("target", host, port)
     except ConfigError as exc:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 from runtime import config_file
 from runtime.bundle_files import read_bundle
+from runtime.named_files import check_files
 from sender.resend_job import (
     EXIT_BAD_BUNDLE,
     EXIT_CONFIG,
@@ -107,12 +108,12 @@ def build_parser(prog: str) -> argparse.ArgumentParser:
     what = parser.add_argument_group("what to resend (a bundle, or a topic with a range)")
     what.add_argument("--bundle", type=Path, help="bundle file made by 'kafka-diode bundle create'")
     what.add_argument("--topic", help="topic to resend from (without a bundle)")
-    what.add_argument(
+    settings.add_list_argument(
+        what,
         "--partition",
-        type=int,
-        action="append",
+        item_type=int,
         dest="partitions",
-        help="partition (repeatable); required with --from-offset, default all with --from-time",
+        help="partition(s); required with --from-offset, default all with --from-time",
     )
     what.add_argument("--from-offset", type=int, help="first offset to resend (inclusive)")
     what.add_argument("--to-offset", type=int, help="last offset to resend (inclusive)")
@@ -243,6 +244,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:
         keyring = load_keyring(config)
         trusted = load_bundle_trust(config)
         build_filter(config)  # an unreadable or wrong filter_file fails now, naming it
+        check_files(config)  # and any other file it names (ssl.ca.location, ...)
         for host, port in config.targets():
             resolve("target", host, port)
         if args.max_skip < 0:
@@ -253,6 +255,17 @@ def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     advice = pacing_warning(config)
+    bundle: bundle_format.Bundle | None = None
+    if request.bundle is not None:  # read and verified before --check-config says yes
+        try:
+            bundle = read_bundle(request.bundle, keyring, trusted)
+        except BundleError as exc:
+            print(
+                f"{prog}: --bundle: bundle refused: {exc} (give the file 'kafka-diode bundle "
+                "create' wrote, carried over unchanged, and the link's key)",
+                file=sys.stderr,
+            )
+            return EXIT_BAD_BUNDLE
     if args.check_config:
         print(json.dumps(settings.describe(config), indent=2, sort_keys=True))
         if advice:
@@ -261,13 +274,6 @@ def main(argv: Sequence[str], prog: str = "kafka-diode resend") -> int:
     diode_logging.configure(config.log_level, json_format=config.log_json)
     if advice:
         log.warning("%s", advice)
-    bundle: bundle_format.Bundle | None = None
-    if request.bundle is not None:
-        try:
-            bundle = read_bundle(request.bundle, keyring, trusted)
-        except BundleError as exc:
-            print(f"{prog}: bundle refused: {exc}", file=sys.stderr)
-            return EXIT_BAD_BUNDLE
     try:
         job = ResendJob(
             config,

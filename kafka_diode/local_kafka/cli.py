@@ -43,6 +43,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         ),
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="<command>")
 
@@ -56,6 +57,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "already runs on the same port just prints its address; starting a stopped or "
             "killed node of a known cluster by its name (NAME-2) restarts that node alone."
         ),
+        allow_abbrev=False,
     )
     start.add_argument(
         "--name",
@@ -118,6 +120,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "name (NAME-2) only that node (start it again by the same name). Data dirs are kept "
             "for the next start."
         ),
+        allow_abbrev=False,
     )
     stop.add_argument("--name", required=True, help="the name given to start, or a node's name")
     stop.add_argument(
@@ -134,6 +137,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "Kill the named broker's JVM with SIGKILL, as a crash would; its data dir and name "
             "stay, so 'start --name NAME' restarts it (a cluster node without --port)."
         ),
+        allow_abbrev=False,
     )
     kill.add_argument("--name", required=True, help="a broker's or a cluster node's name")
 
@@ -144,6 +148,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "Print a table of the brokers in the index: name, state, pid, bootstrap, cluster "
             "(with its node id), data dir."
         ),
+        allow_abbrev=False,
     )
     commands.add_parser(
         "fetch",
@@ -152,6 +157,7 @@ def _parser(prog: str) -> argparse.ArgumentParser:
             "Resolve the Kafka broker jars and Spark's Kafka connector (matching pyspark "
             f"{artifacts.SPARK_VERSION}) from Maven Central into the cache. A no-op when cached."
         ),
+        allow_abbrev=False,
     )
     return parser
 

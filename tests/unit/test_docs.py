@@ -28,11 +28,11 @@ def test_configuration_reference_matches_the_code() -> None:
 
 
 def test_every_config_field_is_documented() -> None:
-    for _, module, name, _, _ in docs_gen.SECTIONS:
-        cls = getattr(importlib.import_module(module), name)
+    for section in docs_gen.SECTIONS:
+        cls = getattr(importlib.import_module(section.module), section.class_name)
         docs = field_docs(cls)
         undocumented = [f.name for f in dataclasses.fields(cls) if not docs.get(f.name)]
-        assert not undocumented, f"{name} fields without a docstring: {undocumented}"
+        assert not undocumented, f"{section.class_name} fields without a docstring: {undocumented}"
 
 
 def test_every_option_of_every_command_is_in_the_reference() -> None:

@@ -37,7 +37,12 @@ def test_check_config_says_when_pacing_is_unset(
 ) -> None:
     argv = [command, "--bootstrap-servers", "127.0.0.1:1", "--target", "127.0.0.1:9470"]
     argv += ["--key-file", str(key_file), *pacing]
-    argv += ["--topics", "orders"] if command == "send" else ["--bundle", "b"]
+    # a range, not a bundle: --check-config reads and verifies a bundle it is given
+    argv += (
+        ["--topics", "orders"]
+        if command == "send"
+        else ["--topic", "orders", "--partition", "0", "--from-offset", "0", "--to-offset", "9"]
+    )
     code, out, err = _check(argv)
     assert code == 0, err
     shown = json.loads(out)  # stdout stays pure JSON either way

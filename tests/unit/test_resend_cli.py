@@ -194,7 +194,14 @@ def test_resend_reads_the_live_sender_file_and_env(
         f'key_file = "{key_file}"\nmetrics_port = 9461\ngroup_id = "live"\n'
     )
     monkeypatch.setenv("DIODE_SENDER_COPIES", "3")
-    code = resend_cli.main(["--config", str(toml), "--bundle", "b", "--check-config"])
+    code = resend_cli.main(
+        [
+            "--config",
+            str(toml),
+            *["--topic", "orders", "--partition", "0", "--from-offset", "0", "--to-offset", "9"],
+            "--check-config",
+        ]
+    )
     assert code == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["copies"] == 3

@@ -252,7 +252,7 @@ def run_case(ctx: Any, size: int, mode: str, args: argparse.Namespace) -> dict[s
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", default="200,1000,10000,100000")
     parser.add_argument("--modes", default="off,on", help="off, on, or both (interleaved)")
     parser.add_argument("--megabytes", type=float, default=40.0, help="value MB per case")

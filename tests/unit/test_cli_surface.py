@@ -528,7 +528,7 @@ def test_every_flag_in_the_key_tables_is_taken_by_its_commands() -> None:
 SITE_KEYS = frozenset(
     {"bootstrap_servers", "raw_topics", "state_dir_config", "spark_master", "metrics_port"}
     | {"metrics_addr", "clean_topic", "gap_topic", "gap_emit_interval_sec", "persist_interval_ms"}
-    | {"new_topic_partitions"}
+    | {"new_topic_partitions", "new_topic_replication"}
 )
 
 

@@ -6,9 +6,9 @@ import re
 import subprocess
 
 from tests.prometheus_support import (
-    RUNBOOKS,
     RULE_TESTS,
     RULES,
+    RUNBOOKS,
     dashboard_queries,
     defined_metric_names,
     metric_names_in,

@@ -24,8 +24,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final, overload
 
 from common.wire.events import Heartbeat, Record, Withheld
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: As confluent-kafka takes them (it also accepts str values; we only ever put bytes or None).
 Headers = list[tuple[str, str | bytes | None]]
@@ -54,6 +59,13 @@ CHAIN_INDEX, CHAIN_COUNT, CHAIN_SHARE = "chain_index", "chain_count", "chain_sha
 HEARTBEAT_CHAIN_FIELDS = (CHAIN_INDEX, CHAIN_COUNT, CHAIN_SHARE)
 #: Field of a withheld control record's JSON value: the range's last offset (the key has the first).
 WITHHELD_LAST = "last"
+#: Most share chains of one source (docs/sender.md "Chains"): a sender's ``chain = "I/N"`` has
+#: ``N <= MAX_CHAINS``, a run key's stride is at most this (``common.raw_run``), and the dedup
+#: keeps one high offset per chain and partition.
+MAX_CHAINS: Final = 64
+#: The placeholder of a topic-name template (the receiver's RAW_TOPIC, the dedup's CLEAN_TOPIC):
+#: replaced by the source topic's name.
+TOPIC_FIELD: Final = "{topic}"
 
 #: ``diode.timestamp``: the whole value is ASCII decimal (no sign but ``-``, no blanks, no
 #: newline) and fits a signed 64-bit integer. Unanchored: Java and Python anchor differently
@@ -62,6 +74,34 @@ TIMESTAMP_PATTERN = r"-?[0-9]{1,19}"
 _TIMESTAMP_RE = re.compile(TIMESTAMP_PATTERN.encode())
 _MAX_PARTITION = 2**31 - 1
 _MAX_OFFSET = 2**63 - 1
+
+
+# -- placement (the receiver writes by it, the dedup's direct layout relies on it) -------------
+
+
+@overload
+def raw_partition_of(partition: int, partitions: int) -> int: ...
+@overload
+def raw_partition_of(
+    partition: npt.NDArray[np.int64], partitions: int
+) -> npt.NDArray[np.int64]: ...
+def raw_partition_of(
+    partition: int | npt.NDArray[np.int64], partitions: int
+) -> int | npt.NDArray[np.int64]:
+    """The raw partition of source partition ``partition`` in a raw topic of ``partitions``.
+
+    Source partition p lands in raw partition p mod N, and only there: the receiver writes every
+    record and control record of a source partition by this rule, and the dedup's direct layout
+    keeps a source partition's detector in the state of that one raw partition (a record
+    elsewhere would start a second detector). Vectorised over a numpy array of partitions too.
+    """
+    return partition % partitions
+
+
+def fill_topic(template: str, source_topic: str) -> str:
+    """The topic that ``template`` (a name, or a template with ``{topic}``) names for
+    ``source_topic``: the receiver's raw topic, the dedup's clean topic."""
+    return template.replace(TOPIC_FIELD, source_topic)
 
 
 # -- writing (the receiver) ---------------------------------------------------------------------

@@ -29,7 +29,7 @@ import struct
 from collections.abc import Iterator
 from typing import Final
 
-from dedup.gaps import GapStateError
+from common.errors import GapStateError
 
 MAGIC: Final = b"KDBK\x01"
 _COUNT: Final = struct.Struct("<I")

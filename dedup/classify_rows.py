@@ -57,8 +57,6 @@ from dedup.detect import (
     UNPARSED_TOPIC,
 )
 
-#: The source columns this reads (Spark's Kafka source, ``includeHeaders``).
-SOURCE_COLUMNS: Final = ("key", "value", "topic", "headers")
 _TIMESTAMP: Final = re.compile(TIMESTAMP_PATTERN)
 _DIGITS: Final = re.compile(r"-?[0-9]+")
 _INT64: Final = (-(2**63), 2**63 - 1)
@@ -66,7 +64,7 @@ _PROVENANCE: Final = list(PROVENANCE_HEADERS)
 
 
 def classify_batch(batch: pa.RecordBatch, topics: Collection[str]) -> dict[str, np.ndarray]:
-    """The detector's columns (``dedup.direct.INPUT_COLUMNS``) of one Arrow batch of raw records.
+    """The detector's input columns (``dedup.detect.Rows``) of one Arrow batch of raw records.
 
     ``topics``: the raw topics read; a record of any other topic is malformed.
     """

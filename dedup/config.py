@@ -36,11 +36,11 @@ from typing import Any
 
 from common import settings
 from common.errors import ConfigError
+from common.raw_topic import TOPIC_FIELD, fill_topic
 from common.topic_limits import RECORD_OVERHEAD, record_limit
 
 #: Kafka topic names: at most 249 characters of ``[a-zA-Z0-9._-]`` (Kafka's own rule).
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_TEMPLATE_FIELDS = ("{topic}",)
 PASS_THROUGH = {
     "spark_conf": "SPARK_CONF_",
     "kafka_conf": "KAFKA_CONF_",
@@ -165,7 +165,7 @@ class DedupConfig:
                     f"{topic!r} is not a valid Kafka topic name",
                     "use 1-249 characters of letters, digits, '.', '_' and '-'",
                 )
-        probe = self.clean_topic.replace("{topic}", "x")
+        probe = fill_topic(self.clean_topic, "x")
         if "{" in probe or "}" in probe or not _TOPIC_RE.match(probe):
             raise ConfigError(
                 "CLEAN_TOPIC",
@@ -180,7 +180,7 @@ class DedupConfig:
                 "give each its own name",
             )
         self._check_layout()
-        if self.clean_topic == "{topic}" and self.control_topic in self.raw_topics:
+        if self.clean_topic == TOPIC_FIELD and self.control_topic in self.raw_topics:
             raise ConfigError("CONTROL_TOPIC", "is also a raw topic", "give it its own name")
         if not self.bootstrap_servers.strip():
             raise ConfigError("BOOTSTRAP_SERVERS", "is empty", "set host:port of a Kafka broker")
@@ -283,7 +283,7 @@ class DedupConfig:
 
     def clean_topic_for(self, source_topic: str) -> str:
         """The clean topic of records from ``source_topic``."""
-        return self.clean_topic.replace("{topic}", source_topic)
+        return fill_topic(self.clean_topic, source_topic)
 
     @property
     def writer_transactional_id(self) -> str:

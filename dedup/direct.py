@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from confluent_kafka import KafkaException, Producer
 
 from common.errors import ServiceError
+from common.raw_topic import raw_partition_of
 from common.topic_limits import TimestampWindow
 from dedup.buckets import BucketState
 from dedup.classify_rows import classify_batch
@@ -69,22 +70,6 @@ from dedup.worker_heap import FreezeOnLoad
 from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult, WriterSettings
 
 log = logging.getLogger(__name__)
-
-#: The columns the detectors read, as ``dedup/classify_rows.py`` makes them from the raw records.
-INPUT_COLUMNS = (
-    "kind",
-    "src_topic",
-    "src_partition",
-    "src_offset",
-    "src_last",
-    "stride",
-    "payload",
-    "h_keys",
-    "h_values",
-    "hb_low",
-    "hb_started",
-    "hb_chain",
-)
 
 
 def transactional_id(base: str, raw_topic: str, raw_partition: int) -> str:
@@ -298,7 +283,8 @@ def _drop_misrouted(
 ) -> None:
     """Make malformed the rows whose source partition belongs in another raw partition.
 
-    The receiver writes source partition ``p`` into raw partition ``p mod N`` only, and this
+    The receiver writes source partition ``p`` into raw partition ``p mod N`` only
+    (``common.raw_topic.raw_partition_of``), and this
     layout keeps each source partition's detector in the state of that one raw partition: a
     record elsewhere (written by something else) would start a second detector, blind to the
     first one's offsets. Counted as malformed and logged instead, like any record this dedup
@@ -307,7 +293,9 @@ def _drop_misrouted(
     kinds = columns["kind"]
     partitions = columns["src_partition"]
     parsed = (kinds != KIND_TICK) & (kinds != KIND_MALFORMED)
-    misrouted = np.flatnonzero(parsed & (partitions % raw_partitions != raw_partition))
+    misrouted = np.flatnonzero(
+        parsed & (raw_partition_of(partitions, raw_partitions) != raw_partition)
+    )
     if not len(misrouted):
         return
     first = int(misrouted[0])
@@ -321,7 +309,7 @@ def _drop_misrouted(
         raw_partition,
         columns["src_topic"][first],
         int(partitions[first]),
-        int(partitions[first]) % raw_partitions,
+        raw_partition_of(int(partitions[first]), raw_partitions),
         raw_partitions,
     )
     kinds[misrouted] = KIND_MALFORMED

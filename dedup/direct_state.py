@@ -24,8 +24,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
+from common.errors import GapStateError
 from dedup.buckets import BucketState
-from dedup.gaps import GapStateError
 
 MAGIC: Final = b"KDDS1"
 _LENGTH: Final = struct.Struct(">I")

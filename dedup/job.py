@@ -38,12 +38,12 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from common.errors import GapStateError
 from dedup import spark_compat
 from dedup.classify import classify
 from dedup.config import DedupConfig
 from dedup.detect import DetectParams, detect_group
 from dedup.direct_state import STATE_RECORD_LIMIT
-from dedup.gaps import GapStateError
 from dedup.rows import OUTPUT_DDL
 from dedup.state_layout import DIRECT, LAYOUT_FILE, StateLayout, decide
 from dedup.writer_settings import KAFKA_TIMEOUT_S

@@ -26,7 +26,7 @@ import json
 from dataclasses import dataclass
 from typing import Final
 
-from dedup.gaps import GapStateError
+from common.errors import GapStateError
 
 LAYOUT_FILE: Final = "kafka-diode-state-layout.json"
 BUCKETS: Final = "buckets"

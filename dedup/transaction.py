@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from confluent_kafka import KafkaException, Producer
 
 from common.errors import RemoteProtocolError, ServiceError
+from common.raw_topic import fill_topic
 from common.topic_limits import TimestampWindow
 from common.wire.batch_decode import decode_record_groups
 from common.wire.events import RecordGroup
@@ -244,7 +245,7 @@ class PartitionWriter:
         """The clean topic of ``source_topic`` (CLEAN_TOPIC, with ``{topic}`` filled in)."""
         name = self._clean_names.get(source_topic)
         if name is None:
-            name = self.settings.clean_topic.replace("{topic}", source_topic)
+            name = fill_topic(self.settings.clean_topic, source_topic)
             self._clean_names[source_topic] = name
         return name
 

@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.errors import ServiceError
+from common.raw_topic import TOPIC_FIELD
 from common.topic_limits import TimestampWindow
 from dedup.clean_topics import checked_clean_topic, ensure_topics
 from dedup.detect import DetectParams
@@ -173,7 +174,7 @@ class TransactionalBatchWriter:
         query_id = self._query_id or ""
         self.ensure_topics([self.settings.gap_topic, self.settings.progress_topic], compact=True)
         clean = self.settings.clean_topic
-        if "{topic}" not in clean:
+        if TOPIC_FIELD not in clean:
             # at start-up, on the driver: a clean topic too small stops the job here, not in tasks
             self._windows[clean] = checked_clean_topic(self.settings, clean)
         producer = init_producer(self.settings, self.settings.transactional_id)

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.errors import GapStateError
 from dedup import buckets, detect
-from dedup.gaps import GapStateError
 from dedup.rows import COLUMN_NAMES, STAT_COLUMNS
 from tests.dedup_support import FakeState, run_value
 

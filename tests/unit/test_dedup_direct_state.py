@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from common.errors import GapStateError
 from dedup.buckets import BucketState
 from dedup.direct_state import MAGIC, MAX_HEADER_BYTES, StateRecord, state_key
-from dedup.gaps import GapStateError
 
 ENTRIES = {("t", 0): (b"blob", 5), ("u", 3): (b"", 7)}
 

@@ -194,23 +194,6 @@ class CountingWriter(TransactionalBatchWriter):
         return super().account(table, batch_id)
 
 
-def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds of this process's threads so far, summed by thread name (the Python main
-    thread is the script's name; librdkafka's are ``rdk:main``, ``rdk:broker<n>``, ...)."""
-    out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
-                text = f.read()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")].rstrip("0123456789")
-        fields = text.rpartition(")")[2].split()
-        out[name] = round(out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick, 2)
-    return out
-
-
 def tree_members() -> list[tuple[int, str, list[str]]]:
     """``(pid, command name, /proc stat fields after the name)`` of this process and its
     descendants alive now (the JVM, the Python workers, which Spark reuses), not a broker we

@@ -59,9 +59,9 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from common.raw_run import RunBuilder  # noqa: E402
 from dedup import job  # noqa: E402
+from dedup.batch_driver import TransactionalBatchWriter  # noqa: E402
 from dedup.config import from_sources  # noqa: E402
 from dedup.runner import idle_ticker, writer_settings  # noqa: E402
-from dedup.writer import TransactionalBatchWriter  # noqa: E402
 from dedup.writer_settings import WriterSettings  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 from runtime import kafka  # noqa: E402

@@ -14,7 +14,7 @@
     ├── GapRecordError         (common.gap_record) a gap-topic value that is not a gap record
     ├── GapStateError          (here; raised by the dedup's detector) a saved gap-detector state
     │   │                      that cannot be restored
-    │   └── WindowSizeMismatchError  (dedup.gaps) the state was saved with another WINDOW_SIZE
+    │   └── WindowSizeMismatchError  (dedup.detector) the state was saved with another WINDOW_SIZE
     └── ServiceError           an external service (Kafka, Java, Maven, Spark) is unusable
         ├── KafkaClientError   (here; raised by runtime.kafka) a Kafka client call failed
         ├── LocalKafkaError    the embedded broker cannot be fetched, started or stopped

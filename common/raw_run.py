@@ -83,8 +83,8 @@ def _canonical(text: str, limit: int) -> int | None:
 def parse_run_key(key: str | bytes | None) -> tuple[str, int, int, int, int] | None:
     """``(topic, partition, first, last, stride)`` of a v2 key, or None if it is not one.
 
-    The same rule as the dedup's SQL (``dedup.classify``): canonical decimals, ``first <= last``,
-    ``1 <= stride <= MAX_STRIDE`` and ``last - first`` a multiple of ``stride``.
+    The same rule as the dedup's SQL (``dedup.classify_sql``): canonical decimals,
+    ``first <= last``, ``1 <= stride <= MAX_STRIDE`` and ``last - first`` a multiple of ``stride``.
     """
     if key is None:
         return None

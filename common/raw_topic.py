@@ -14,7 +14,7 @@ Changing anything here is a protocol version change.
 This is layout v1. The receiver now writes layout v2 (``common/raw_run.py``: one raw record per
 run); the dedup reads both, and ``common.raw_run.expand_run`` turns a run back into the v1
 records described here (pinned by ``tests/unit/test_raw_topic.py::
-test_the_sinks_runs_expand_to_the_v1_layout``). ``dedup.classify`` evaluates
+test_the_sinks_runs_expand_to_the_v1_layout``). ``dedup.classify_sql`` evaluates
 :func:`parse_raw_key` (canonical decimals, no regex) and :func:`restore` (``TIMESTAMP_PATTERN``)
 in SQL (pinned by ``tests/integration/test_dedup.py``'s malformed-record cases).
 """
@@ -188,7 +188,7 @@ def parse_raw_key(key: str | bytes | None) -> tuple[str, int, int] | None:
 
     Split on the last two ``:`` (a topic name cannot hold one); the partition and offset must
     be canonical decimals (no sign but a leading ``-`` on the offset, no leading zeros, no
-    blanks): the rule of ``dedup.classify``'s SQL, which prints the parsed numbers again and
+    blanks): the rule of ``dedup.classify_sql``'s SQL, which prints the parsed numbers again and
     compares. A v2 run key (``common.raw_run``) is not a v1 key.
     """
     if key is None:
@@ -218,7 +218,7 @@ def restore(headers: Sequence[Header]) -> tuple[bytes | None, int, list[Header]]
 
     None means malformed: fewer than four headers, trailing names not exactly
     ``PROVENANCE_HEADERS`` in order, or a timestamp that is not a decimal number within the signed
-    64-bit range (the same rule as ``dedup.job.classify``'s SQL).
+    64-bit range (the same rule as ``dedup.classify_sql``'s SQL).
     """
     # The hot path of the dedup's writer (once per clean record): no loops, no allocations
     # beyond the result.

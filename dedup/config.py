@@ -12,7 +12,7 @@ Three pass-through tables carry settings this module does not interpret:
   name is lower-cased, so ``SPARK_CONF_SPARK_EXECUTOR_MEMORY=4g`` sets ``spark.executor.memory``;
   write mixed case to keep it: ``SPARK_CONF_spark_executor_memoryOverhead=1g``).
 - ``KAFKA_CONF_<NAME>`` -> librdkafka property for the dedup's own Kafka clients (the transactional
-  writer, the raw re-read consumer, the fence reader, the admin client and ``kafka-diode gaps``),
+  writers, the marker and state readers, the admin client and ``kafka-diode gaps``),
   e.g. ``KAFKA_CONF_SECURITY_PROTOCOL=SASL_SSL``.
 - ``KAFKA_SOURCE_<NAME>`` -> option of Spark's Kafka source, e.g.
   ``KAFKA_SOURCE_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka.security.protocol``; the
@@ -207,7 +207,7 @@ class DedupConfig:
         needed = record_limit(self.max_record_size)
         for prop, least in (
             ("message.max.bytes", needed),  # the writer's producer
-            ("receive.message.max.bytes", needed + 512),  # the re-read consumer's responses
+            ("receive.message.max.bytes", needed + 512),  # the dedup's consumers' responses
         ):
             value = self.kafka_conf.get(prop, "")
             if value.isdigit() and int(value) < least:

@@ -2,7 +2,7 @@
 
 Runs in the **executors** (``direct_task``, mapped by the driver's ``TransactionalBatchWriter``
 over each micro-batch of Spark's Kafka source as it reads it: one task per raw topic-partition,
-no projection, no shuffle; the task classifies its records itself, ``dedup/classify_rows.py``).
+no projection, no shuffle; the task classifies its records itself, ``dedup/classify_python.py``).
 No stateful operator and no RocksDB: the detectors of every source partition the raw partition
 carries live in one record of ``STATE_TOPIC`` (``dedup/direct_state.py``), written in the same
 Kafka transaction as the clean records and the gap records it produces, so the state and the
@@ -47,22 +47,21 @@ from confluent_kafka import KafkaException, Producer
 from common.errors import ServiceError
 from common.raw_topic import raw_partition_of
 from common.topic_limits import TimestampWindow
-from dedup.buckets import BucketState
-from dedup.classify_rows import classify_batch
-from dedup.detect import (
-    KIND_MALFORMED,
-    KIND_TICK,
-    UNPARSED_PARTITION,
-    UNPARSED_TOPIC,
-    DetectParams,
-    LiveBucket,
-    Output,
-    Rows,
-)
+from dedup.classify_python import classify_batch
+from dedup.detect import DetectParams, LiveBucket, Output
+from dedup.detector_set import DetectorSet
 from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
 from dedup.faults import fault, fault_during
 from dedup.fence import init_producer, wait_for_room
-from dedup.rows import KIND_GAP, KIND_RUN
+from dedup.rows import (
+    KIND_GAP,
+    KIND_MALFORMED,
+    KIND_RUN,
+    KIND_TICK,
+    UNPARSED_PARTITION,
+    UNPARSED_TOPIC,
+    InputRows,
+)
 from dedup.state_reader import forget, read_state, remember
 from dedup.task_result import task_attempt, task_result
 from dedup.transaction import PartitionWriter, gc_paused, record_count
@@ -181,7 +180,7 @@ class DirectPartition:
         # parsed once each, saved once at the end (not per Arrow batch)
         live = LiveBucket(
             self.spec.params,
-            committed.detectors if committed is not None else BucketState(),
+            committed.detectors if committed is not None else DetectorSet(),
             self.spec.now_ms,
             DIRECT_STATE_BYTES,
         )
@@ -260,7 +259,7 @@ class DirectPartition:
         keep = np.flatnonzero(kinds != KIND_TICK)
         rows = None
         if len(keep):
-            rows = Rows(columns)
+            rows = InputRows(columns)
             if len(keep) != len(kinds):
                 rows = rows.take(keep)
         out = Output()

@@ -327,13 +327,13 @@ def record_count(runs: pa.Table | pa.RecordBatch) -> int:
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the re-read + produce loop.
+    """Pause Python's cyclic garbage collector for the produce loop of a write task.
 
-    The loop allocates a Message, a header list and four header tuples per record; the
-    collector's allocation-count trigger then ran gen-0/1/2 collections that walked every live
-    object of the driver (pyspark, pandas, ...): 43 % of the loop's time in py-spy. These objects
-    form no cycles, so reference counting frees them; the collector is re-enabled (if it was on)
-    when the loop ends. It is process-wide, so other driver threads run without it meanwhile.
+    The loop allocates a header list and header tuples per record; the collector's
+    allocation-count trigger then ran gen-0/1/2 collections that walked every live object of the
+    Python worker (pyspark, pandas, ...): 43 % of the loop's time in py-spy. These objects form no
+    cycles, so reference counting frees them; the collector is re-enabled (if it was on) when the
+    loop ends. It is process-wide, so other threads of the worker run without it meanwhile.
     """
     was_enabled = gc.isenabled()
     gc.disable()

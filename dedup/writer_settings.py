@@ -33,8 +33,8 @@ class WriterSettings:
     new_topic_replication: int = -1
     """Replication factor of created topics (-1: broker default)."""
     max_record_size: int = 16 * 1024 * 1024
-    """Largest record the link carries (MAX_RECORD_SIZE): sizes the producer, the re-read
-    consumer, created topics and the check of existing clean topics."""
+    """Largest record the link carries (MAX_RECORD_SIZE): sizes the producer, the consumers,
+    created topics and the check of existing clean topics."""
     kafka_conf: Mapping[str, str] = field(default_factory=dict)
     """librdkafka pass-through properties."""
     state_topic: str = "kafka-diode.dedup.state"

@@ -16,9 +16,9 @@ from common.errors import LocalProtocolError
 from common.raw_run import parse_run_key, run_key
 from common.raw_topic import MAX_CHAINS, TOPIC_FIELD, fill_topic, raw_partition_of
 from dedup.config import from_sources
-from dedup.detect import KIND_DATA, KIND_MALFORMED, UNPARSED_PARTITION, UNPARSED_TOPIC
+from dedup.detector import DetectorConfig, PartitionDetector
 from dedup.direct import _drop_misrouted
-from dedup.gaps import DetectorConfig, PartitionDetector
+from dedup.rows import KIND_DATA, KIND_MALFORMED, UNPARSED_PARTITION, UNPARSED_TOPIC
 from dedup.transaction import PartitionWriter
 from dedup.writer_settings import WriterSettings
 from receiver.config import ReceiverConfig

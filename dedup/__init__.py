@@ -13,10 +13,11 @@ Module map (docs/dedup.md "How it works" tells the story; each module's docstrin
     the query and its batches (driver)
       job.py               the Spark plan: source, classification, stateful step, foreachBatch
       state_layout.py      which state layout a checkpoint has (buckets, partitions, direct)
-      batch_driver.py      foreachBatch: maps a batch to its write tasks, folds their results
+      batch_driver.py      foreachBatch: maps a batch to its write task (write_task), folds results
       idle_tick.py         ticks: a batch at least once per gap-scan interval
       runner.py            runs the query until it stops
     the write tasks (executors) and their transactions
+      commit.py            the one commit path of every layout (the effectively-once argument)
       transaction.py       a stateful partition's transaction: clean records, gaps, marker
       direct.py            the direct layout's task: detect, write and keep state in one transaction
       direct_state.py      the direct layout's state record;  state_reader.py  reading it back

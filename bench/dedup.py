@@ -59,9 +59,9 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
 from common.raw_run import RunBuilder  # noqa: E402
 from dedup import job  # noqa: E402
+from dedup.batch_driver import TransactionalBatchWriter  # noqa: E402
 from dedup.config import from_sources  # noqa: E402
 from dedup.runner import idle_ticker, writer_settings  # noqa: E402
-from dedup.writer import TransactionalBatchWriter  # noqa: E402
 from dedup.writer_settings import WriterSettings  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 from runtime import kafka  # noqa: E402
@@ -192,23 +192,6 @@ class CountingWriter(TransactionalBatchWriter):
         self.payload_bytes += pc.sum(tasks.column("payload_bytes")).as_py() or 0
         self.record_bytes += pc.sum(tasks.column("record_bytes")).as_py() or 0
         return super().account(table, batch_id)
-
-
-def thread_cpu_s() -> dict[str, float]:
-    """CPU seconds of this process's threads so far, summed by thread name (the Python main
-    thread is the script's name; librdkafka's are ``rdk:main``, ``rdk:broker<n>``, ...)."""
-    out: dict[str, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/stat", encoding="ascii", errors="replace") as f:
-                text = f.read()
-        except OSError:
-            continue
-        name = text[text.index("(") + 1 : text.rindex(")")].rstrip("0123456789")
-        fields = text.rpartition(")")[2].split()
-        out[name] = round(out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / tick, 2)
-    return out
 
 
 def tree_members() -> list[tuple[int, str, list[str]]]:

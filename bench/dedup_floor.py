@@ -54,15 +54,16 @@ from pyspark import TaskContext  # noqa: E402
 
 import bench.dedup as bd  # noqa: E402
 from common.raw_run import check_run, parse_run_key  # noqa: E402
-from dedup import gaps, job  # noqa: E402
+from dedup import job  # noqa: E402
 from dedup.config import DedupConfig, from_sources  # noqa: E402
+from dedup.detector import DetectorConfig, PartitionDetector  # noqa: E402
 from dedup.fence import init_producer  # noqa: E402
 from dedup.runner import writer_settings  # noqa: E402
 from dedup.transaction import _produce_run, gc_paused  # noqa: E402
 from dedup.writer_settings import WriterSettings  # noqa: E402
 
 #: The dedup's default detector limits (docs/configuration.md).
-DETECTOR = gaps.DetectorConfig()
+DETECTOR = DetectorConfig()
 #: Every timestamp is accepted: the floor never replaces one (the dedup's window check is per run).
 ANY_TIME = (0, 2**62)
 
@@ -104,7 +105,7 @@ def floor_writer(settings: WriterSettings, out: str) -> Any:
     """The ``mapInArrow`` function of the single-stage task (runs in a Python worker).
 
     Per raw record: parse the run key, check the run (one decode), ask the source partition's
-    detector (``gaps.PartitionDetector.observe_run``, as the stateful step does) and produce the
+    detector (``PartitionDetector.observe_run``, as the stateful step does) and produce the
     first-seen records of it, in one transaction per task; at the end, one state record per
     source partition (its detector's bytes) in the same transaction. Not done: reading the state
     back at the task's start (a read of one compacted partition, like today's marker read), gap
@@ -115,7 +116,7 @@ def floor_writer(settings: WriterSettings, out: str) -> Any:
         task = TaskContext.get()
         partition = task.partitionId() if task is not None else 0
         target = (out, partition % bd.PARTITIONS, ANY_TIME)
-        detectors: dict[tuple[str, int], gaps.PartitionDetector] = {}
+        detectors: dict[tuple[str, int], PartitionDetector] = {}
         producer = None
         produced = seen = 0
         now = int(time.time() * 1000)
@@ -135,7 +136,7 @@ def floor_writer(settings: WriterSettings, out: str) -> Any:
                     seen += len(group.offsets)
                     detector = detectors.get((topic, source_partition))
                     if detector is None:
-                        detector = gaps.PartitionDetector(topic, source_partition, DETECTOR)
+                        detector = PartitionDetector(topic, source_partition, DETECTOR)
                         detectors[topic, source_partition] = detector
                     for a, b in detector.observe_run(first, last, now):
                         _produce_run(producer, group, a - first, b - first + 1, target)

@@ -20,7 +20,7 @@ import time
 
 from pyroaring import BitMap64
 
-from dedup.gaps import DetectorConfig, PartitionDetector
+from dedup.detector import DetectorConfig, PartitionDetector
 
 
 def batches(n: int, loss: float, dup: float, size: int, seed: int) -> list[array.array]:

@@ -12,12 +12,12 @@
     ├── KeyRingError           key material missing, malformed or unknown
     ├── BundleError            a resend bundle is tampered, truncated, of a wrong version or key
     ├── GapRecordError         (common.gap_record) a gap-topic value that is not a gap record
-    ├── GapStateError          (dedup.gaps) a saved gap-detector state that cannot be restored
-    │   └── WindowSizeMismatchError  the state was saved with another WINDOW_SIZE
+    ├── GapStateError          (here; raised by the dedup's detector) a saved gap-detector state
+    │   │                      that cannot be restored
+    │   └── WindowSizeMismatchError  (dedup.detector) the state was saved with another WINDOW_SIZE
     └── ServiceError           an external service (Kafka, Java, Maven, Spark) is unusable
         ├── KafkaClientError   (here; raised by runtime.kafka) a Kafka client call failed
         ├── LocalKafkaError    the embedded broker cannot be fetched, started or stopped
-        ├── RawRecordGoneError (dedup.reread) a raw record was deleted before it was re-read
         └── NetemUnavailableError  (netem.tc) tc netem is missing or not permitted here
 
 A test (tests/unit/test_errors.py) keeps this tree complete.
@@ -91,6 +91,10 @@ class KeyRingError(DiodeError):
 
 class BundleError(DiodeError):
     """A resend bundle cannot be trusted or read (tampered, truncated, wrong key or version)."""
+
+
+class GapStateError(DiodeError):
+    """Serialised detector state is unreadable, truncated, of another version or another config."""
 
 
 class ServiceError(DiodeError):

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from common.errors import RemoteProtocolError
-from common.raw_topic import raw_key, timestamp_type_header
+from common.raw_topic import MAX_CHAINS, raw_key, timestamp_type_header
 from common.wire.batch_decode import decode_record_groups
 from common.wire.batch_encode import bytes_item, encode_headers
 from common.wire.envelope import SMALL_LONGS, encode_long
@@ -43,8 +43,8 @@ from common.wire.events import DropReason, Headers, RecordGroup
 
 #: The one header of a v2 raw record.
 SESSION_HEADER: Final = "diode.session"
-#: Largest stride a run key may carry (sender.config.MAX_CHAINS).
-MAX_STRIDE: Final = 64
+#: Largest stride a run key may carry: a share chain's N (``common.raw_topic.MAX_CHAINS``).
+MAX_STRIDE: Final = MAX_CHAINS
 _MAX_PARTITION: Final = 2**31 - 1
 _MAX_OFFSET: Final = 2**63 - 1
 _SMALL: Final = 1 << 14
@@ -83,8 +83,8 @@ def _canonical(text: str, limit: int) -> int | None:
 def parse_run_key(key: str | bytes | None) -> tuple[str, int, int, int, int] | None:
     """``(topic, partition, first, last, stride)`` of a v2 key, or None if it is not one.
 
-    The same rule as the dedup's SQL (``dedup.classify``): canonical decimals, ``first <= last``,
-    ``1 <= stride <= MAX_STRIDE`` and ``last - first`` a multiple of ``stride``.
+    The same rule as the dedup's SQL (``dedup.classify_sql``): canonical decimals,
+    ``first <= last``, ``1 <= stride <= MAX_STRIDE`` and ``last - first`` a multiple of ``stride``.
     """
     if key is None:
         return None

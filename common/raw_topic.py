@@ -14,7 +14,7 @@ Changing anything here is a protocol version change.
 This is layout v1. The receiver now writes layout v2 (``common/raw_run.py``: one raw record per
 run); the dedup reads both, and ``common.raw_run.expand_run`` turns a run back into the v1
 records described here (pinned by ``tests/unit/test_raw_topic.py::
-test_the_sinks_runs_expand_to_the_v1_layout``). ``dedup.classify`` evaluates
+test_the_sinks_runs_expand_to_the_v1_layout``). ``dedup.classify_sql`` evaluates
 :func:`parse_raw_key` (canonical decimals, no regex) and :func:`restore` (``TIMESTAMP_PATTERN``)
 in SQL (pinned by ``tests/integration/test_dedup.py``'s malformed-record cases).
 """
@@ -24,8 +24,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Final, overload
 
 from common.wire.events import Heartbeat, Record, Withheld
+
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
 
 #: As confluent-kafka takes them (it also accepts str values; we only ever put bytes or None).
 Headers = list[tuple[str, str | bytes | None]]
@@ -54,6 +59,13 @@ CHAIN_INDEX, CHAIN_COUNT, CHAIN_SHARE = "chain_index", "chain_count", "chain_sha
 HEARTBEAT_CHAIN_FIELDS = (CHAIN_INDEX, CHAIN_COUNT, CHAIN_SHARE)
 #: Field of a withheld control record's JSON value: the range's last offset (the key has the first).
 WITHHELD_LAST = "last"
+#: Most share chains of one source (docs/sender.md "Chains"): a sender's ``chain = "I/N"`` has
+#: ``N <= MAX_CHAINS``, a run key's stride is at most this (``common.raw_run``), and the dedup
+#: keeps one high offset per chain and partition.
+MAX_CHAINS: Final = 64
+#: The placeholder of a topic-name template (the receiver's RAW_TOPIC, the dedup's CLEAN_TOPIC):
+#: replaced by the source topic's name.
+TOPIC_FIELD: Final = "{topic}"
 
 #: ``diode.timestamp``: the whole value is ASCII decimal (no sign but ``-``, no blanks, no
 #: newline) and fits a signed 64-bit integer. Unanchored: Java and Python anchor differently
@@ -62,6 +74,34 @@ TIMESTAMP_PATTERN = r"-?[0-9]{1,19}"
 _TIMESTAMP_RE = re.compile(TIMESTAMP_PATTERN.encode())
 _MAX_PARTITION = 2**31 - 1
 _MAX_OFFSET = 2**63 - 1
+
+
+# -- placement (the receiver writes by it, the dedup's direct layout relies on it) -------------
+
+
+@overload
+def raw_partition_of(partition: int, partitions: int) -> int: ...
+@overload
+def raw_partition_of(
+    partition: npt.NDArray[np.int64], partitions: int
+) -> npt.NDArray[np.int64]: ...
+def raw_partition_of(
+    partition: int | npt.NDArray[np.int64], partitions: int
+) -> int | npt.NDArray[np.int64]:
+    """The raw partition of source partition ``partition`` in a raw topic of ``partitions``.
+
+    Source partition p lands in raw partition p mod N, and only there: the receiver writes every
+    record and control record of a source partition by this rule, and the dedup's direct layout
+    keeps a source partition's detector in the state of that one raw partition (a record
+    elsewhere would start a second detector). Vectorised over a numpy array of partitions too.
+    """
+    return partition % partitions
+
+
+def fill_topic(template: str, source_topic: str) -> str:
+    """The topic that ``template`` (a name, or a template with ``{topic}``) names for
+    ``source_topic``: the receiver's raw topic, the dedup's clean topic."""
+    return template.replace(TOPIC_FIELD, source_topic)
 
 
 # -- writing (the receiver) ---------------------------------------------------------------------
@@ -148,7 +188,7 @@ def parse_raw_key(key: str | bytes | None) -> tuple[str, int, int] | None:
 
     Split on the last two ``:`` (a topic name cannot hold one); the partition and offset must
     be canonical decimals (no sign but a leading ``-`` on the offset, no leading zeros, no
-    blanks): the rule of ``dedup.classify``'s SQL, which prints the parsed numbers again and
+    blanks): the rule of ``dedup.classify_sql``'s SQL, which prints the parsed numbers again and
     compares. A v2 run key (``common.raw_run``) is not a v1 key.
     """
     if key is None:
@@ -178,7 +218,7 @@ def restore(headers: Sequence[Header]) -> tuple[bytes | None, int, list[Header]]
 
     None means malformed: fewer than four headers, trailing names not exactly
     ``PROVENANCE_HEADERS`` in order, or a timestamp that is not a decimal number within the signed
-    64-bit range (the same rule as ``dedup.job.classify``'s SQL).
+    64-bit range (the same rule as ``dedup.classify_sql``'s SQL).
     """
     # The hot path of the dedup's writer (once per clean record): no loops, no allocations
     # beyond the result.

@@ -75,14 +75,6 @@ def field_docs(cls: type[Any]) -> dict[str, str]:
     return docs
 
 
-def is_secret(cls: type[Any], name: str) -> bool:
-    """A field is secret when declared with ``repr=False`` (key material, passwords)."""
-    for f in dataclasses.fields(cls):
-        if f.name == name:
-            return not f.repr
-    return False
-
-
 def _hints(cls: type[Any]) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 

@@ -177,7 +177,7 @@ def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
         if count < 1:
             print(f"{prog} reset: raw topic {direct!r} does not exist", file=sys.stderr)
             return EXIT_FAILED
-        into, partition = direct, args.partition % count
+        into, partition = direct, raw_topic.raw_partition_of(args.partition, count)
     producer = kafka.producer(conf)
     user = env.get("USER") or env.get("LOGNAME") or "unknown"
     key, value = raw_topic.reset_record(args.topic, args.partition, user, int(time.time() * 1000))

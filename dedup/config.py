@@ -12,7 +12,7 @@ Three pass-through tables carry settings this module does not interpret:
   name is lower-cased, so ``SPARK_CONF_SPARK_EXECUTOR_MEMORY=4g`` sets ``spark.executor.memory``;
   write mixed case to keep it: ``SPARK_CONF_spark_executor_memoryOverhead=1g``).
 - ``KAFKA_CONF_<NAME>`` -> librdkafka property for the dedup's own Kafka clients (the transactional
-  writer, the raw re-read consumer, the fence reader, the admin client and ``kafka-diode gaps``),
+  writers, the marker and state readers, the admin client and ``kafka-diode gaps``),
   e.g. ``KAFKA_CONF_SECURITY_PROTOCOL=SASL_SSL``.
 - ``KAFKA_SOURCE_<NAME>`` -> option of Spark's Kafka source, e.g.
   ``KAFKA_SOURCE_KAFKA_SECURITY_PROTOCOL=SASL_SSL`` sets ``kafka.security.protocol``; the
@@ -36,11 +36,11 @@ from typing import Any
 
 from common import settings
 from common.errors import ConfigError
+from common.raw_topic import TOPIC_FIELD, fill_topic
 from common.topic_limits import RECORD_OVERHEAD, record_limit
 
 #: Kafka topic names: at most 249 characters of ``[a-zA-Z0-9._-]`` (Kafka's own rule).
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
-_TEMPLATE_FIELDS = ("{topic}",)
 PASS_THROUGH = {
     "spark_conf": "SPARK_CONF_",
     "kafka_conf": "KAFKA_CONF_",
@@ -165,7 +165,7 @@ class DedupConfig:
                     f"{topic!r} is not a valid Kafka topic name",
                     "use 1-249 characters of letters, digits, '.', '_' and '-'",
                 )
-        probe = self.clean_topic.replace("{topic}", "x")
+        probe = fill_topic(self.clean_topic, "x")
         if "{" in probe or "}" in probe or not _TOPIC_RE.match(probe):
             raise ConfigError(
                 "CLEAN_TOPIC",
@@ -180,7 +180,7 @@ class DedupConfig:
                 "give each its own name",
             )
         self._check_layout()
-        if self.clean_topic == "{topic}" and self.control_topic in self.raw_topics:
+        if self.clean_topic == TOPIC_FIELD and self.control_topic in self.raw_topics:
             raise ConfigError("CONTROL_TOPIC", "is also a raw topic", "give it its own name")
         if not self.bootstrap_servers.strip():
             raise ConfigError("BOOTSTRAP_SERVERS", "is empty", "set host:port of a Kafka broker")
@@ -207,7 +207,7 @@ class DedupConfig:
         needed = record_limit(self.max_record_size)
         for prop, least in (
             ("message.max.bytes", needed),  # the writer's producer
-            ("receive.message.max.bytes", needed + 512),  # the re-read consumer's responses
+            ("receive.message.max.bytes", needed + 512),  # the dedup's consumers' responses
         ):
             value = self.kafka_conf.get(prop, "")
             if value.isdigit() and int(value) < least:
@@ -290,7 +290,7 @@ class DedupConfig:
 
     def clean_topic_for(self, source_topic: str) -> str:
         """The clean topic of records from ``source_topic``."""
-        return self.clean_topic.replace("{topic}", source_topic)
+        return fill_topic(self.clean_topic, source_topic)
 
     @property
     def writer_transactional_id(self) -> str:

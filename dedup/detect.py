@@ -2,16 +2,16 @@
 
 Runs in the **executors**, inside ``applyInPandasWithState`` (``dedup/job.py`` wires it): Spark
 calls :func:`detect_group` once per group with data in a micro-batch, and once per
-processing-time timeout for a group without data. A group is a **bucket** (``dedup/buckets.py``:
-the source partitions of one state partition, their detectors in one state value; the call splits
-its rows by source partition) or, in a checkpoint created before the buckets, one source (topic,
-partition) (``dedup/state_layout.py``). Nothing here imports pyspark at run time (``GroupState``
-is only a type), so the unit tests call it with pandas frames and a stand-in.
+processing-time timeout for a group without data. A group is a **bucket** (the source
+partitions of one state partition, their detectors in one ``dedup/detector_set.py`` state value;
+the call splits its rows by source partition) or, in a checkpoint created before the buckets,
+one source (topic, partition) (``dedup/state_layout.py``). Nothing here imports pyspark at run
+time (``GroupState`` is only a type), so the unit tests call it with pandas frames and a stand-in.
 
 Theory of operation, per source partition (:func:`detect_partition`):
 
 1. **Resets first**, before the saved state is read (a reset discards it, readable or not).
-2. **Data** (``dedup/classify.py`` kinds): v2 runs are checked against their key
+2. **Data** (``dedup/classify_sql.py`` kinds): v2 runs are checked against their key
    (``common.raw_run.check_run``: a run that disagrees with its key is malformed, counted and
    never forwarded, so its offsets stay gaps); v1 records (raw layout v1, written by receivers
    before the upgrade) are runs of one. Sorted by first offset (stable: the first copy in input
@@ -44,14 +44,31 @@ from common import gap_record
 from common.errors import LocalProtocolError, RemoteProtocolError
 from common.raw_run import RunBuilder, check_run
 from common.raw_topic import PROVENANCE_HEADERS
-from dedup import buckets, gaps
+from dedup import detector_set
+from dedup.detector import (
+    DetectorConfig,
+    GapReport,
+    GapState,
+    GapStateError,
+    PartitionDetector,
+    WindowSizeMismatchError,
+)
 from dedup.rows import (
     COLUMN_NAMES,
+    KIND_DATA,
     KIND_GAP,
+    KIND_HEARTBEAT,
+    KIND_MALFORMED,
+    KIND_RESET,
     KIND_RUN,
+    KIND_RUN_IN,
     KIND_STAT,
+    KIND_WITHHELD,
     OUTPUT_SCHEMA,
     STAT_COLUMNS,
+    UNPARSED_PARTITION,
+    UNPARSED_TOPIC,
+    InputRows,
     pack_selection,
 )
 from dedup.worker_heap import FreezeOnLoad
@@ -60,13 +77,6 @@ if TYPE_CHECKING:
     from pyspark.sql.streaming.state import GroupState
 
 log = logging.getLogger(__name__)
-
-#: Input kinds computed in SQL (``dedup/classify.py``; a tinyint column, cheap across Arrow).
-KIND_DATA, KIND_HEARTBEAT, KIND_RESET, KIND_MALFORMED, KIND_WITHHELD, KIND_RUN_IN = 0, 1, 2, 3, 4, 5
-#: The direct layout's tick in a raw partition (``dedup/direct.py``): makes its task run, no input.
-KIND_TICK = 6
-#: Group key of raw records whose key does not parse (counted as malformed).
-UNPARSED_TOPIC, UNPARSED_PARTITION = "", -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,42 +137,6 @@ class Output:
         return pa.RecordBatch.from_pydict(columns, schema=OUTPUT_SCHEMA)
 
 
-class Rows:
-    """Some rows of one call's input, as numpy arrays per column (taken from the frame once).
-
-    A bucket's call splits its rows by source partition with ``take``: indexing arrays costs
-    microseconds where slicing a pandas frame per partition cost ~0.1 ms.
-    """
-
-    def __init__(self, columns: dict[str, np.ndarray[Any, Any]]) -> None:
-        self._columns = columns
-
-    @classmethod
-    def from_frame(cls, frame: pd.DataFrame) -> Rows:
-        return cls({str(name): frame[name].to_numpy() for name in frame.columns})
-
-    def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
-        return self._columns[name]
-
-    def __contains__(self, name: object) -> bool:
-        return name in self._columns
-
-    def __len__(self) -> int:
-        return len(self._columns["kind"])
-
-    def take(self, index: np.ndarray[Any, Any]) -> Rows:
-        return Rows({name: column[index] for name, column in self._columns.items()})
-
-    def by_partition(self) -> dict[tuple[str, int], np.ndarray[Any, Any]]:
-        """Row indexes per source ``(topic, partition)``, in first-appearance order."""
-        groups: dict[tuple[str, int], list[int]] = {}
-        topics = self._columns["src_topic"].tolist()
-        partitions = self._columns["src_partition"].tolist()
-        for i, key in enumerate(zip(topics, partitions, strict=True)):
-            groups.setdefault((str(key[0]), int(key[1])), []).append(i)
-        return {key: np.asarray(rows, dtype=np.intp) for key, rows in groups.items()}
-
-
 def detect_group(
     params: DetectParams,
     key: tuple[Any, ...],
@@ -171,8 +145,8 @@ def detect_group(
 ) -> Iterator[pd.DataFrame]:
     """Run the detector over one group's rows of one micro-batch (or its timeout).
 
-    A group is a bucket (key ``("", j)``, ``j >= 0``: checkpoints created by this version,
-    ``dedup/buckets.py``) or one source partition (checkpoints created before it).
+    A group is a bucket (key ``("", j)``, ``j >= 0``: bucketed checkpoints,
+    ``dedup/detector_set.py``) or one source partition (checkpoints created before the buckets).
     """
     g_topic, g_partition = str(key[0]), int(key[1])
     now = int(state.getCurrentProcessingTimeMs())
@@ -180,9 +154,9 @@ def detect_group(
     batch = (
         (parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True)) if parts else None
     )
-    rows = None if batch is None else Rows.from_frame(batch)
+    rows = None if batch is None else InputRows.from_frame(batch)
     out = Output()
-    if g_topic == buckets.BUCKET_TOPIC and g_partition >= 0:
+    if g_topic == detector_set.BUCKET_TOPIC and g_partition >= 0:
         _detect_bucket(params, rows, state, now, out)
     elif g_topic == UNPARSED_TOPIC and g_partition == UNPARSED_PARTITION:
         _count_unparsed(0 if rows is None else len(rows), out)
@@ -209,13 +183,13 @@ def _count_unparsed(count: int, out: Output) -> None:
 
 
 def _detect_bucket(
-    params: DetectParams, rows: Rows | None, state: GroupState, now: int, out: Output
+    params: DetectParams, rows: InputRows | None, state: GroupState, now: int, out: Output
 ) -> None:
     """One bucket's call: each source partition with rows, then each whose scan is due."""
     if state.exists:
-        bucket = buckets.BucketState.from_bytes(bytes(state.get[0]))
+        bucket = detector_set.DetectorSet.from_bytes(bytes(state.get[0]))
     else:
-        bucket = buckets.BucketState()
+        bucket = detector_set.DetectorSet()
     detect_bucket_rows(params, rows, bucket, now, out)
     state.update((bucket.to_bytes(), -1))
     state.setTimeoutDuration(bucket.next_due_in(now, params.scan_interval_ms))
@@ -223,11 +197,11 @@ def _detect_bucket(
 
 def detect_bucket_rows(  # noqa: PLR0917  one call per bucket and batch
     params: DetectParams,
-    rows: Rows | None,
-    bucket: buckets.BucketState,
+    rows: InputRows | None,
+    bucket: detector_set.DetectorSet,
     now: int,
     out: Output,
-    total_bytes: int = buckets.BUCKET_STATE_BYTES,
+    total_bytes: int = detector_set.BUCKET_STATE_BYTES,
 ) -> None:
     """The detectors of ``bucket`` over ``rows`` (any source partitions), in place: each source
     partition with rows, then each whose scan is due (the stateful step's bucket call)."""
@@ -253,9 +227,9 @@ class LiveBucket:
     def __init__(
         self,
         params: DetectParams,
-        bucket: buckets.BucketState,
+        bucket: detector_set.DetectorSet,
         now: int,
-        total_bytes: int = buckets.BUCKET_STATE_BYTES,
+        total_bytes: int = detector_set.BUCKET_STATE_BYTES,
     ) -> None:
         self.params = params
         self.bucket = bucket
@@ -264,20 +238,20 @@ class LiveBucket:
         #: one ``stat`` row by :meth:`finish`, beside the partitions' rows
         self.unparsed = 0
         self.total_bytes = total_bytes
-        self._live: dict[buckets.Key, _LivePartition] = {}
+        self._live: dict[detector_set.Key, _LivePartition] = {}
 
-    def _known(self, key: buckets.Key) -> bool:
+    def _known(self, key: detector_set.Key) -> bool:
         return key in self._live or self.bucket.get(key) is not None
 
-    def observe(self, rows: Rows | None, out: Output) -> None:
+    def observe(self, rows: InputRows | None, out: Output) -> None:
         """One call's rows (any source partitions, or None: the due scans only)."""
         params, now = self.params, self.now
-        seen: set[buckets.Key] = set()
+        seen: set[detector_set.Key] = set()
         groups = {} if rows is None else rows.by_partition()
         joining = sum(1 for key in groups if not self._known(key) and key[1] >= 0)
         held = len(self.bucket) + sum(1 for key in self._live if self.bucket.get(key) is None)
         share = self.total_bytes // max(1, held + joining)
-        budget = min(params.max_state_bytes, max(buckets.MIN_STATE_BYTES, share))
+        budget = min(params.max_state_bytes, max(detector_set.MIN_STATE_BYTES, share))
         for key in sorted(groups):
             index = groups[key]
             if key == (UNPARSED_TOPIC, UNPARSED_PARTITION):
@@ -299,7 +273,9 @@ class LiveBucket:
         for key in sorted(due):
             self._partition(key, None, budget).call(params, now, out, budget)
 
-    def _partition(self, key: buckets.Key, rows: Rows | None, budget: int) -> _LivePartition:
+    def _partition(
+        self, key: detector_set.Key, rows: InputRows | None, budget: int
+    ) -> _LivePartition:
         part = self._live.get(key)
         if part is None:
             part = _LivePartition.start(self.params, key, rows, self.bucket.get(key), self.now,
@@ -309,7 +285,7 @@ class LiveBucket:
             part.next_rows(self.params, rows, self.now, budget)
         return part
 
-    def finish(self, out: Output) -> buckets.BucketState:
+    def finish(self, out: Output) -> detector_set.DetectorSet:
         """Save the touched detectors into the bucket and add their ``stat`` rows; the bucket."""
         for key in sorted(self._live):
             part = self._live[key]
@@ -329,7 +305,7 @@ def detect_partition(  # noqa: PLR0917  one call per source partition and batch
     params: DetectParams,
     topic: str,
     partition: int,
-    rows: Rows | None,
+    rows: InputRows | None,
     saved: tuple[bytes, int] | None,
     now: int,
     out: Output,
@@ -339,7 +315,7 @@ def detect_partition(  # noqa: PLR0917  one call per source partition and batch
     returns its detector's bytes and last scan time to save.
 
     ``max_state_bytes``: the partition's share of its bucket's budget, when below
-    ``MAX_STATE_BYTES`` (``buckets.BucketState.budget``).
+    ``MAX_STATE_BYTES`` (``detector_set.DetectorSet.budget``).
     """
     budget = params.max_state_bytes if max_state_bytes is None else max_state_bytes
     part = _LivePartition.start(params, (topic, partition), rows, saved, now, budget)
@@ -349,8 +325,8 @@ def detect_partition(  # noqa: PLR0917  one call per source partition and batch
     return blob, part.last_scan
 
 
-def _detector_config(params: DetectParams, budget: int) -> gaps.DetectorConfig:
-    return gaps.DetectorConfig(
+def _detector_config(params: DetectParams, budget: int) -> DetectorConfig:
+    return DetectorConfig(
         window_size=params.window_size,
         max_windows=params.max_windows,
         max_expired_gaps=params.max_expired_gaps,
@@ -359,36 +335,36 @@ def _detector_config(params: DetectParams, budget: int) -> gaps.DetectorConfig:
 
 
 def _reset(
-    key: buckets.Key,
-    rows: Rows | None,
-    config: gaps.DetectorConfig,
+    key: detector_set.Key,
+    rows: InputRows | None,
+    config: DetectorConfig,
     now: int,
     stats: dict[str, int],
-) -> gaps.PartitionDetector | None:
+) -> PartitionDetector | None:
     """A new detector if ``rows`` hold a reset of the partition (counted in ``stats``)."""
     resets = 0 if rows is None else int(np.count_nonzero(rows["kind"] == KIND_RESET))
     if not resets:
         return None
     stats["resets"] += resets
     log.warning("reset of %s:%d requested: state cleared", *key)
-    return gaps.PartitionDetector(key[0], key[1], config, reset_at_ms=now)
+    return PartitionDetector(key[0], key[1], config, reset_at_ms=now)
 
 
 @dataclass(slots=True)
 class _LivePartition:
     """One source partition's parsed detector, the rows of its next call and its counters."""
 
-    detector: gaps.PartitionDetector
+    detector: PartitionDetector
     last_scan: int
-    rows: Rows | None
+    rows: InputRows | None
     stats: dict[str, int]
 
     @classmethod
     def start(  # noqa: PLR0917  one call per source partition and task
         cls,
         params: DetectParams,
-        key: buckets.Key,
-        rows: Rows | None,
+        key: detector_set.Key,
+        rows: InputRows | None,
         saved: tuple[bytes, int] | None,
         now: int,
         budget: int,
@@ -404,9 +380,11 @@ class _LivePartition:
         if saved is not None:
             blob, last_scan = saved
             return cls(load_detector(bytes(blob), config, *key), last_scan, rows, stats)
-        return cls(gaps.PartitionDetector(key[0], key[1], config), now, rows, stats)
+        return cls(PartitionDetector(key[0], key[1], config), now, rows, stats)
 
-    def next_rows(self, params: DetectParams, rows: Rows | None, now: int, budget: int) -> None:
+    def next_rows(
+        self, params: DetectParams, rows: InputRows | None, now: int, budget: int
+    ) -> None:
         """A later call of the same task: a reset in ``rows`` applies before them."""
         self.rows = rows
         detector = self.detector
@@ -443,7 +421,7 @@ class _LivePartition:
             if len(beats):
                 apply_heartbeats(detector, rows.take(beats), now)
 
-        reports: list[gaps.GapReport] = []
+        reports: list[GapReport] = []
         if now - self.last_scan >= params.scan_interval_ms:
             reports.extend(detector.scan(now))
             self.last_scan = now
@@ -452,7 +430,8 @@ class _LivePartition:
             why = ""
             if budget < params.max_state_bytes:
                 why = (
-                    f" (here: this partition's share of its bucket's {buckets.BUCKET_STATE_BYTES} "
+                    " (here: this partition's share of its bucket's "
+                    f"{detector_set.BUCKET_STATE_BYTES} "
                     "bytes, MAX_STATE_BYTES being higher; more buckets need a new checkpoint with "
                     'a higher SHUFFLE_PARTITIONS, docs/dedup.md "State layout")'
                 )
@@ -467,7 +446,7 @@ class _LivePartition:
             )
         stats["below_window"] += detector.below_window - below_before
         stats["budget_evictions"] += detector.budget_evictions - budget_before
-        stats["expired_gaps"] += sum(1 for r in reports if r.state is gaps.GapState.EXPIRED)
+        stats["expired_gaps"] += sum(1 for r in reports if r.state is GapState.EXPIRED)
 
     def add_stat(self, out: Output, state_bytes: int) -> None:
         """The partition's ``stat`` row: its calls' counters, its detector's gauges now."""
@@ -479,8 +458,8 @@ class _LivePartition:
 
 
 def _observe_data(  # noqa: PLR0917  one call per source partition and batch
-    detector: gaps.PartitionDetector,
-    batch: Rows,
+    detector: PartitionDetector,
+    batch: InputRows,
     rows: np.ndarray[Any, Any],
     out: Output,
     now: int,
@@ -552,7 +531,7 @@ def _index_ranges(verdicts: list[bool]) -> list[tuple[int, int]]:
     return out
 
 
-def _v1_as_run(batch: Rows, i: int, topic: str, partition: int, offset: int) -> bytes:
+def _v1_as_run(batch: InputRows, i: int, topic: str, partition: int, offset: int) -> bytes:
     """A first-seen v1 raw record (docs/topics.md "Layout v1") re-encoded as a run of one.
 
     ``classify`` checked what this relies on: the four provenance headers last, in order, and a
@@ -581,8 +560,8 @@ def _v1_as_run(batch: Rows, i: int, topic: str, partition: int, offset: int) -> 
 
 
 def load_detector(
-    blob: bytes, config: gaps.DetectorConfig, topic: str, partition: int
-) -> gaps.PartitionDetector:
+    blob: bytes, config: DetectorConfig, topic: str, partition: int
+) -> PartitionDetector:
     """The saved detector of ``topic:partition``; a WINDOW_SIZE change says how to recover.
 
     Raises:
@@ -590,10 +569,10 @@ def load_detector(
             message names the exact recovery steps, docs/dedup.md "Changing WINDOW_SIZE").
     """
     try:
-        return gaps.PartitionDetector.from_bytes(blob, config)
-    except gaps.WindowSizeMismatchError as exc:
+        return PartitionDetector.from_bytes(blob, config)
+    except WindowSizeMismatchError as exc:
         old, new = exc.saved, exc.configured
-        raise gaps.GapStateError(
+        raise GapStateError(
             f"the dedup state of {topic}:{partition} was saved with WINDOW_SIZE={old}, but "
             f"WINDOW_SIZE={new} is set. To keep the state: set WINDOW_SIZE={old} again and "
             f"restart. To switch to {new} (each partition forgets which records it delivered "
@@ -605,7 +584,7 @@ def load_detector(
         ) from exc
 
 
-def apply_heartbeats(detector: gaps.PartitionDetector, beats: Rows, now: int) -> None:
+def apply_heartbeats(detector: PartitionDetector, beats: InputRows, now: int) -> None:
     """Apply one batch's heartbeat rows: the highest offset (per share chain, or of all the
     unchained ones), and each valid low offset."""
     highs = beats["src_offset"]

@@ -3,7 +3,7 @@
 The direct layout (``dedup/direct.py``) keeps no Spark state: the task of raw partition ``p``
 writes, in the same Kafka transaction as its clean and gap records, one record to partition ``p``
 of ``STATE_TOPIC`` (compacted) that holds the detectors of every source partition it has seen
-(``dedup/buckets.py``'s container) and the micro-batch it completes. The next attempt of that
+(``dedup/detector_set.py``'s container) and the micro-batch it completes. The next attempt of that
 raw partition, after fencing every older one, reads the last committed record back: it is both
 the marker of the effectively-once argument and the state (docs/dedup.md "The direct layout").
 
@@ -24,8 +24,8 @@ import struct
 from dataclasses import dataclass
 from typing import Final
 
-from dedup.buckets import BucketState
-from dedup.gaps import GapStateError
+from common.errors import GapStateError
+from dedup.detector_set import DetectorSet
 
 MAGIC: Final = b"KDDS1"
 _LENGTH: Final = struct.Struct(">I")
@@ -51,7 +51,7 @@ class StateRecord:
     batch_id: int
     raw_topic: str
     raw_partition: int
-    detectors: BucketState
+    detectors: DetectorSet
     records: int = 0
     gaps: int = 0
     committed_at_ms: int = 0
@@ -105,7 +105,7 @@ class StateRecord:
             batch_id=numbers["batch_id"],
             raw_topic=fields["raw_topic"],
             raw_partition=numbers["raw_partition"],
-            detectors=BucketState.from_bytes(value[start + length :]),
+            detectors=DetectorSet.from_bytes(value[start + length :]),
             records=numbers["records"],
             gaps=numbers["gaps"],
             committed_at_ms=numbers["committed_at_ms"],

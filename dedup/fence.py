@@ -87,7 +87,7 @@ def writer_conf(
             "linger.ms": conf.get("linger.ms", _write_linger_ms(conf)),
             "batch.num.messages": conf.get("batch.num.messages", 10_000),
             "queue.buffering.max.messages": conf.get("queue.buffering.max.messages", 500_000),
-            # bounds the payload in flight in a task (records stream in from the re-read)
+            # bounds the payload in flight in a task (records stream in from the task's rows)
             "queue.buffering.max.kbytes": conf.get("queue.buffering.max.kbytes", 131_072),
             # A sparse client's first request after the bootstrap fails (librdkafka drops the
             # bootstrap connection, with the request in it, once metadata names the brokers)

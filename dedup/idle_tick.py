@@ -13,7 +13,7 @@ batch, the timeouts fire, the classifier drops the tick. A dead link's gaps are 
 **Settled: a tick per ``SETTLED_FACTOR`` intervals.** A tick's batch only runs gap scans, and a
 scan with no input since the last one changes nothing once no partition holds a *pending* gap
 (seen by one scan, reported by the next: ``gaps.PartitionDetector.scan``). So after a batch with
-no input and no output whose scanned partitions hold no pending gap (``dedup/writer.py``
+no input and no output whose scanned partitions hold no pending gap (``dedup/batch_driver.py``
 ``settled``; every partition is due at a tick's batch, which comes an interval after the last
 batch), further ticks would change nothing until input arrives, and input makes a batch by
 itself. The ticker then ticks ``SETTLED_FACTOR`` times less often rather than never: a safety

@@ -5,13 +5,13 @@ Where each step runs (docs/dedup.md "How it works" has the long form):
 1. **Read** (executors): Spark's Kafka source over the raw topic(s) and the control topic
    (``includeHeaders``; ``startingOffsets=earliest`` for a new checkpoint; at most
    ``MAX_OFFSETS_PER_TRIGGER`` raw records per micro-batch). Each raw payload is read here, once.
-2. **Classify** (executors, JVM): ``dedup/classify.py``, both raw layouts, no regex on keys.
+2. **Classify** (executors, JVM): ``dedup/classify_sql.py``, both raw layouts, no regex on keys.
 3. **Detect** (executors, Python): ``dedup/detect.py`` in ``applyInPandasWithState`` per
    bucket (8 per state partition, each holding many source partitions' detectors:
-   ``dedup/buckets.py``), or per source (topic, partition) in a checkpoint created before the
+   ``dedup/detector_set.py``), or per source (topic, partition) in a checkpoint created before the
    buckets (``dedup/state_layout.py``), state in the RocksDB state store; first-seen runs leave
    with their payload (``dedup/rows.py``).
-4. **Write** (executors, same stage, no shuffle): ``dedup/writer.py`` maps the stateful step's
+4. **Write** (executors, same stage, no shuffle): ``dedup/batch_driver.py`` maps the stateful step's
    output with one write task per state partition, each committing one Kafka transaction
    (``dedup/transaction.py``); the driver only plans batches, starts the tasks and folds their
    counters into the metrics.
@@ -38,19 +38,19 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from common.errors import GapStateError
 from dedup import spark_compat
-from dedup.classify import classify
+from dedup.classify_sql import classify
 from dedup.config import DedupConfig
 from dedup.detect import DetectParams, detect_group
 from dedup.direct_state import STATE_RECORD_LIMIT
-from dedup.gaps import GapStateError
 from dedup.rows import OUTPUT_DDL
 from dedup.state_layout import DIRECT, LAYOUT_FILE, StateLayout, decide
 from dedup.writer_settings import KAFKA_TIMEOUT_S
 from runtime import kafka
 
 if TYPE_CHECKING:
-    from dedup.writer import TransactionalBatchWriter
+    from dedup.batch_driver import TransactionalBatchWriter
 
 log = logging.getLogger(__name__)
 spark_compat.apply()

@@ -1,7 +1,7 @@
 """Prometheus series of the dedup (``kafka_diode_dedup_*``); updated on the driver only.
 
-The write tasks hand their counters back as rows (``dedup/rows.py`` ``stat``, ``dedup/writer.py``
-``task``); the driver folds them in here.
+The write tasks hand their counters back as rows (``dedup/rows.py`` ``stat``,
+``dedup/task_result.py`` ``task``); the driver folds them in here.
 """
 
 from __future__ import annotations

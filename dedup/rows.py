@@ -1,8 +1,15 @@
-"""The rows the dedup's stateful step hands its write tasks: the one contract between them.
+"""The dedup's row kinds: the detector's input rows and the rows it hands the write tasks.
+
+Input (``InputRows``, a tinyint ``kind`` column): the raw records as ``dedup/classify_sql.py``
+(Spark SQL, the stateful layout) or ``dedup/classify_python.py`` (Python, the direct layout)
+classify them, with the columns ``kind``, ``src_topic``, ``src_partition``, ``src_offset``,
+``src_last``, ``stride``, ``payload``, ``h_keys``, ``h_values``, ``hb_low``, ``hb_started``
+and ``hb_chain``. Output (below): the rows the stateful step hands its write tasks, the one
+contract between them.
 
 ``dedup/detect.py`` (the stateful step, in the executors) emits them; ``dedup/transaction.py``
-(the write tasks, in the executors, same stage) and ``dedup/writer.py`` (the driver's accounting)
-read them. Nothing else defines these names.
+(the write tasks, in the executors, same stage) and ``dedup/batch_driver.py`` (the driver's
+accounting) read them. Nothing else defines these names.
 
 Row kinds (column ``kind``):
 
@@ -20,9 +27,59 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
+
+# -- input: the detector's rows ------------------------------------------------------------------
+
+#: Input kinds computed by the classifiers (a tinyint column, cheap across Arrow).
+KIND_DATA, KIND_HEARTBEAT, KIND_RESET, KIND_MALFORMED, KIND_WITHHELD, KIND_RUN_IN = 0, 1, 2, 3, 4, 5
+#: The direct layout's tick in a raw partition (``dedup/direct.py``): makes its task run, no input.
+KIND_TICK = 6
+#: Group key of raw records whose key does not parse (counted as malformed).
+UNPARSED_TOPIC, UNPARSED_PARTITION = "", -1
+
+
+class InputRows:
+    """Some input rows of one detector call, as numpy arrays per column (taken from the frame once).
+
+    A bucket's call splits its rows by source partition with ``take``: indexing arrays costs
+    microseconds where slicing a pandas frame per partition cost ~0.1 ms.
+    """
+
+    def __init__(self, columns: dict[str, np.ndarray[Any, Any]]) -> None:
+        self._columns = columns
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> InputRows:
+        return cls({str(name): frame[name].to_numpy() for name in frame.columns})
+
+    def __getitem__(self, name: str) -> np.ndarray[Any, Any]:
+        return self._columns[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._columns
+
+    def __len__(self) -> int:
+        return len(self._columns["kind"])
+
+    def take(self, index: np.ndarray[Any, Any]) -> InputRows:
+        return InputRows({name: column[index] for name, column in self._columns.items()})
+
+    def by_partition(self) -> dict[tuple[str, int], np.ndarray[Any, Any]]:
+        """Row indexes per source ``(topic, partition)``, in first-appearance order."""
+        groups: dict[tuple[str, int], list[int]] = {}
+        topics = self._columns["src_topic"].tolist()
+        partitions = self._columns["src_partition"].tolist()
+        for i, key in enumerate(zip(topics, partitions, strict=True)):
+            groups.setdefault((str(key[0]), int(key[1])), []).append(i)
+        return {key: np.asarray(rows, dtype=np.intp) for key, rows in groups.items()}
+
+
+# -- output: the rows the detector hands the write tasks ------------------------------------------
 
 KIND_RUN: Final = "run"
 KIND_GAP: Final = "gap"

@@ -40,8 +40,8 @@ def run(
 ) -> int:
     """Start Spark and the query, and block until it stops; returns the exit code."""
     from dedup import job  # noqa: PLC0415  imports pyspark
+    from dedup.batch_driver import TransactionalBatchWriter  # noqa: PLC0415
     from dedup.metrics import DedupMetrics  # noqa: PLC0415
-    from dedup.writer import TransactionalBatchWriter  # noqa: PLC0415
     from dedup.writer_settings import WriterSettings  # noqa: PLC0415
     from runtime.maven import spark_connector_jars  # noqa: PLC0415
     from runtime.metrics_http import serve  # noqa: PLC0415

@@ -1,13 +1,16 @@
 """Which state layout a checkpoint uses: decided once, when the checkpoint is created.
 
-- **buckets** (checkpoints created by this version): the stateful step groups by bucket,
-  ``BUCKETS_PER_PARTITION`` per state partition, each holding the detectors of many source
-  partitions (``dedup/buckets.py``).
-- **partitions** (checkpoints created before it): one group per source (topic, partition), the
-  detector's bytes as the state value.
-- **direct** (``STATE_LAYOUT=direct`` for a new checkpoint): no stateful step; one task per raw
-  partition keeps its detectors in the state topic (``dedup/direct.py``). The raw topic's
-  partition count is recorded: the receiver places a source partition by it, so it may not change.
+- **buckets** (a new checkpoint that reads several raw topics, share chains among them, or
+  ``STATE_LAYOUT=buckets``): the stateful step groups by bucket, ``BUCKETS_PER_PARTITION`` per
+  state partition, each holding the detectors of many source partitions
+  (``dedup/detector_set.py``).
+- **partitions** (checkpoints created before the buckets): one group per source (topic,
+  partition), the detector's bytes as the state value.
+- **direct** (a new checkpoint that reads one raw topic, one task per raw partition: ``auto``'s
+  choice, ``DedupConfig.new_state_layout``; or ``STATE_LAYOUT=direct``): no stateful step; one
+  task per raw partition keeps its detectors in the state topic (``dedup/direct.py``). The raw
+  topic's partition count is recorded: the receiver places a source partition by it
+  (``common.raw_topic.raw_partition_of``), so it may not change.
 
 Spark keys a checkpoint's state by the grouping key and cannot move state between keys, so a
 checkpoint keeps the layout it was created with. The choice is recorded in a small JSON file in
@@ -26,7 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Final
 
-from dedup.gaps import GapStateError
+from common.errors import GapStateError
 
 LAYOUT_FILE: Final = "kafka-diode-state-layout.json"
 BUCKETS: Final = "buckets"

@@ -1,8 +1,8 @@
 """What a write task hands back to the driver: one ``task`` row and its ``stat`` rows.
 
-The contract between the write tasks (executors: ``dedup/writer.py``'s ``write_partition_task``
-and the direct layout's ``dedup/direct.py``) and the driver's accounting
-(``TransactionalBatchWriter.account``). Runs on both sides; no pyspark import at module level.
+The contract between the write tasks (executors: ``dedup/batch_driver.py``'s ``write_task``) and the
+driver's accounting (``TransactionalBatchWriter.account``). Runs on both sides; no pyspark import at
+module level.
 """
 
 from __future__ import annotations

@@ -20,20 +20,20 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import Producer
 
 from common.errors import RemoteProtocolError, ServiceError
+from common.raw_topic import fill_topic
 from common.topic_limits import TimestampWindow
 from common.wire.batch_decode import decode_record_groups
 from common.wire.events import RecordGroup
 from dedup.clean_topics import checked_clean_topic, checked_clean_topics
-from dedup.faults import fault, fault_during
+from dedup.commit import commit_batch, produce_waiting
 from dedup.fence import (
     MARKER_PARTITION,
     init_producer,
     partition_transactional_id,
     read_last_marker,
-    wait_for_room,
 )
 from dedup.rows import KIND_GAP, KIND_RUN, KIND_STAT, unpack_selection
 from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult, WriterSettings
@@ -116,95 +116,19 @@ class PartitionWriter:
         before_commit: Callable[[], None] | None = None,
         on_stats: Callable[[pa.RecordBatch], None] | None = None,
     ) -> BatchResult:
-        """Commit this partition's rows of batch ``batch_id`` in one transaction, or skip it.
+        """Commit this partition's rows of batch ``batch_id`` in one transaction, or skip it
+        (``dedup.commit.commit_batch``, which states the argument).
 
         The rows stream in: each Arrow batch is produced and dropped before the next is read,
         so a task holds one batch of payload at a time (``spark.sql.execution.arrow.*`` bound
-        it), not its partition's whole share of the micro-batch. The fence runs at the first
-        row to publish; a partition with none opens no transaction and writes no marker (its
-        replay is empty too). ``on_stats`` gets each batch's ``stat`` rows, written or not.
-        ``before_commit`` runs after everything was produced, before the commit (tests: a
-        zombie or a second attempt in between).
+        it), not its partition's whole share of the micro-batch. ``on_stats`` gets each batch's
+        ``stat`` rows, written or not.
         """
-        result = BatchResult(batch_id)
-        producer: Producer | None = None
-        skipped = False
-        try:
-            for batch in batches:
-                kinds = batch.column("kind")
-                if on_stats is not None:
-                    on_stats(batch.filter(pc.equal(kinds, KIND_STAT)))
-                runs = batch.filter(pc.equal(kinds, KIND_RUN))
-                gap_rows = batch.filter(pc.equal(kinds, KIND_GAP))
-                if skipped or (runs.num_rows == 0 and gap_rows.num_rows == 0):
-                    continue
-                if producer is None:
-                    if self._producer is None:
-                        self._producer = self._start()
-                    if batch_id <= max(self._last_committed, self.floor):
-                        log.info(
-                            "batch %d partition %d already committed (marker %d): skipped",
-                            batch_id,
-                            self.partition,
-                            max(self._last_committed, self.floor),
-                        )
-                        skipped = True
-                        continue
-                    producer = self._producer
-                    producer.begin_transaction()
-                result.records += record_count(runs)
-                result.gaps += gap_rows.num_rows
-                with gc_paused():
-                    self.produce_records(producer, runs, result)
-                self.produce_gaps(producer, gap_rows)
-            if skipped:
-                return BatchResult(batch_id, skipped=True, fenced=True)
-            if producer is None:
-                result.skipped = True
-                return result
-            marker = {
-                "query_id": self.query_id,
-                "partition": self.partition,
-                "batch_id": batch_id,
-                "records": result.records,
-                "gaps": result.gaps,
-                "committed_at_ms": int(time.time() * 1000),
-            }
-            producer.produce(
-                self.settings.progress_topic,
-                json.dumps(marker).encode(),
-                self.marker_key,
-                MARKER_PARTITION,
-            )
-            if before_commit is not None:
-                before_commit()
-            fault("task-before-commit", batch_id, self.partition)
-            with fault_during("task-in-commit", batch_id, self.partition):
-                producer.commit_transaction(KAFKA_TIMEOUT_S * 4)
-        except KafkaException as exc:
-            if producer is not None:
-                self._abort(producer)
-            raise ServiceError(
-                f"writing batch {batch_id} partition {self.partition} failed and was aborted "
-                f"(nothing of it is visible): {exc}"
-            ) from exc
-        except BaseException:
-            if producer is not None:
-                self._abort(producer)
-                log.error("batch %d partition %d aborted", batch_id, self.partition)  # noqa: TRY400  re-raised below with the cause
-            raise
-        self._last_committed = batch_id
-        fault("task-after-commit", batch_id, self.partition)
+        work = _StatefulWork(self, batch_id, on_stats)
+        result = commit_batch(work, batches, batch_id, before_commit=before_commit)
+        if not result.skipped:
+            self._last_committed = batch_id
         return result
-
-    def _abort(self, producer: Producer) -> None:
-        try:
-            producer.abort_transaction(KAFKA_TIMEOUT_S)
-        except KafkaException:
-            # fenced (a newer attempt took over) or the broker is away: the newer attempt's, or
-            # the next, init_transactions aborts what is left open
-            log.warning("abort of %s failed; the producer is dropped", self.transactional_id)
-            self._producer = None
 
     def _check_new_topics(self, source_topics: list[str]) -> None:
         """Check the clean topics of ``source_topics`` this writer has not seen, together."""
@@ -244,7 +168,7 @@ class PartitionWriter:
         """The clean topic of ``source_topic`` (CLEAN_TOPIC, with ``{topic}`` filled in)."""
         name = self._clean_names.get(source_topic)
         if name is None:
-            name = self.settings.clean_topic.replace("{topic}", source_topic)
+            name = fill_topic(self.settings.clean_topic, source_topic)
             self._clean_names[source_topic] = name
         return name
 
@@ -309,12 +233,74 @@ class PartitionWriter:
             gap_rows.column("gap_value").to_pylist(),
             strict=True,
         ):
-            while True:
-                try:
-                    producer.produce(topic, value, key)
-                    break
-                except BufferError:
-                    wait_for_room(producer)
+            produce_waiting(producer, topic, value, key)
+
+
+class _StatefulWork:
+    """A stateful partition's part of one batch (``dedup.commit.BatchWork``): its ``run`` and
+    ``gap`` rows, then its marker (progress topic, key ``<query id>:<partition>``)."""
+
+    drain_skipped = True
+
+    def __init__(
+        self,
+        writer: PartitionWriter,
+        batch_id: int,
+        on_stats: Callable[[pa.RecordBatch], None] | None,
+    ) -> None:
+        self.writer = writer
+        self.batch_id = batch_id
+        self.on_stats = on_stats
+        self.name = f"partition {writer.partition}"
+        self.fault_key = writer.partition
+        self._runs: pa.RecordBatch | None = None
+        self._gaps: pa.RecordBatch | None = None
+
+    def publishes(self, batch: pa.RecordBatch) -> bool:
+        kinds = batch.column("kind")
+        if self.on_stats is not None:
+            self.on_stats(batch.filter(pc.equal(kinds, KIND_STAT)))
+        self._runs = batch.filter(pc.equal(kinds, KIND_RUN))
+        self._gaps = batch.filter(pc.equal(kinds, KIND_GAP))
+        return bool(self._runs.num_rows or self._gaps.num_rows)
+
+    def fence(self) -> tuple[Producer, int]:
+        writer = self.writer
+        if writer._producer is None:
+            writer._producer = writer._start()
+        return writer._producer, max(writer._last_committed, writer.floor)
+
+    def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:
+        runs, gap_rows = self._runs, self._gaps
+        assert runs is not None  # set by publishes(batch)
+        assert gap_rows is not None
+        result.records += record_count(runs)
+        result.gaps += gap_rows.num_rows
+        with gc_paused():
+            self.writer.produce_records(producer, runs, result)
+        self.writer.produce_gaps(producer, gap_rows)
+
+    def finish(self, producer: Producer, result: BatchResult) -> None:
+        writer = self.writer
+        marker = {
+            "query_id": writer.query_id,
+            "partition": writer.partition,
+            "batch_id": self.batch_id,
+            "records": result.records,
+            "gaps": result.gaps,
+            "committed_at_ms": int(time.time() * 1000),
+        }
+        produce_waiting(
+            producer,
+            writer.settings.progress_topic,
+            json.dumps(marker).encode(),
+            writer.marker_key,
+            MARKER_PARTITION,
+        )
+
+    def ended(self, committed: bool, abort_failed: bool) -> None:
+        if abort_failed:
+            self.writer._producer = None
 
 
 def record_count(runs: pa.Table | pa.RecordBatch) -> int:
@@ -326,13 +312,13 @@ def record_count(runs: pa.Table | pa.RecordBatch) -> int:
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector for the re-read + produce loop.
+    """Pause Python's cyclic garbage collector for the produce loop of a write task.
 
-    The loop allocates a Message, a header list and four header tuples per record; the
-    collector's allocation-count trigger then ran gen-0/1/2 collections that walked every live
-    object of the driver (pyspark, pandas, ...): 43 % of the loop's time in py-spy. These objects
-    form no cycles, so reference counting frees them; the collector is re-enabled (if it was on)
-    when the loop ends. It is process-wide, so other driver threads run without it meanwhile.
+    The loop allocates a header list and header tuples per record; the collector's
+    allocation-count trigger then ran gen-0/1/2 collections that walked every live object of the
+    Python worker (pyspark, pandas, ...): 43 % of the loop's time in py-spy. These objects form no
+    cycles, so reference counting frees them; the collector is re-enabled (if it was on) when the
+    loop ends. It is process-wide, so other threads of the worker run without it meanwhile.
     """
     was_enabled = gc.isenabled()
     gc.disable()
@@ -384,7 +370,7 @@ def _produce_run(
                 # positional: keywords cost produce() a dict per call (~1 us here)
                 produce(name, value, key, partition, None, None, timestamp, rest)
             except BufferError:
-                _produce_blocking(producer, (name, value, key, partition, timestamp, rest))
+                produce_waiting(producer, name, value, key, partition, timestamp, rest, full=True)
         else:
             _produce_replaced(producer, (name, value, key, partition, timestamp, rest or []))
             replaced += 1
@@ -401,23 +387,4 @@ def _produce_replaced(
     other record of the transaction fails with it."""
     name, value, key, target, timestamp, headers = args
     marked = [*headers, (ORIGINAL_TIMESTAMP_HEADER, b"%d" % timestamp)]
-    _produce_blocking(producer, (name, value, key, target, 0, marked), first_try=True)
-
-
-def _produce_blocking(
-    producer: Producer,
-    args: tuple[str, bytes | None, bytes | None, int, int, Any],
-    *,
-    first_try: bool = False,
-) -> None:
-    """``produce`` once librdkafka's local queue has room (it is bounded)."""
-    name, value, key, target, timestamp, headers = args
-    while True:
-        if not first_try:
-            wait_for_room(producer)
-        first_try = False
-        try:
-            producer.produce(name, value, key, target, None, None, timestamp, headers)
-        except BufferError:
-            continue
-        return
+    produce_waiting(producer, name, value, key, target, 0, marked)

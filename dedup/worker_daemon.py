@@ -41,7 +41,7 @@ PRELOADED_MODULES = (
     "pandas",
     "pyarrow",
     "dedup.detect",
-    "dedup.writer",
+    "dedup.batch_driver",
 )
 
 #: The pid of the process that preloaded; a worker forked from it sees its parent's pid here

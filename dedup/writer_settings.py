@@ -9,6 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from common.topic_limits import TimestampWindow
+from dedup.worker_heap import FreezeOnLoad
+
+if TYPE_CHECKING:
+    from dedup.detect import DetectParams
 
 #: Seconds any one Kafka call of the writer may take (commits: four times this).
 KAFKA_TIMEOUT_S = 30.0
@@ -33,8 +40,8 @@ class WriterSettings:
     new_topic_replication: int = -1
     """Replication factor of created topics (-1: broker default)."""
     max_record_size: int = 16 * 1024 * 1024
-    """Largest record the link carries (MAX_RECORD_SIZE): sizes the producer, the re-read
-    consumer, created topics and the check of existing clean topics."""
+    """Largest record the link carries (MAX_RECORD_SIZE): sizes the producer, the consumers,
+    created topics and the check of existing clean topics."""
     kafka_conf: Mapping[str, str] = field(default_factory=dict)
     """librdkafka pass-through properties."""
     state_topic: str = "kafka-diode.dedup.state"
@@ -42,6 +49,37 @@ class WriterSettings:
     per raw partition."""
     raw_topics: tuple[str, ...] = ()
     """The topics the query reads, ``(*RAW_TOPICS, CONTROL_TOPIC)``: ``raw_topic`` indexes it."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSpec:
+    """What one micro-batch's write tasks need, every layout (pickled with the task function)."""
+
+    settings: WriterSettings
+    """The writer's settings (``state_topic`` among them)."""
+    query_id: str
+    """Spark's query id (stable per checkpoint): the markers' and state records' key prefix."""
+    batch_id: int
+    """The micro-batch."""
+    windows: Mapping[str, TimestampWindow] = field(default_factory=dict)
+    """Clean topics the driver checked at start-up (a fixed CLEAN_TOPIC) and the timestamps
+    each accepts; the tasks check any other clean topic at its first use in their process."""
+    floor: int = -1
+    """Stateful layouts: the highest batch the driver-side writer of earlier versions committed
+    (one transaction for the whole batch, key = query id): every partition's batches up to it
+    are done."""
+    params: DetectParams | None = None
+    """The direct layout: the detectors' settings (None: a stateful layout, the rows come
+    detected)."""
+    now_ms: int = 0
+    """The direct layout: the driver's clock when it started the batch, the gap scans' time."""
+    raw_partitions: int = 0
+    """The direct layout: the raw topic's partition count (the driver checked it is fixed); a
+    record of source partition ``p`` belongs in raw partition ``p mod raw_partitions`` (0: not
+    checked)."""
+    heap: FreezeOnLoad = field(default_factory=FreezeOnLoad)
+    """Unpickled in a Python worker, freezes its loaded code out of the collector's walks
+    (``dedup/worker_heap.py``)."""
 
 
 @dataclass

@@ -20,7 +20,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -521,10 +521,6 @@ class Pipeline:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
-
-    def with_spec(self, **changes: object) -> PipelineSpec:
-        """A copy of the spec with changes (for sweeps)."""
-        return replace(self.spec, **changes)  # type: ignore[arg-type]
 
 
 _LONG_RUNNING = ("receiver", "relay", "sender", "dedup")

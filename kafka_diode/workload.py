@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from runtime import kafka
@@ -144,8 +144,3 @@ def produce(
     if remaining or failed:
         raise RuntimeError(f"{remaining} records unflushed, {len(failed)} failed: {failed[:3]}")
     return acked
-
-
-def topic_names(workload: Workload) -> Sequence[str]:
-    """The upstream topics the workload writes."""
-    return workload.topics

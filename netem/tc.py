@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-from collections.abc import Sequence
 
 from common.errors import ServiceError
 from netem.profile import Profile
@@ -129,8 +128,3 @@ class TcNetem:
         if done.returncode != 0:
             raise ServiceError(classify_error(done.stderr))
         return done.stdout
-
-
-def render_command(dev: str, profile: Profile, netns: str | None = None) -> Sequence[str]:
-    """The ``tc`` command line for ``profile`` on ``dev``."""
-    return TcNetem(dev, netns=netns).command_for(profile)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from common.errors import ConfigError
+from common.raw_topic import fill_topic
 from common.topic_limits import RECORD_OVERHEAD, record_limit
 from common.wire.config import MAX_DATAGRAM_SIZE, WireConfig
 from common.wire.pubkey_decoder import PublicKeyReceiveConfig
@@ -196,7 +197,7 @@ class ReceiverConfig:
                 raise ConfigError(key, problem, fix)
 
         need(bool(self.bootstrap_servers.strip()), "bootstrap_servers", "is empty", "host:port")
-        template = self.raw_topic.replace("{topic}", "x")
+        template = fill_topic(self.raw_topic, "x")
         need(
             bool(_TOPIC_CHARS.fullmatch(template)) and len(template) <= 249,
             "raw_topic",
@@ -397,7 +398,7 @@ class ReceiverConfig:
 
     def raw_topic_for(self, source_topic: str) -> str:
         """The raw topic a record of ``source_topic`` is written to."""
-        return self.raw_topic.replace("{topic}", source_topic)
+        return fill_topic(self.raw_topic, source_topic)
 
     def for_worker(self, index: int) -> ReceiverConfig:
         """This configuration for worker process ``index``: one socket, its own metrics port.

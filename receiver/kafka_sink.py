@@ -86,6 +86,7 @@ from common.raw_topic import (
     Headers,
     heartbeat_records,
     parse_raw_key,
+    raw_partition_of,
     withheld_records,
 )
 from common.wire.events import Heartbeat, RecordBatch, Withheld
@@ -308,7 +309,16 @@ class RawTopicSink:
                 try:
                     # positional: keywords would cost produce() a dict per call.
                     # Timestamp 0: the receiver's clock (module docstring, "Timestamps").
-                    produce(raw, run.value, run.key, run.partition % count, None, None, 0, headers)
+                    produce(
+                        raw,
+                        run.value,
+                        run.key,
+                        raw_partition_of(run.partition, count),
+                        None,
+                        None,
+                        0,
+                        headers,
+                    )
                     produced += run.count
                     continue
                 except BufferError:
@@ -391,7 +401,9 @@ class RawTopicSink:
             return False
         try:
             # positional: keyword arguments cost produce() a dict per call
-            self._producer.produce(raw, value, key, partition % count, None, None, 0, headers)
+            self._producer.produce(
+                raw, value, key, raw_partition_of(partition, count), None, None, 0, headers
+            )
         except BufferError:
             return False
         except Exception as exc:  # noqa: BLE001  one record's refusal, reported; never a wedge

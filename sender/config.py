@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from common.errors import ConfigError
+from common.raw_topic import MAX_CHAINS
 from common.wire.announce import AnnounceConfig
 from common.wire.config import DEFAULT_DATAGRAM_SIZE, WireConfig
 from common.wire.fec import FecConfig, FecEncoder
@@ -40,9 +41,6 @@ _RESERVED_KAFKA = {
     "bootstrap.servers": "use the bootstrap_servers key",
 }
 
-
-#: Most chains of one source: the dedup keeps a high offset per chain and partition.
-MAX_CHAINS = 64
 
 #: Kafka topic names: at most 249 characters of ``[a-zA-Z0-9._-]`` (Kafka's own rule).
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")

@@ -1,8 +1,9 @@
 """Inputs and outputs of the dedup's stateful step (``dedup/detect.py``) without Spark.
 
-``frame`` builds rows shaped like ``dedup.classify.classify``'s output: a data item becomes a v2 run
-(a real run value, ``common.raw_run``); ``delivered`` reads the ``run`` rows back into the source
-records they select. ``FakeState`` has the four members of pyspark's ``GroupState`` the step uses.
+``frame`` builds rows shaped like ``dedup.classify_sql.classify``'s output: a data item becomes a
+v2 run (a real run value, ``common.raw_run``); ``delivered`` reads the ``run`` rows back into the
+source records they select. ``FakeState`` has the four members of pyspark's ``GroupState`` the
+step uses.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ import pandas as pd
 
 from common.raw_run import RunBuilder
 from common.wire.batch_decode import decode_record_groups
-from dedup import detect
-from dedup.rows import KIND_RUN, unpack_selection
+from dedup.rows import KIND_DATA, KIND_RUN, KIND_RUN_IN, unpack_selection
 
 
 class FakeState:
@@ -66,10 +66,10 @@ def frame(*items: tuple[int, ...]) -> pd.DataFrame:
         chain = more[0] if more else -1
         last = more[1] if len(more) > 1 else offset
         stride = more[2] if len(more) > 2 else 1
-        data = kind in (detect.KIND_DATA, detect.KIND_RUN_IN)
+        data = kind in (KIND_DATA, KIND_RUN_IN)
         rows.append(
             {
-                "kind": detect.KIND_RUN_IN if data else kind,
+                "kind": KIND_RUN_IN if data else kind,
                 "src_offset": offset,
                 "src_last": last if data else offset,
                 "stride": stride if data else 1,

@@ -86,8 +86,6 @@ def decompress(data: bytes, limit: int, max_ratio: int | None = None) -> bytes:
 # work; libzstd then refuses a frame whose blocks inflate past it, so a frame costs at most
 # ``limit`` bytes of output and one block (128 KiB) of overshoot before it is dropped.
 
-#: zstd levels accepted (the "ultra" levels 20..22 need up to 1 GiB of window on both sides).
-ZSTD_LEVELS = range(1, 20)
 #: Window the decoder accepts at most: zstd's own default limit (2^27 = 128 MiB).
 _MAX_WINDOW = 1 << 27
 

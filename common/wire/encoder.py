@@ -202,11 +202,6 @@ class Encoder:
         """Records added but not yet in a datagram."""
         return self._builder.records
 
-    @property
-    def buffered_bytes(self) -> int:
-        """Encoded (uncompressed) size of the pending batch."""
-        return self._builder.size if self._builder.records else 0
-
     def _retarget(self) -> None:
         self._target = int(self._capacity * self._ratio) if self._gzip else self._capacity
 

@@ -298,11 +298,6 @@ class FecEncoder:
         """True when ISA-L computes the repair symbols (common/wire/reed_solomon.py)."""
         return self._repairs.accelerated
 
-    @property
-    def next_repair_sequence(self) -> int:
-        """The sequence number the next repair datagram gets (its own counter, §13.3)."""
-        return self._next_repair
-
     def add(self, data: bytes, stream: int, now: float) -> list[bytes]:
         """Put one source datagram into its stream's next block.
 

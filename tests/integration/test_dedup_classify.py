@@ -1,4 +1,4 @@
-"""The dedup's SQL classification (``dedup/classify.py``) against its Python twins, in real Spark.
+"""The dedup's SQL classification (``dedup/classify_sql.py``) against its Python twins, in Spark.
 
 Keys of both raw layouts, canonical and not, control records and v1 provenance: the kind, source
 partition and offsets Spark computes must be what ``common.raw_run.parse_run_key`` and
@@ -16,8 +16,8 @@ import pytest
 from common.gap_record import MAX_OFFSET
 from common.raw_run import parse_run_key
 from common.raw_topic import parse_raw_key, restore
-from dedup.classify_rows import classify_batch
-from dedup.detect import (
+from dedup.classify_python import classify_batch
+from dedup.rows import (
     KIND_DATA,
     KIND_HEARTBEAT,
     KIND_MALFORMED,
@@ -63,7 +63,7 @@ def test_sql_classification_agrees_with_the_python_parsers(tmp_path) -> None:
         StructType,
     )  # fmt: skip
 
-    from dedup.classify import classify  # noqa: PLC0415
+    from dedup.classify_sql import classify  # noqa: PLC0415
 
     header = StructType([StructField("key", StringType()), StructField("value", BinaryType())])
     schema = StructType([
@@ -115,7 +115,7 @@ def test_sql_classification_agrees_with_the_python_parsers(tmp_path) -> None:
         out = classify(frame, ["raw", "control"]).collect()
     finally:
         spark.stop()
-    # the direct layout's twin (dedup/classify_rows.py): the same verdicts, field for field
+    # the direct layout's twin (dedup/classify_python.py): the same verdicts, field for field
     batch = pa.RecordBatch.from_pylist(
         [
             {

@@ -34,10 +34,10 @@ from common.raw_topic import TICK
 from dedup import runner, state_reader
 from dedup.config import from_sources
 from dedup.detect import DetectParams
-from dedup.direct import DirectPartition, DirectSpec
+from dedup.direct import DirectPartition
 from dedup.direct_state import state_key
 from dedup.state_reader import read_state
-from dedup.writer_settings import WriterSettings
+from dedup.writer_settings import TaskSpec, WriterSettings
 from runtime import kafka
 from tests.kafka_helpers import consume_all, create_topic
 
@@ -103,10 +103,8 @@ def topic_runs(
     return pa.RecordBatch.from_pylist(rows)
 
 
-def spec(settings: WriterSettings, query: str, batch_id: int) -> DirectSpec:
-    return DirectSpec(
-        settings=settings, params=PARAMS, query_id=query, batch_id=batch_id, now_ms=TS
-    )
+def spec(settings: WriterSettings, query: str, batch_id: int) -> TaskSpec:
+    return TaskSpec(settings=settings, params=PARAMS, query_id=query, batch_id=batch_id, now_ms=TS)
 
 
 def clean(bootstrap: str, settings: WriterSettings) -> Counter[tuple[int, int]]:

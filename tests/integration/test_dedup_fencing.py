@@ -8,7 +8,7 @@ Each scenario is what one stateful partition's write task can go through (docs/d
 2. An attempt committed, then died before Spark heard of it (a retried task, or a crash between
    the Kafka commits and Spark's commit log): the next attempt skips the batch; the next batch is
    written.
-3. A process killed before, or during, its commit (the once-only fault of ``dedup.writer``):
+3. A process killed before, or during, its commit (the once-only fault of ``dedup.batch_driver``):
    the next attempt aborts or completes what it left and the outcome is exact either way.
 4. Partitions are fenced independently; the whole-batch marker of the earlier driver-side
    writer (the floor) skips its batches in every partition.

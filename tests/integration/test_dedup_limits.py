@@ -24,8 +24,8 @@ import pytest
 
 from common.errors import ServiceError
 from common.topic_limits import record_limit
+from dedup.batch_driver import TaskSpec, TransactionalBatchWriter
 from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER, PartitionWriter
-from dedup.writer import TaskSpec, TransactionalBatchWriter
 from dedup.writer_settings import WriterSettings
 from tests.integration.test_dedup_writer import (
     SESSION,

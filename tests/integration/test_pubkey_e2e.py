@@ -3,7 +3,7 @@ announcements) -> receiver -> raw topic.
 
 Two promises are checked from the raw topic, not from counters: data flows as soon as one
 announcement gets through, and a record sent before that is either delivered or lies inside the
-[low, high] range the sender's heartbeats report (what the dedup turns into a gap, dedup/gaps.py);
+[low, high] range the sender's heartbeats report (the dedup's detector turns it into a gap);
 and five session-key changes in one run, under 20 % loss of control datagrams, lose nothing.
 """
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.gap_record import GapState
-from dedup.gaps import DetectorConfig, PartitionDetector
+from dedup.detector import DetectorConfig, PartitionDetector
 
 
 def runs(offsets: list[int]) -> list[tuple[int, int]]:

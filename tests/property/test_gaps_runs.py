@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dedup.gaps import DetectorConfig, PartitionDetector
+from dedup.detector import DetectorConfig, PartitionDetector
 from tests.property.test_gaps_model import same_state
 
 

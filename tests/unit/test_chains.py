@@ -12,6 +12,7 @@ from common.errors import ConfigError
 from common.raw_topic import heartbeat_records
 from common.wire import Heartbeat
 from dedup import detect
+from dedup.rows import KIND_HEARTBEAT
 from sender import cli
 from sender.chain_plan import plan_problems
 from sender.config import SenderConfig
@@ -124,12 +125,12 @@ def test_heartbeat_control_records_carry_the_chain() -> None:
 def _rows(*items: tuple[int, int, int]) -> pd.DataFrame:
     """(kind, src_offset, hb_chain) rows as classify() produces them; every chain heartbeat
     names its session's low offset (0): it must not vouch."""
-    return frame(*[(k, o, 0 if k == detect.KIND_HEARTBEAT else -1, -1, c) for k, o, c in items])
+    return frame(*[(k, o, 0 if k == KIND_HEARTBEAT else -1, -1, c) for k, o, c in items])
 
 
 def test_the_dedup_vouches_per_share_chain_not_for_the_fastest_one() -> None:
     state = FakeState()
-    hb = detect.KIND_HEARTBEAT
+    hb = KIND_HEARTBEAT
     chain1, chain2 = 2 * 256 + 1, 2 * 256 + 2
     # chain 1 (even offsets) is at 20, chain 2 (odd) only at 5: 7..19 odd are not due yet
     rows = [(DATA, o, -1) for o in [*range(0, 21, 2), 1, 3, 5]]

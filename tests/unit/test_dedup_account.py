@@ -13,10 +13,10 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from dedup.batch_driver import TransactionalBatchWriter
 from dedup.metrics import DedupMetrics
 from dedup.rows import STAT_COLUMNS
 from dedup.task_result import RESULT_SCHEMA
-from dedup.writer import TransactionalBatchWriter
 from dedup.writer_settings import WriterSettings
 
 SETTINGS = WriterSettings(
@@ -48,7 +48,7 @@ def test_replaced_timestamps_of_the_writing_tasks_are_counted_and_logged(
 ) -> None:
     metrics = DedupMetrics()
     writer = TransactionalBatchWriter(SETTINGS, metrics)
-    with caplog.at_level(logging.WARNING, logger="dedup.writer"):
+    with caplog.at_level(logging.WARNING, logger="dedup.batch_driver"):
         result = writer.account(tasks([(0, 10, 2, False), (1, 5, 3, False), (2, 0, 0, True)]), 7)
     assert (result.records, result.replaced) == (15, 5)
     assert metrics.timestamps_replaced._value.get() == 5

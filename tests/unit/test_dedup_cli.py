@@ -11,8 +11,8 @@ import pytest
 from py4j.protocol import Py4JNetworkError
 
 from dedup import cli, runner
+from dedup.batch_driver import TransactionalBatchWriter
 from dedup.config import from_sources
-from dedup.writer import TransactionalBatchWriter
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedup.buckets import BucketState
+from common.errors import GapStateError
+from dedup.detector_set import DetectorSet
 from dedup.direct_state import MAGIC, MAX_HEADER_BYTES, StateRecord, state_key
-from dedup.gaps import GapStateError
 
 ENTRIES = {("t", 0): (b"blob", 5), ("u", 3): (b"", 7)}
 
@@ -22,7 +22,7 @@ def _record(**fields) -> StateRecord:
         "batch_id": 42,
         "raw_topic": "raw",
         "raw_partition": 2,
-        "detectors": BucketState(ENTRIES),
+        "detectors": DetectorSet(ENTRIES),
         "records": 1_000,
         "gaps": 3,
         "committed_at_ms": 1_700_000_000_000,
@@ -33,7 +33,7 @@ def _record(**fields) -> StateRecord:
 
 def _value(header: bytes, container: bytes | None = None, length: int | None = None) -> bytes:
     """A state record's value by hand: magic, announced length, header, container."""
-    body = BucketState(ENTRIES).to_bytes() if container is None else container
+    body = DetectorSet(ENTRIES).to_bytes() if container is None else container
     announced = len(header) if length is None else length
     return MAGIC + struct.pack(">I", announced) + header + body
 
@@ -61,7 +61,7 @@ def test_a_record_round_trips_with_its_detectors() -> None:
 
 
 def test_a_record_before_the_first_batch_round_trips_with_no_detectors() -> None:
-    record = _record(batch_id=-1, detectors=BucketState(), records=0, gaps=0, committed_at_ms=0)
+    record = _record(batch_id=-1, detectors=DetectorSet(), records=0, gaps=0, committed_at_ms=0)
     back = StateRecord.decode(record.encode())
     _assert_same(back, record)
     assert len(back.detectors) == 0
@@ -79,7 +79,7 @@ def test_the_header_is_json_with_every_field() -> None:
         "gaps": 3,
         "committed_at_ms": 1_700_000_000_000,
     }
-    assert value[start + length :] == BucketState(ENTRIES).to_bytes()
+    assert value[start + length :] == DetectorSet(ENTRIES).to_bytes()
 
 
 def test_the_counters_default_to_zero_when_the_header_omits_them() -> None:
@@ -87,7 +87,7 @@ def test_the_counters_default_to_zero_when_the_header_omits_them() -> None:
     back = StateRecord.decode(_value(header))
     assert (back.batch_id, back.raw_topic, back.raw_partition) == (7, "raw", 1)
     assert (back.records, back.gaps, back.committed_at_ms) == (0, 0, 0)
-    assert back.detectors.to_bytes() == BucketState(ENTRIES).to_bytes()
+    assert back.detectors.to_bytes() == DetectorSet(ENTRIES).to_bytes()
 
 
 def test_the_key_is_query_topic_and_partition() -> None:
@@ -124,10 +124,10 @@ GOOD_HEADER = b'{"batch_id":1,"raw_topic":"raw","raw_partition":0}'
         pytest.param(_value(b'{"batch_id":"x","raw_topic":"r","raw_partition":0}'), id="bad-id"),
         pytest.param(_value(b"[1, 2]"), id="header-a-list"),
         pytest.param(_value(b"null"), id="header-null"),
-        pytest.param(_value(GOOD_HEADER, BucketState(ENTRIES).to_bytes()[:-1]), id="truncated"),
-        pytest.param(_value(GOOD_HEADER, BucketState(ENTRIES).to_bytes()[:7]), id="short-count"),
+        pytest.param(_value(GOOD_HEADER, DetectorSet(ENTRIES).to_bytes()[:-1]), id="truncated"),
+        pytest.param(_value(GOOD_HEADER, DetectorSet(ENTRIES).to_bytes()[:7]), id="short-count"),
         pytest.param(_value(GOOD_HEADER, b""), id="no-container"),
-        pytest.param(_value(GOOD_HEADER, BucketState(ENTRIES).to_bytes() + b"\0"), id="trailing"),
+        pytest.param(_value(GOOD_HEADER, DetectorSet(ENTRIES).to_bytes() + b"\0"), id="trailing"),
     ],
 )
 def test_a_value_that_is_not_a_state_record_is_refused(value: bytes) -> None:
@@ -174,7 +174,7 @@ def test_any_batch_and_detectors_round_trip(
         batch_id=batch_id,
         raw_topic=raw_topic,
         raw_partition=raw_partition,
-        detectors=BucketState(entries),
+        detectors=DetectorSet(entries),
         records=records,
         gaps=gaps,
         committed_at_ms=committed_at_ms,

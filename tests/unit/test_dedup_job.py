@@ -14,9 +14,10 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from dedup import detect, gaps
+from dedup import detect
+from dedup.detector import DetectorConfig, GapStateError, PartitionDetector
 from dedup.metrics import DedupMetrics
-from dedup.rows import COLUMN_NAMES, STAT_COLUMNS
+from dedup.rows import COLUMN_NAMES, KIND_DATA, KIND_HEARTBEAT, KIND_RESET, STAT_COLUMNS
 from tests.dedup_support import FakeState, delivered, frame
 
 PARAMS = detect.DetectParams(
@@ -51,7 +52,7 @@ def open_gaps(out: pd.DataFrame) -> list[tuple[int, int]]:
     return [(g["first"], g["last"]) for g in values if g["state"] == "open"]
 
 
-DATA, HB, RESET = detect.KIND_DATA, detect.KIND_HEARTBEAT, detect.KIND_RESET
+DATA, HB, RESET = KIND_DATA, KIND_HEARTBEAT, KIND_RESET
 
 
 def test_heartbeat_low_offset_reports_the_lost_head() -> None:
@@ -67,10 +68,10 @@ def test_heartbeats_without_low_offset_keep_the_old_behaviour() -> None:
 
 
 def test_a_reset_is_applied_before_the_saved_state_is_read() -> None:
-    old = gaps.PartitionDetector("t", 0, gaps.DetectorConfig(window_size=128))
+    old = PartitionDetector("t", 0, DetectorConfig(window_size=128))
     old.observe(5, 1)
     state = FakeState((old.to_bytes(), 1))
-    with pytest.raises(gaps.GapStateError) as info:
+    with pytest.raises(GapStateError) as info:
         run(FakeState((old.to_bytes(), 1)), (DATA, 6, -1, -1))
     message = str(info.value)
     assert "WINDOW_SIZE=128" in message
@@ -81,7 +82,7 @@ def test_a_reset_is_applied_before_the_saved_state_is_read() -> None:
     assert [o for o, _ in delivered(out)] == [6]
     stat = out[out["kind"] == "stat"].iloc[0]
     assert stat["resets"] == 1
-    restored = gaps.PartitionDetector.from_bytes(state.get[0], gaps.DetectorConfig(window_size=64))
+    restored = PartitionDetector.from_bytes(state.get[0], DetectorConfig(window_size=64))
     assert restored.lows_ignored == 1  # a session from before the reset: its low is not trusted
     assert restored.open_gaps() == []
 
@@ -154,7 +155,7 @@ def test_a_v1_record_leaves_as_a_run_of_one_with_its_provenance_restored() -> No
     batch = pd.DataFrame(
         [
             {
-                "kind": detect.KIND_DATA, "src_offset": 4, "src_last": 4, "stride": 1,
+                "kind": KIND_DATA, "src_offset": 4, "src_last": 4, "stride": 1,
                 "payload": b"value", "h_keys": ["h", "diode.key", "diode.timestamp",
                 "diode.timestamp-type", "diode.session"],
                 "h_values": [None, b"", b"-5", b"0", b"ab"], "hb_low": -1, "hb_started": -1,

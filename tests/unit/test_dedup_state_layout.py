@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dedup.gaps import GapStateError
+from common.errors import GapStateError
 from dedup.state_layout import BUCKETS, BUCKETS_PER_PARTITION, PARTITIONS, StateLayout, decide
 
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from dedup.gaps import GapStateError
+from common.errors import GapStateError
 from dedup.state_layout import (
     BUCKETS,
     BUCKETS_PER_PARTITION,

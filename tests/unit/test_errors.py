@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import pkgutil
+import re
 from pathlib import Path
 
 import common.errors
@@ -39,3 +40,13 @@ def test_every_exception_is_in_the_tree_and_derives_from_the_root() -> None:
         assert f"── {cls.__name__} " in tree or f"    {cls.__name__}\n" in tree, (
             f"{cls.__module__}.{cls.__name__} is missing from the tree in common/errors.py"
         )
+
+
+def test_every_class_the_tree_names_exists() -> None:
+    """The tree names no exception that is gone (a stale entry misleads like a missing one)."""
+    tree = common.errors.__doc__ or ""
+    names = {cls.__name__ for cls in _our_exceptions()} | {"DiodeError"}
+    drawn = re.findall(r"(?:── |^    )([A-Z]\w+(?:Error|Large))\b", tree, re.MULTILINE)
+    assert drawn
+    for name in drawn:
+        assert name in names, f"{name} is drawn in common/errors.py but defined nowhere"

@@ -11,7 +11,7 @@ import pytest
 
 from common.errors import ConfigError, DiodeError, LocalProtocolError
 from common.gap_record import GapRecordError, gap_key, gap_value, parse_gap
-from dedup.gaps import (
+from dedup.detector import (
     DetectorConfig,
     GapReport,
     GapState,
@@ -161,7 +161,7 @@ def test_memory_budget_evicts_oldest_window_and_tells_the_operator(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     det = detector(ws=65536, mw=64, max_state_bytes=20_000)
-    with caplog.at_level(logging.WARNING, logger="dedup.gaps"):
+    with caplog.at_level(logging.WARNING, logger="dedup.detector"):
         for w in range(6):
             base = w * 65536
             det.observe_many(array.array("Q", range(base, base + 65536, 2)), 1)  # bitset windows

@@ -515,7 +515,7 @@ def _receiver_registry() -> object:
 
 def _dedup_registry() -> object:
     registry = CollectorRegistry()
-    importlib.import_module("dedup.writer").DedupMetrics(registry=registry)
+    importlib.import_module("dedup.metrics").DedupMetrics(registry=registry)
     return registry
 
 

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from common.raw_topic import CHAIN_COUNT, CHAIN_INDEX, CHAIN_SHARE
 from common.wire.events import Heartbeat
-from dedup.gaps import DetectorConfig, PartitionDetector
+from dedup.detector import DetectorConfig, PartitionDetector
 from receiver.heartbeat_repeats import HeartbeatRepeats
 
 A = bytes(range(16))

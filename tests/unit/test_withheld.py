@@ -11,7 +11,8 @@ from common.raw_topic import CONTROL_HEADER, WITHHELD, parse_raw_key, withheld_r
 from common.wire import DropReason, Withheld
 from common.wire.control import WITHHELD_SCHEMA, encode_control
 from common.wire.envelope import KIND_WITHHELD
-from dedup import detect, gaps
+from dedup.detector import DetectorConfig, PartitionDetector
+from dedup.rows import KIND_WITHHELD as ROW_WITHHELD
 from tests.dedup_support import FakeState, delivered
 from tests.unit.test_dedup_job import DATA, HB, open_gaps, run, settle
 from tests.wire_support import SESSION, craft, drops_of, endpoints, feed
@@ -96,8 +97,8 @@ def test_each_range_becomes_one_control_record_keyed_by_its_first_offset() -> No
     assert CONTROL_HEADER == "diode.control"
 
 
-def _detector(ws: int = 10, windows: int = 4) -> gaps.PartitionDetector:
-    return gaps.PartitionDetector("t", 0, gaps.DetectorConfig(window_size=ws, max_windows=windows))
+def _detector(ws: int = 10, windows: int = 4) -> PartitionDetector:
+    return PartitionDetector("t", 0, DetectorConfig(window_size=ws, max_windows=windows))
 
 
 def test_withheld_offsets_are_seen_never_gaps_never_delivered() -> None:
@@ -133,7 +134,7 @@ def test_a_withheld_range_below_the_floor_closes_expired_gaps_only() -> None:
 
 def test_the_dedup_step_records_withheld_rows_and_counts_them() -> None:
     state = FakeState()
-    withheld = detect.KIND_WITHHELD
+    withheld = ROW_WITHHELD
     out = run(state, (DATA, 0, -1, -1), (withheld, 1, 4, -1), (DATA, 5, -1, -1), (HB, 6, 0, -1))
     stats = out[out["kind"] == "stat"]
     assert int(stats["withheld"].sum()) == 4

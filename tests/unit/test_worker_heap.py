@@ -9,9 +9,9 @@ import textwrap
 
 from pyspark import cloudpickle
 
+from dedup.batch_driver import TaskSpec
 from dedup.detect import DetectParams
 from dedup.worker_heap import FreezeOnLoad
-from dedup.writer import TaskSpec
 from dedup.writer_settings import WriterSettings
 
 PARAMS = DetectParams(

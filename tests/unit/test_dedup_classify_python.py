@@ -1,4 +1,4 @@
-"""The direct layout's classifier (``dedup/classify_rows.py``) on what only it sees: ticks, and
+"""The direct layout's classifier (``dedup/classify_python.py``) on what only it sees: ticks, and
 the columns it hands the detectors. Its agreement with the SQL classifier over every key form
 and control record is ``tests/integration/test_dedup_classify.py``."""
 
@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from dedup.classify_rows import classify_batch
-from dedup.detect import KIND_DATA, KIND_MALFORMED, KIND_RUN_IN, KIND_TICK
+from dedup.classify_python import classify_batch
+from dedup.rows import KIND_DATA, KIND_MALFORMED, KIND_RUN_IN, KIND_TICK
 
 PROVENANCE = [("diode.key", b"k"), ("diode.timestamp", b"-12"), ("diode.timestamp-type", b"1"),
               ("diode.session", b"ab")]  # fmt: skip

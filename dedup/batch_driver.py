@@ -1,4 +1,4 @@
-"""Effectively-once output of the dedup query: one Kafka transaction per batch and partition.
+"""The batch driver: each micro-batch's write tasks, run from ``foreachBatch``, and their results.
 
 Guarantee: for a reader with ``isolation.level=read_committed``, the records of micro-batch ``N``
 appear in the clean and gap topics **at most once**, and exactly once if the query ever completes
@@ -6,89 +6,47 @@ batch ``N``, however often the process or any task crashes, is retried or linger
 and however often the query restarts from the same checkpoint.
 
 Where the work runs: nowhere near the driver. ``foreachBatch`` (driver) only maps the batch's
-DataFrame with ``write_partition_task`` (``mapInArrow``): one task per partition of the stateful
-step, in the executors, in parallel. Each task (``dedup/transaction.py``) produces the
-first-seen records its rows carry with their payload, its gap records and a marker in one
-transaction, and hands back a few counters. The driver collects those (one row per task and one
-per source partition) for the metrics (``dedup/metrics.py``).
+DataFrame with ``write_task`` (``mapInArrow``): one task per partition of the stateful step (or
+per raw partition: the direct layout), in the executors, in parallel. Each task
+(``dedup/transaction.py``, ``dedup/direct.py``) produces the first-seen records with their
+payload, its gap records and what says the batch is done in one transaction, and hands back a few
+counters. The driver collects those (one row per task and one per source partition) for the
+metrics (``dedup/metrics.py``).
 
-Argument (docs/dedup.md "Effectively once" has the long form):
-
-1. **Fixed partitions.** The stateful step is hash-partitioned by its group key (a bucket of
-   source partitions, or one source partition in a checkpoint from before the buckets:
-   ``dedup/state_layout.py``) into ``spark.sql.shuffle.partitions`` partitions, a number Spark
-   fixes for a checkpoint at its
-   first run. The write tasks follow it without a shuffle, so task ``p`` of batch ``N`` always
-   holds exactly the groups of state partition ``p``, computed from the same input offsets and
-   the same state version: a replayed (batch, partition) has the same output.
-2. **One transaction per (batch, partition)** of a producer with ``transactional.id =
-   <TRANSACTIONAL_ID>-p<p>``: the partition's clean records, gap records and a marker (progress
-   topic, key ``<query id>:<p>``, value with the batch id) commit or abort together.
-3. **Fence first.** Every task attempt creates its producer and calls ``init_transactions``,
-   which fences every older producer with that id (an earlier attempt, a retried or speculative
-   task, a zombie on an executor declared lost, a task of a crashed driver) and aborts its open
-   transaction, or completes it if its commit had begun. Only then does it read the partition's
-   highest committed marker ``M`` (``read_committed``): ``N <= M`` means batch ``N`` of this
-   partition was committed (then the attempt that did it, or the driver, crashed before Spark's
-   commit log) and the attempt skips it. A zombie fenced this way can no longer commit.
-4. Spark writes batch ``N`` to its commit log only after every task succeeded; a batch missing
-   there is re-run with the same offsets and state version, and step 3 decides per partition.
-
-A replay reads the same immutable raw records for the same decisions from the same state, so it
-produces the same output.
+The effectively-once argument is stated once, at the commit path every layout takes:
+``dedup.commit.commit_batch`` (docs/dedup.md "Effectively once" has the long form).
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from common.errors import ServiceError
+from common.raw_topic import TOPIC_FIELD
 from common.topic_limits import TimestampWindow
 from dedup.clean_topics import checked_clean_topic, ensure_topics
 from dedup.detect import DetectParams
-from dedup.direct import DirectSpec, direct_task
+from dedup.direct import DirectPartition, source_of
 from dedup.faults import fault
 from dedup.fence import init_producer, read_last_marker
 from dedup.metrics import DedupMetrics
 from dedup.task_result import RESULT_DDL, task_attempt, task_result
 from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER, PartitionWriter
-from dedup.worker_heap import FreezeOnLoad
-from dedup.writer_settings import BatchResult, WriterSettings
+from dedup.writer_settings import BatchResult, TaskSpec, WriterSettings
 
 log = logging.getLogger(__name__)
 
 #: How long the writer waits for the query id after the query started (start() returns fast).
 BIND_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True, kw_only=True)
-class TaskSpec:
-    """What one micro-batch's write tasks need (pickled with the task function)."""
-
-    settings: WriterSettings
-    """The writer's settings."""
-    query_id: str
-    """Spark's query id (stable per checkpoint): the markers' key prefix."""
-    batch_id: int
-    """The micro-batch."""
-    floor: int = -1
-    """Highest batch the driver-side writer of earlier versions committed (one transaction for
-    the whole batch, key = query id): every partition's batches up to it are done."""
-    windows: Mapping[str, TimestampWindow] = field(default_factory=dict)
-    """Clean topics the driver checked at start-up (a fixed CLEAN_TOPIC) and the timestamps
-    each accepts; the tasks check any other clean topic at its first use in their process."""
-    heap: FreezeOnLoad = field(default_factory=FreezeOnLoad)
-    """Unpickled in a Python worker, freezes its loaded code out of the collector's walks
-    (``dedup/worker_heap.py``)."""
 
 
 class TransactionalBatchWriter:
@@ -173,7 +131,7 @@ class TransactionalBatchWriter:
         query_id = self._query_id or ""
         self.ensure_topics([self.settings.gap_topic, self.settings.progress_topic], compact=True)
         clean = self.settings.clean_topic
-        if "{topic}" not in clean:
+        if TOPIC_FIELD not in clean:
             # at start-up, on the driver: a clean topic too small stops the job here, not in tasks
             self._windows[clean] = checked_clean_topic(self.settings, clean)
         producer = init_producer(self.settings, self.settings.transactional_id)
@@ -192,7 +150,8 @@ class TransactionalBatchWriter:
     # -- one micro-batch ---------------------------------------------------------------------
 
     def __call__(self, df: Any, batch_id: int) -> None:
-        """Write micro-batch ``batch_id`` (a DataFrame in ``dedup.job.OUTPUT_SCHEMA``)."""
+        """Write micro-batch ``batch_id``: a DataFrame in ``dedup.rows.OUTPUT_SCHEMA`` (the
+        stateful layouts), or of Spark's Kafka source columns (the direct layout)."""
         self.in_batch = True
         try:
             self._write_batch(df, batch_id)
@@ -218,27 +177,18 @@ class TransactionalBatchWriter:
             self.batches_seen += 1
             self.last_input_at = time.monotonic()
             return
-        if self.direct is not None:
+        spec = TaskSpec(
+            settings=self.settings,
+            query_id=self._query_id or "",
+            batch_id=batch_id,
+            windows=dict(self._windows),
+            floor=self._floor,
             # the direct layout: one task per raw partition detects and writes (dedup/direct.py)
-            direct = DirectSpec(
-                settings=self.settings,
-                params=self.direct,
-                query_id=self._query_id or "",
-                batch_id=batch_id,
-                now_ms=int(time.time() * 1000),
-                windows=dict(self._windows),
-                raw_partitions=self.direct_partitions,
-            )
-            task: Any = functools.partial(direct_task, direct)
-        else:
-            spec = TaskSpec(
-                settings=self.settings,
-                query_id=self._query_id or "",
-                batch_id=batch_id,
-                floor=self._floor,
-                windows=dict(self._windows),
-            )
-            task = functools.partial(write_partition_task, spec)
+            params=self.direct,
+            now_ms=int(time.time() * 1000),
+            raw_partitions=self.direct_partitions,
+        )
+        task = functools.partial(write_task, spec)
         # One action; no shuffle between the stateful step and the tasks (see the class doc).
         table = df.mapInArrow(task, RESULT_DDL).toArrow()
         fault("driver-after-commit", batch_id, 0)
@@ -323,28 +273,37 @@ class TransactionalBatchWriter:
         return result
 
 
-def write_partition_task(
-    spec: TaskSpec, batches: Iterator[pa.RecordBatch]
-) -> Iterator[pa.RecordBatch]:
-    """The write task of one stateful partition (``mapInArrow``; runs in an executor).
+def write_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The write task of one micro-batch part (``mapInArrow``; runs in an executor), every layout.
 
-    Takes the partition's output rows of the batch, commits its clean and gap records in the
-    partition's own transaction (``PartitionWriter``) and hands back the ``stat`` rows and one
-    ``task`` row. A fresh writer per task attempt: its ``init_transactions`` fences every
-    earlier attempt of this partition (retries, zombies) before it reads the marker.
+    A stateful partition's task takes its output rows of the batch (``PartitionWriter``); a raw
+    partition's task (the direct layout, ``spec.params`` set) takes the raw records of its raw
+    partition and detects them itself (``DirectPartition``). Either commits through
+    ``dedup.commit.commit_batch`` with a fresh producer per task attempt, whose
+    ``init_transactions`` fences every earlier attempt (retries, zombies) before it reads what
+    was committed, and hands back the ``stat`` rows and one ``task`` row. The rows stream in:
+    one Arrow batch of payload in the task at a time.
     """
     partition, attempt = task_attempt()
     started = time.monotonic()
     stat_parts: list[pa.RecordBatch] = []
-    writer = PartitionWriter(
-        spec.settings, spec.query_id, partition, floor=spec.floor, windows=spec.windows
-    )
-    try:
-        # streamed: one Arrow batch of payload in this task at a time (write_batches)
-        result = writer.write_batches(
-            (b for b in batches if b.num_rows), spec.batch_id, on_stats=stat_parts.append
+    nonempty = (b for b in batches if b.num_rows)
+    if spec.params is not None:
+        first = next(nonempty, None)
+        if first is None:
+            return  # no input: no fence, no state read, nothing written
+        raw_topic, partition = source_of(first)
+        task = DirectPartition(spec, raw_topic, partition)
+        result = task.run(itertools.chain((first,), nonempty), stat_parts.append)
+        fence_ms = task.fence_ms
+    else:
+        writer = PartitionWriter(
+            spec.settings, spec.query_id, partition, floor=spec.floor, windows=spec.windows
         )
-    finally:
-        writer.close()
+        try:
+            result = writer.write_batches(nonempty, spec.batch_id, on_stats=stat_parts.append)
+        finally:
+            writer.close()
+        fence_ms = writer.fence_ms
     write_ms = round((time.monotonic() - started) * 1000)
-    yield from task_result(partition, attempt, result, stat_parts, writer.fence_ms, write_ms)
+    yield from task_result(partition, attempt, result, stat_parts, fence_ms, write_ms)

@@ -1,7 +1,7 @@
 """The classifier's rules in Python: raw records as Spark's Kafka source reads them -> the rows the
 detectors take (``dedup/detect.py``), for the direct layout's tasks (``dedup/direct.py``).
 
-Runs in the **executors**, inside a direct task. ``dedup/classify.py`` states the same rules in
+Runs in the **executors**, inside a direct task. ``dedup/classify_sql.py`` states the same rules in
 Spark SQL for the buckets layout, where the classification must happen before the shuffle; the
 direct layout has no shuffle, and classifying in its task spares the JVM a projection that copies
 every payload once more (docs/benchmarks.md "The direct layout"). A run costs one key parse
@@ -45,7 +45,7 @@ from common.raw_topic import (
     WITHHELD_LAST,
     parse_raw_key,
 )
-from dedup.detect import (
+from dedup.rows import (
     KIND_DATA,
     KIND_HEARTBEAT,
     KIND_MALFORMED,
@@ -57,8 +57,6 @@ from dedup.detect import (
     UNPARSED_TOPIC,
 )
 
-#: The source columns this reads (Spark's Kafka source, ``includeHeaders``).
-SOURCE_COLUMNS: Final = ("key", "value", "topic", "headers")
 _TIMESTAMP: Final = re.compile(TIMESTAMP_PATTERN)
 _DIGITS: Final = re.compile(r"-?[0-9]+")
 _INT64: Final = (-(2**63), 2**63 - 1)
@@ -66,7 +64,7 @@ _PROVENANCE: Final = list(PROVENANCE_HEADERS)
 
 
 def classify_batch(batch: pa.RecordBatch, topics: Collection[str]) -> dict[str, np.ndarray]:
-    """The detector's columns (``dedup.direct.INPUT_COLUMNS``) of one Arrow batch of raw records.
+    """The detector's input columns (``dedup.InputRows``) of one Arrow batch of raw records.
 
     ``topics``: the raw topics read; a record of any other topic is malformed.
     """

@@ -1,4 +1,4 @@
-"""The bucketed state layout (``dedup/buckets.py``, ``dedup/detect.py``) without Spark.
+"""The bucketed state layout (``dedup/detector_set.py``, ``dedup/detect.py``) without Spark.
 
 The property: a bucket that holds many source partitions gives exactly the output (first-seen
 runs with their selections, gap reports, counters) of one group per source partition, called in
@@ -15,9 +15,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dedup import buckets, detect
-from dedup.gaps import GapStateError
-from dedup.rows import COLUMN_NAMES, STAT_COLUMNS
+from common.errors import GapStateError
+from dedup import detect, detector_set
+from dedup.rows import (
+    COLUMN_NAMES,
+    KIND_HEARTBEAT,
+    KIND_MALFORMED,
+    KIND_RESET,
+    KIND_RUN_IN,
+    STAT_COLUMNS,
+    UNPARSED_PARTITION,
+    UNPARSED_TOPIC,
+    InputRows,
+)
 from tests.dedup_support import FakeState, run_value
 
 INTERVAL = 1_000
@@ -29,7 +39,7 @@ PARAMS = detect.DetectParams(
     scan_interval_ms=INTERVAL,
 )
 PARTITIONS = [("a", 0), ("a", 1), ("b", 0), ("b", 7)]
-BUCKET = (buckets.BUCKET_TOPIC, 3)
+BUCKET = (detector_set.BUCKET_TOPIC, 3)
 
 # one item: (source partition index, heartbeat?, first offset, count)
 items = st.tuples(
@@ -45,7 +55,7 @@ def _row(topic: str, partition: int, heartbeat: bool, first: int, count: int) ->
     return {
         "src_topic": topic,
         "src_partition": partition,
-        "kind": detect.KIND_HEARTBEAT if heartbeat else detect.KIND_RUN_IN,
+        "kind": KIND_HEARTBEAT if heartbeat else KIND_RUN_IN,
         "src_offset": last if heartbeat else first,
         "src_last": last,
         "stride": 1,
@@ -94,7 +104,7 @@ def test_a_bucket_gives_exactly_the_output_of_one_group_per_partition(
         (out,) = detect.detect_group(PARAMS, BUCKET, iter(frames), bucket)
         assert list(out.columns) == list(COLUMN_NAMES)
         assert _per_partition(out) == expected
-        saved = buckets.BucketState.from_bytes(bucket.get[0])
+        saved = detector_set.DetectorSet.from_bytes(bucket.get[0])
         for key in saved:
             assert saved.get(key) == single[key].get
         assert bucket.timeout_ms == saved.next_due_in(now, INTERVAL)
@@ -117,17 +127,17 @@ def test_a_quiet_partition_is_scanned_when_its_scan_is_due_not_before() -> None:
 
 def test_unparsed_rows_in_a_bucket_are_counted_as_malformed() -> None:
     bad = _row("a", 0, False, 0, 1) | {
-        "src_topic": detect.UNPARSED_TOPIC,
-        "src_partition": detect.UNPARSED_PARTITION,
-        "kind": detect.KIND_MALFORMED,
+        "src_topic": UNPARSED_TOPIC,
+        "src_partition": UNPARSED_PARTITION,
+        "kind": KIND_MALFORMED,
         "payload": None,
     }
     state = FakeState()
     (out,) = detect.detect_group(PARAMS, BUCKET, iter([pd.DataFrame([bad, bad])]), state)
     stats = out[out["kind"] == "stat"]
-    assert stats["src_partition"].tolist() == [detect.UNPARSED_PARTITION]
+    assert stats["src_partition"].tolist() == [UNPARSED_PARTITION]
     assert stats["malformed"].tolist() == [2]
-    assert len(buckets.BucketState.from_bytes(state.get[0])) == 0
+    assert len(detector_set.DetectorSet.from_bytes(state.get[0])) == 0
 
 
 @given(
@@ -138,8 +148,8 @@ def test_unparsed_rows_in_a_bucket_are_counted_as_malformed() -> None:
     )
 )
 def test_the_container_round_trips(entries: dict[tuple[str, int], tuple[bytes, int]]) -> None:
-    data = buckets.BucketState(entries).to_bytes()
-    back = buckets.BucketState.from_bytes(data)
+    data = detector_set.DetectorSet(entries).to_bytes()
+    back = detector_set.DetectorSet.from_bytes(data)
     assert {key: back.get(key) for key in back} == entries
     assert back.to_bytes() == data
 
@@ -154,23 +164,23 @@ def test_the_container_round_trips(entries: dict[tuple[str, int], tuple[bytes, i
     ],
 )
 def test_a_damaged_container_is_refused(mangle: Any) -> None:
-    data = buckets.BucketState({("t", 1): (b"blob", 5)}).to_bytes()
+    data = detector_set.DetectorSet({("t", 1): (b"blob", 5)}).to_bytes()
     with pytest.raises(GapStateError, match="bucket"):
-        buckets.BucketState.from_bytes(mangle(data))
+        detector_set.DetectorSet.from_bytes(mangle(data))
 
 
 def test_the_timeout_is_the_soonest_scan() -> None:
-    bucket = buckets.BucketState({("a", 0): (b"", 1_000), ("a", 1): (b"", 1_700)})
+    bucket = detector_set.DetectorSet({("a", 0): (b"", 1_000), ("a", 1): (b"", 1_700)})
     assert bucket.next_due_in(1_500, 1_000) == 500
     assert bucket.next_due_in(2_500, 1_000) == 1
-    assert buckets.BucketState().next_due_in(0, 1_000) == 1_000
+    assert detector_set.DetectorSet().next_due_in(0, 1_000) == 1_000
     assert bucket.due(2_000, 1_000) == [("a", 0)]
 
 
 def test_the_detectors_of_a_bucket_share_its_budget() -> None:
-    bucket = buckets.BucketState({("a", p): (b"", 0) for p in range(3)})
+    bucket = detector_set.DetectorSet({("a", p): (b"", 0) for p in range(3)})
     assert bucket.budget(64 << 20) == 64 << 20  # 192 MiB / 3
-    assert bucket.budget(64 << 20, joining=1) == buckets.BUCKET_STATE_BYTES // 4
+    assert bucket.budget(64 << 20, joining=1) == detector_set.BUCKET_STATE_BYTES // 4
     assert bucket.budget(1 << 20, joining=1) == 1 << 20
 
 
@@ -188,11 +198,11 @@ def test_a_partition_over_its_share_of_the_bucket_evicts_and_says_why(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     params = WIDE
-    many = {("x", p): (b"", 10_000) for p in range(buckets.BUCKET_STATE_BYTES // 8192)}
-    share = buckets.BucketState(many).budget(params.max_state_bytes, joining=1)
+    many = {("x", p): (b"", 10_000) for p in range(detector_set.BUCKET_STATE_BYTES // 8192)}
+    share = detector_set.DetectorSet(many).budget(params.max_state_bytes, joining=1)
     assert 4096 <= share < 8192
     # every other offset of 16 windows: each window a bitmap of its own, over the share
-    rows = detect.Rows.from_frame(
+    rows = InputRows.from_frame(
         pd.DataFrame([_row("a", 0, False, o, 1) for o in range(0, 16 * 4096, 2)])
     )
     out = detect.Output()
@@ -206,8 +216,8 @@ def test_a_partition_over_its_share_of_the_bucket_evicts_and_says_why(
 
 
 def test_a_share_never_drops_below_the_least_budget() -> None:
-    crowded = buckets.BucketState({("x", p): (b"", 0) for p in range(100_000)})
-    assert crowded.budget(64 << 20) == buckets.MIN_STATE_BYTES
+    crowded = detector_set.DetectorSet({("x", p): (b"", 0) for p in range(100_000)})
+    assert crowded.budget(64 << 20) == detector_set.MIN_STATE_BYTES
 
 
 #: Stat columns that are the detector's state after a call; the others count what a call did.
@@ -224,13 +234,13 @@ tasks = st.lists(st.tuples(calls, st.integers(0, 2 * INTERVAL)), min_size=1, max
 def _task_row(topic: str, partition: int, kind: str, first: int, count: int) -> dict[str, Any]:
     row = _row(topic, partition, kind != "run", first, count)
     if kind == "reset":
-        row["kind"] = detect.KIND_RESET
+        row["kind"] = KIND_RESET
     return row
 
 
-def _rows(items: list[tuple[int, str, int, int]]) -> detect.Rows | None:
+def _rows(items: list[tuple[int, str, int, int]]) -> InputRows | None:
     rows = [_task_row(*PARTITIONS[i], kind, first, n) for i, kind, first, n in items]
-    return detect.Rows.from_frame(pd.DataFrame(rows)) if rows else None
+    return InputRows.from_frame(pd.DataFrame(rows)) if rows else None
 
 
 def _split(out: detect.Output) -> tuple[dict[Any, list[Any]], dict[Any, dict[str, Any]]]:
@@ -252,8 +262,8 @@ def test_detectors_kept_parsed_across_a_tasks_calls_give_the_output_of_saving_ea
     (``detect.LiveBucket``): the same runs, gaps and final state as parsing and saving per
     call, and per partition one stat row with the calls' counters summed."""
     now = 10_000
-    per_call = buckets.BucketState()
-    kept = buckets.BucketState()
+    per_call = detector_set.DetectorSet()
+    kept = detector_set.DetectorSet()
     for calls, step in plan:
         now += step
         expected_rows: dict[Any, list[Any]] = {}
@@ -286,8 +296,8 @@ def test_a_kept_detector_takes_the_smaller_share_when_partitions_join_in_a_later
     total = 1 << 20
     alone = [_row("a", 0, False, o, 1) for o in range(0, 8 * 4096, 2)]  # ~32 KiB of bitmaps
     crowd = [_row("x", p, False, 0, 1) for p in range(200)] + [_row("a", 0, False, 9 * 4096, 1)]
-    calls = [detect.Rows.from_frame(pd.DataFrame(rows)) for rows in (alone, crowd)]
-    per_call, kept = buckets.BucketState(), buckets.BucketState()
+    calls = [InputRows.from_frame(pd.DataFrame(rows)) for rows in (alone, crowd)]
+    per_call, kept = detector_set.DetectorSet(), detector_set.DetectorSet()
     expected = detect.Output()
     for rows in calls:
         detect.detect_bucket_rows(params, rows, per_call, 10_000, expected, total)

@@ -1,17 +1,20 @@
-"""The bucketed state layout: the detectors of many source partitions in one state row.
+"""A detector set: the detectors of many source partitions in one value (a container, pure).
+
+Two layouts keep their state in it: a bucket of the **buckets** layout (one Spark state row) and
+a raw partition's state record of the **direct** layout (``dedup/direct_state.py``).
 
 Why: Spark and pyspark pay a fixed cost per *group* of ``applyInPandasWithState`` in every
 micro-batch (the group's Arrow slice turned into pandas column by column, its state object, its
 output frame turned back into Arrow, its state row and timeout in the JVM): ~3-4 ms of Python per
 group and batch, measured (docs/benchmarks.md "Many source partitions"). Grouping by source
-partition made that cost grow with the number of topics a link carries. A checkpoint created by
-this version groups by **bucket** instead: a fixed number of buckets per state partition (the
+partition made that cost grow with the number of topics a link carries. A bucketed checkpoint
+groups by **bucket** instead: a fixed number of buckets per state partition (the
 Spark task that holds them; ``dedup/state_layout.py``), so a batch calls the stateful function a
 fixed number of times per task whatever the fan-in, and the function splits its rows by source
 partition itself, in numpy.
 
 A bucket's state value is a container (this module, pure): per source partition, the detector's
-own bytes (``gaps.PartitionDetector.to_bytes``) and the time of its last gap scan. Blobs are kept
+own bytes (``PartitionDetector.to_bytes``) and the time of its last gap scan. Blobs are kept
 as bytes and parsed only for partitions with input or a scan due, so a bucket with hundreds of
 quiet partitions costs a copy of their bytes per batch, not a parse.
 
@@ -20,7 +23,7 @@ entry, in (topic, partition) order: topic length (u16), partition (i32), last sc
 length (u64), the topic (UTF-8), the blob.
 
 Which layout a checkpoint uses is decided once, when it is created (``dedup/state_layout.py``);
-checkpoints created before this version keep one group per source partition.
+checkpoints created before the buckets keep one group per source partition.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import struct
 from collections.abc import Iterator
 from typing import Final
 
-from dedup.gaps import GapStateError
+from common.errors import GapStateError
 
 MAGIC: Final = b"KDBK\x01"
 _COUNT: Final = struct.Struct("<I")
@@ -50,7 +53,7 @@ BUCKET_TOPIC: Final = ""
 Key = tuple[str, int]
 
 
-class BucketState:
+class DetectorSet:
     """The saved detectors of one bucket: ``(topic, partition) -> (blob, last scan ms)``."""
 
     def __init__(self, entries: dict[Key, tuple[bytes, int]] | None = None) -> None:
@@ -99,7 +102,7 @@ class BucketState:
         return b"".join(parts)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> BucketState:
+    def from_bytes(cls, data: bytes) -> DetectorSet:
         """Parse a container.
 
         Raises:

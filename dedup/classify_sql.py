@@ -1,7 +1,7 @@
 """Step 2 of the dedup query: classify raw records in Spark SQL (JVM, vectorised, no Python).
 
 Runs in the **executors**, before the shuffle (the buckets layout). The direct layout, which has
-no shuffle, classifies in its task by the same rules in Python (``dedup/classify_rows.py``;
+no shuffle, classifies in its task by the same rules in Python (``dedup/classify_python.py``;
 ``tests/integration/test_dedup_classify.py`` holds the two to the same verdicts).
 
 Both raw layouts (docs/topics.md) parse here, without a regular expression: the key is split on
@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F  # noqa: N812  Spark's conventional alias
 
+from common.gap_record import MAX_OFFSET
 from common.raw_run import MAX_STRIDE
 from common.raw_topic import (
     CHAIN_COUNT,
@@ -47,9 +48,8 @@ from common.raw_topic import (
     WITHHELD,
     WITHHELD_LAST,
 )
-from dedup import gaps
-from dedup.buckets import BUCKET_TOPIC
-from dedup.detect import (
+from dedup.detector_set import BUCKET_TOPIC
+from dedup.rows import (
     KIND_DATA,
     KIND_HEARTBEAT,
     KIND_MALFORMED,
@@ -70,8 +70,8 @@ def classify(
     """Parse keys, tell runs from v1 records from control from malformed; keep data payloads.
 
     ``topics`` is ``(*RAW_TOPICS, CONTROL_TOPIC)``: a record of any other topic is malformed.
-    ``bucket_keys`` (bucketed state layout, ``dedup/buckets.py``): the group key of each bucket,
-    the buckets of state partition ``s`` at ``s * per .. s * per + per - 1`` of
+    ``bucket_keys`` (bucketed state layout, ``dedup/detector_set.py``): the group key of each
+    bucket, the buckets of state partition ``s`` at ``s * per .. s * per + per - 1`` of
     ``state_partitions`` (``dedup/job.py bucket_keys``); a row then also carries its group key
     ``(g_topic, g_partition)``: a bucket of the state partition its source (topic, partition)
     hashes to (Spark's own placement), chosen by a second, independent hash.
@@ -135,14 +135,14 @@ def classify(
     )
     kind = f"""cast(CASE
         WHEN NOT coalesce(key_ok, false) THEN {KIND_MALFORMED}
-        WHEN first > {gaps.MAX_OFFSET} OR coalesce(last, first) > {gaps.MAX_OFFSET}
+        WHEN first > {MAX_OFFSET} OR coalesce(last, first) > {MAX_OFFSET}
             THEN {KIND_MALFORMED}
         WHEN is_run AND control IS NULL AND known THEN {KIND_RUN_IN}
         WHEN is_run THEN {KIND_MALFORMED}
         WHEN control = '{HEARTBEAT.decode()}' THEN {KIND_HEARTBEAT}
         WHEN control = '{RESET.decode()}' THEN {KIND_RESET}
         WHEN control = '{WITHHELD.decode()}' AND {_json_long(WITHHELD_LAST)} >= first
-            AND {_json_long(WITHHELD_LAST)} <= {gaps.MAX_OFFSET} THEN {KIND_WITHHELD}
+            AND {_json_long(WITHHELD_LAST)} <= {MAX_OFFSET} THEN {KIND_WITHHELD}
         WHEN control IS NOT NULL THEN {KIND_MALFORMED}
         WHEN NOT known THEN {KIND_MALFORMED}
         WHEN coalesce({prov_ok}, false)

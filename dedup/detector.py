@@ -60,8 +60,9 @@ from dataclasses import dataclass
 import numpy as np
 from pyroaring import BitMap64
 
-from common.errors import ConfigError, DiodeError, LocalProtocolError
+from common.errors import ConfigError, GapStateError, LocalProtocolError
 from common.gap_record import MAX_OFFSET, GapReport, GapState
+from common.raw_topic import MAX_CHAINS
 
 __all__ = [
     "MAX_OFFSET",
@@ -81,11 +82,6 @@ _MAX_WINDOWS = 2**20
 _MAX_SPAN = 2**36  # WINDOW_SIZE x MAX_WINDOWS: bounds the transient range bitmaps of a scan
 _GAP_ENTRY_BYTES = 64  # estimated memory per remembered gap (Python objects), for the budget
 _MAX_WARNINGS = 16
-_MAX_CHAINS = 64  # sender.config.MAX_CHAINS
-
-
-class GapStateError(DiodeError):
-    """Serialised detector state is unreadable, truncated, of another version or another config."""
 
 
 class WindowSizeMismatchError(GapStateError):
@@ -486,10 +482,13 @@ class PartitionDetector:
         than before (the chains were re-planned) starts the table afresh.
 
         Raises:
-            LocalProtocolError: not ``1 <= index <= count <= 64`` or the offset out of range.
+            LocalProtocolError: not ``1 <= index <= count <= MAX_CHAINS``, or the offset out of
+                range.
         """
-        if not 1 <= index <= count <= _MAX_CHAINS:
-            raise LocalProtocolError(f"chain {index}/{count} out of range (1 <= I <= N <= 64)")
+        if not 1 <= index <= count <= MAX_CHAINS:
+            raise LocalProtocolError(
+                f"chain {index}/{count} out of range (1 <= I <= N <= {MAX_CHAINS})"
+            )
         if not 0 <= high_offset <= MAX_OFFSET:
             raise LocalProtocolError(f"heartbeat offset {high_offset} outside 0..{MAX_OFFSET}")
         if count != self._chain_count:

@@ -1,0 +1,175 @@
+"""The one commit path: a write task's transaction of one micro-batch, for every state layout.
+
+:func:`commit_batch` holds the transaction; a layout only says what its part of a batch is
+(:class:`BatchWork`: how to fence and what was committed, what to produce per Arrow batch, what
+to write last), ``dedup/transaction.py`` for the stateful layouts, ``dedup/direct.py`` for the
+direct one. :func:`produce_waiting` is the one produce-retry loop and :func:`abort` the one abort.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any, Protocol
+
+import pyarrow as pa
+from confluent_kafka import KafkaException, Producer
+
+from common.errors import ServiceError
+from dedup.faults import fault, fault_during
+from dedup.fence import wait_for_room
+from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult
+
+log = logging.getLogger(__name__)
+
+
+class BatchWork(Protocol):
+    """One write task's part of a batch, as the layout sees it (``commit_batch`` drives it)."""
+
+    #: how logs and errors name the part: ``partition 3``, ``raw partition raw:3``
+    name: str
+    #: the task's key for the fault hooks (its partition)
+    fault_key: int
+    #: after a skip, the rest of the input is still read (the stateful layouts: their rows come
+    #: from Spark's stateful step in the same stage, which must see its input to the end)
+    drain_skipped: bool
+
+    def publishes(self, batch: pa.RecordBatch) -> bool:
+        """Whether ``batch`` has anything to publish (called for every Arrow batch)."""
+
+    def fence(self) -> tuple[Producer, int]:
+        """A producer that fenced every older attempt, and the batch committed last (-1: none)."""
+
+    def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:
+        """Produce what ``batch`` publishes, counting it in ``result``."""
+
+    def finish(self, producer: Producer, result: BatchResult) -> None:
+        """Produce what says the batch is committed (a marker, a state record)."""
+
+    def ended(self, committed: bool, abort_failed: bool) -> None:
+        """The transaction committed, or was aborted (``abort_failed``: the abort itself failed)."""
+
+
+def commit_batch(
+    work: BatchWork,
+    batches: Iterable[pa.RecordBatch],
+    batch_id: int,
+    *,
+    before_commit: Callable[[], None] | None = None,
+) -> BatchResult:
+    """Commit ``work``'s part of batch ``batch_id`` in one Kafka transaction, or skip it.
+
+    Effectively once (docs/dedup.md "Effectively once"), per (batch ``N``, task part ``p``): a
+    reader with ``isolation.level=read_committed`` sees what ``N`` publishes for ``p`` at most
+    once, and exactly once if the query ever completes ``N``, however often a process or task
+    crashes, is retried or lingers as a zombie, and however often the query restarts.
+
+    1. **Fixed parts.** ``p`` is a state partition of Spark's stateful step (the number Spark
+       fixes for a checkpoint at its first run), or a raw partition (the direct layout, whose
+       partition count is checked fixed); a source partition's input is always in the same ``p``.
+    2. **One transaction per (N, p)**, of a producer whose ``transactional.id`` is ``p``'s own:
+       the clean records, the gap records and what says ``N`` is done for ``p`` (a marker in the
+       progress topic, or the direct layout's state record) commit or abort together.
+    3. **Fence first.** Every attempt creates its producer and calls ``init_transactions``,
+       which fences every older producer with that id (an earlier attempt, a retried or
+       speculative task, a zombie on an executor declared lost, a task of a crashed driver) and
+       aborts its open transaction, or completes it if its commit had begun. Only then does it
+       read ``p``'s last committed batch ``M`` (``read_committed``): ``N <= M`` means the batch
+       was committed before Spark heard of it, and the attempt skips it. A fenced zombie can no
+       longer commit.
+    4. Spark writes ``N`` to its commit log only after every task succeeded; a batch missing
+       there is re-run with the same offsets, and step 3 decides per part. The stateful layouts
+       replay it from the same state version (the same output); the direct layout's state is
+       the committed state record itself, so committed work is never redone.
+
+    The fence runs at the first Arrow batch that publishes anything; a part with none opens no
+    transaction and writes nothing (its replay has none either). ``before_commit`` runs after
+    everything was produced, before the commit (tests: a zombie or a second attempt between).
+
+    Raises:
+        ServiceError: a Kafka call failed; the transaction was aborted, nothing is visible.
+    """
+    result = BatchResult(batch_id)
+    producer: Producer | None = None
+    pending = iter(batches)
+    try:
+        for batch in pending:
+            if not work.publishes(batch):
+                continue
+            if producer is None:
+                producer, committed = work.fence()
+                if batch_id <= committed:
+                    log.info(
+                        "batch %d %s already committed (batch %d): skipped",
+                        batch_id,
+                        work.name,
+                        committed,
+                    )
+                    if work.drain_skipped:
+                        for rest in pending:
+                            work.publishes(rest)
+                    return BatchResult(batch_id, skipped=True, fenced=True)
+                producer.begin_transaction()
+            work.produce(producer, batch, result)
+        if producer is None:
+            result.skipped = True
+            return result
+        work.finish(producer, result)
+        if before_commit is not None:
+            before_commit()
+        fault("task-before-commit", batch_id, work.fault_key)
+        with fault_during("task-in-commit", batch_id, work.fault_key):
+            producer.commit_transaction(KAFKA_TIMEOUT_S * 4)
+    except KafkaException as exc:
+        if producer is not None:
+            work.ended(False, not abort(producer, work.name))
+        raise ServiceError(
+            f"writing batch {batch_id} {work.name} failed and was aborted "
+            f"(nothing of it is visible): {exc}"
+        ) from exc
+    except BaseException:
+        if producer is not None:
+            work.ended(False, not abort(producer, work.name))
+            log.error("batch %d %s aborted", batch_id, work.name)  # noqa: TRY400  re-raised below with the cause
+        raise
+    work.ended(True, False)
+    fault("task-after-commit", batch_id, work.fault_key)
+    return result
+
+
+def abort(producer: Producer, name: str) -> bool:
+    """Abort the open transaction; False if that failed (the producer is then dropped)."""
+    try:
+        producer.abort_transaction(KAFKA_TIMEOUT_S)
+    except KafkaException:
+        # fenced (a newer attempt took over) or the broker is away: the newer attempt's, or the
+        # next, init_transactions aborts what is left open
+        log.warning("abort of %s failed; the producer is dropped", name)
+        return False
+    return True
+
+
+def produce_waiting(  # noqa: PLR0917  produce's own arguments
+    producer: Producer,
+    topic: str,
+    value: bytes | None,
+    key: bytes | None,
+    partition: int = -1,
+    timestamp: int = 0,
+    headers: Any = None,
+    *,
+    on_delivery: Callable[[Any, Any], None] | None = None,
+    full: bool = False,
+) -> None:
+    """``produce``, waiting for room in librdkafka's bounded local queue as often as it is full
+    (``full``: it just was, so wait before the first try). The one produce-retry loop."""
+    while True:
+        if full:
+            wait_for_room(producer)
+        try:
+            # positional: keywords cost produce() a dict per call
+            producer.produce(topic, value, key, partition, on_delivery, None, timestamp, headers)
+        except BufferError:
+            full = True
+            continue
+        return

@@ -1,0 +1,113 @@
+"""The one commit path (``dedup.commit.commit_batch``) with a stand-in producer, no Kafka: the
+order of its steps, the skip of a committed batch, and the abort on any failure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import KafkaException
+
+from common.errors import ServiceError
+from dedup.commit import commit_batch
+from dedup.writer_settings import BatchResult
+
+
+class FakeProducer:
+    def __init__(self, fail_commit: bool = False) -> None:
+        self.calls: list[str] = []
+        self.fail_commit = fail_commit
+
+    def begin_transaction(self) -> None:
+        self.calls.append("begin")
+
+    def commit_transaction(self, _timeout: float) -> None:
+        if self.fail_commit:
+            raise KafkaException("fenced")
+        self.calls.append("commit")
+
+    def abort_transaction(self, _timeout: float) -> None:
+        self.calls.append("abort")
+
+
+class Work:
+    fault_key = 0
+
+    def __init__(self, committed: int, *, drain: bool, fail_commit: bool = False) -> None:
+        self.name = "partition 0"
+        self.drain_skipped = drain
+        self.committed = committed
+        self.producer = FakeProducer(fail_commit)
+        self.seen: list[int] = []
+        self.ends: list[tuple[bool, bool]] = []
+
+    def publishes(self, batch: pa.RecordBatch) -> bool:
+        self.seen.append(batch.num_rows)
+        return batch.num_rows > 1
+
+    def fence(self) -> tuple[Any, int]:
+        self.producer.calls.append("fence")
+        return self.producer, self.committed
+
+    def produce(self, producer: Any, batch: pa.RecordBatch, result: BatchResult) -> None:
+        producer.calls.append(f"produce {batch.num_rows}")
+        result.records += batch.num_rows
+
+    def finish(self, producer: Any, result: BatchResult) -> None:
+        producer.calls.append("finish")
+
+    def ended(self, committed: bool, abort_failed: bool) -> None:
+        self.ends.append((committed, abort_failed))
+
+
+def _batches(*sizes: int) -> list[pa.RecordBatch]:
+    return [pa.RecordBatch.from_pydict({"x": list(range(n))}) for n in sizes]
+
+
+def test_fence_at_the_first_published_batch_then_produce_finish_commit() -> None:
+    work = Work(committed=4, drain=True)
+    result = commit_batch(work, _batches(1, 2, 3), 5)
+    assert work.producer.calls == ["fence", "begin", "produce 2", "produce 3", "finish", "commit"]
+    assert (result.records, result.skipped, work.ends) == (5, False, [(True, False)])
+
+
+def test_nothing_published_opens_no_transaction() -> None:
+    work = Work(committed=-1, drain=True)
+    result = commit_batch(work, _batches(1, 1), 0)
+    assert work.producer.calls == []
+    assert result.skipped
+    assert not result.fenced
+
+
+@pytest.mark.parametrize("drain", [True, False])
+def test_a_committed_batch_is_skipped_and_its_input_drained_if_the_layout_asks(
+    drain: bool,
+) -> None:
+    work = Work(committed=5, drain=drain)
+    result = commit_batch(work, _batches(2, 3, 4), 5)
+    assert work.producer.calls == ["fence"]
+    assert result.skipped
+    assert result.fenced
+    assert work.seen == ([2, 3, 4] if drain else [2])
+    assert work.ends == []
+
+
+def test_a_failed_commit_aborts_and_says_nothing_is_visible() -> None:
+    work = Work(committed=-1, drain=True, fail_commit=True)
+    with pytest.raises(ServiceError, match="batch 3 partition 0 failed and was aborted"):
+        commit_batch(work, _batches(2), 3)
+    assert work.producer.calls[-1] == "abort"
+    assert work.ends == [(False, False)]
+
+
+def test_any_other_failure_aborts_too_and_is_raised_as_it_is() -> None:
+    work = Work(committed=-1, drain=True)
+
+    def boom() -> None:
+        raise RuntimeError("task killed")
+
+    with pytest.raises(RuntimeError, match="task killed"):
+        commit_batch(work, _batches(2), 3, before_commit=boom)
+    assert work.producer.calls[-2:] == ["finish", "abort"]
+    assert work.ends == [(False, False)]

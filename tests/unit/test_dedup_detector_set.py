@@ -12,11 +12,12 @@ from typing import Any
 
 import pandas as pd
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from common.errors import GapStateError
 from dedup import detect, detector_set
+from dedup.detector import DetectorConfig, PartitionDetector
 from dedup.rows import (
     COLUMN_NAMES,
     KIND_HEARTBEAT,
@@ -255,6 +256,9 @@ def _split(out: detect.Output) -> tuple[dict[Any, list[Any]], dict[Any, dict[str
 
 @settings(max_examples=80, deadline=None)
 @given(tasks)
+# offsets 61-64 then 0: the kept bitmap holds an array container, the saved one a run container
+# of the same size, so their bytes differ while their members agree
+@example([([[(0, "run", 61, 4)], [(0, "run", 0, 1)]], 0)])
 def test_detectors_kept_parsed_across_a_tasks_calls_give_the_output_of_saving_each_call(
     plan: list[tuple[list[list[tuple[int, str, int, int]]], int]],
 ) -> None:
@@ -287,8 +291,33 @@ def test_detectors_kept_parsed_across_a_tasks_calls_give_the_output_of_saving_ea
         assert live.finish(live_out) is kept
         rows, stats = _split(live_out)
         assert rows == expected_rows
+        # state_bytes is the size of the state as saved, which is not canonical: a bitmap
+        # container whose array and run forms are the same size keeps the form it had, and a
+        # detector kept parsed has a different history of forms than one saved and parsed per
+        # call. The state itself must be the same; its size is the size of what is saved.
+        for key, row in stats.items():
+            assert row.pop("state_bytes") == len(kept.get(key)[0]), key  # type: ignore[index]
+        for row in expected_stats.values():
+            row.pop("state_bytes")
         assert stats == expected_stats
-        assert kept.to_bytes() == per_call.to_bytes()
+        assert _logical(kept) == _logical(per_call)
+
+
+def _logical(detectors: detector_set.DetectorSet) -> dict[Any, tuple[int, dict[str, Any]]]:
+    """Each detector's whole state as values (bitmaps compared by their members, not by the
+    container forms that their serialised bytes depend on), and its last scan time."""
+    config = DetectorConfig(window_size=PARAMS.window_size, max_windows=PARAMS.max_windows)
+    out = {}
+    for key in detectors:
+        blob, last = detectors.get(key)  # type: ignore[misc]
+        detector = PartitionDetector.from_bytes(blob, config)
+        fields = {k: v for k, v in vars(detector).items() if k not in _NOT_STATE}
+        out[key] = (last, fields)
+    return out
+
+
+#: Attributes of a parsed detector that are not saved state (its settings, undrained output).
+_NOT_STATE = frozenset({"config", "_reports", "_warnings"})
 
 
 def test_a_kept_detector_takes_the_smaller_share_when_partitions_join_in_a_later_call() -> None:

@@ -2,9 +2,9 @@
 
 Today's dedup is two steps in one Spark stage after a shuffle: the stateful step
 (``applyInPandasWithState`` per bucket, state in RocksDB) and the write task, the payload carried
-through both (docs/dedup.md "How it works"). The design this bench prices instead has no shuffle
-and no stateful operator: one task per raw partition (Spark's Kafka source makes one per
-topic-partition), which would detect, write and keep its detectors' state in its own Kafka
+through both (docs/dedup-internals.md "How it works"). The design this bench prices instead
+has no shuffle and no stateful operator: one task per raw partition (Spark's Kafka source makes
+one per topic-partition), which would detect, write and keep its detectors' state in its own Kafka
 transaction, as a Kafka Streams task keeps its changelog. Its **floor** is what that task cannot
 avoid: read the raw partition, hand the runs to one Python worker (``mapInArrow``), decode every
 run and produce every record it holds into one transaction per task, commit. It detects nothing

@@ -1,6 +1,7 @@
 """Low side: deduplicate the raw topic into clean topic(s) and report gaps.
 
-Module map (docs/dedup.md "How it works" tells the story; each module's docstring its part)::
+Module map (docs/dedup-internals.md "How it works" tells the story; each module's docstring
+its part)::
 
     the gap detector (pure, no Spark)
       detector.py          one source partition's detector: windows, gaps, scans (docs/gaps.md)

@@ -14,7 +14,7 @@ counters. The driver collects those (one row per task and one per source partiti
 metrics (``dedup/metrics.py``).
 
 The effectively-once argument is stated once, at the commit path every layout takes:
-``dedup.commit.commit_batch`` (docs/dedup.md "Effectively once" has the long form).
+``dedup.commit.commit_batch`` (docs/dedup-internals.md "Effectively once" has the long form).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ detectors take (``dedup/detect.py``), for the direct layout's tasks (``dedup/dir
 Runs in the **executors**, inside a direct task. ``dedup/classify_sql.py`` states the same rules in
 Spark SQL for the buckets layout, where the classification must happen before the shuffle; the
 direct layout has no shuffle, and classifying in its task spares the JVM a projection that copies
-every payload once more (docs/benchmarks.md "The direct layout"). A run costs one key parse
+every payload once more (docs/benchmarks.md "Dedup"). A run costs one key parse
 here; a v1 record (one row per source record, written before raw layout v2) costs more, which
 only a v1 backlog pays. ``tests/integration/test_dedup_classify.py`` holds both to the same
 verdicts over the same raw records.

@@ -59,7 +59,8 @@ def commit_batch(
 ) -> BatchResult:
     """Commit ``work``'s part of batch ``batch_id`` in one Kafka transaction, or skip it.
 
-    Effectively once (docs/dedup.md "Effectively once"), per (batch ``N``, task part ``p``): a
+    Effectively once (docs/dedup-internals.md "Effectively once"), per (batch ``N``, task part
+    ``p``): a
     reader with ``isolation.level=read_committed`` sees what ``N`` publishes for ``p`` at most
     once, and exactly once if the query ever completes ``N``, however often a process or task
     crashes, is retried or lingers as a zombie, and however often the query restarts.

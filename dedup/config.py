@@ -306,8 +306,7 @@ class DedupConfig:
 
         Half, because a state partition's task runs two Python workers at once: the stateful
         step's, streaming into the write task's. One task per core gave a 2-core dedup four
-        workers and no more throughput than one task with two (docs/benchmarks.md "One state
-        partition per two cores").
+        workers and no more throughput than one task with two (docs/benchmarks.md "Dedup").
         """
         if self.shuffle_partitions:
             return self.shuffle_partitions

@@ -216,7 +216,7 @@ class LiveBucket:
     The direct layout's task (``dedup/direct.py``: every source partition of one raw partition)
     calls :meth:`observe` once per Arrow batch of its input: parsing and saving each detector
     per Arrow batch made the task's cost grow with the source partitions per raw partition
-    (docs/benchmarks.md "The direct layout"). Each call does what one call of
+    (docs/benchmarks.md "Dedup"). Each call does what one call of
     :func:`detect_partition` per source partition does (resets first, data, withheld,
     heartbeats, a due scan, the budget of the bucket's share at that call); the counters of a
     partition's calls are summed into one ``stat`` row by :meth:`finish`, which writes the

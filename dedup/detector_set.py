@@ -6,7 +6,7 @@ a raw partition's state record of the **direct** layout (``dedup/direct_state.py
 Why: Spark and pyspark pay a fixed cost per *group* of ``applyInPandasWithState`` in every
 micro-batch (the group's Arrow slice turned into pandas column by column, its state object, its
 output frame turned back into Arrow, its state row and timeout in the JVM): ~3-4 ms of Python per
-group and batch, measured (docs/benchmarks.md "Many source partitions"). Grouping by source
+group and batch, measured (docs/benchmarks.md "Dedup"). Grouping by source
 partition made that cost grow with the number of topics a link carries. A bucketed checkpoint
 groups by **bucket** instead: a fixed number of buckets per state partition (the
 Spark task that holds them; ``dedup/state_layout.py``), so a batch calls the stateful function a

@@ -1,7 +1,7 @@
 """The fence of the dedup's transactions: producers that fence their elders, and the markers.
 
 Runs in the write tasks (executors) and once on the driver at start-up (the floor of earlier,
-driver-side writers). docs/dedup.md "Effectively once", step 3: every attempt calls
+driver-side writers). docs/dedup-internals.md "Effectively once", step 3: every attempt calls
 ``init_transactions`` (fencing every older producer of its ``transactional.id``) and only then
 reads its partition's highest committed marker.
 """
@@ -32,7 +32,7 @@ MARKER_PARTITION = 0
 #: partition's batch fill. A task that writes into many clean partitions (one per source topic
 #: its raw partition carries) sent each a small batch every 20 ms, and the broker's cost is per
 #: batch: 32 clean partitions at 55k records/s cost it 2.5 CPU-s per 200k records at 20 ms, 1.1
-#: at 2 s (docs/benchmarks.md "Fan-in: the broker's cost per batch").
+#: at 2 s (docs/benchmarks.md "Dedup").
 WRITE_LINGER_MS = 2_000
 #: Seconds a produce waits for room in a full local queue before it tries again.
 ROOM_WAIT_S = 0.05
@@ -93,7 +93,7 @@ def writer_conf(
             # bootstrap connection, with the request in it, once metadata names the brokers)
             # and its retry waits ~50 ms: on a task's critical path every batch. Connected to
             # every broker at once, a new producer is ready in ~14 ms instead of ~64
-            # (docs/benchmarks.md "Each task's fixed cost").
+            # (docs/benchmarks.md "Dedup").
             "enable.sparse.connections": conf.get("enable.sparse.connections", False),
         }
     )

@@ -18,7 +18,7 @@ no input and no output whose scanned partitions hold no pending gap (``dedup/bat
 batch), further ticks would change nothing until input arrives, and input makes a batch by
 itself. The ticker then ticks ``SETTLED_FACTOR`` times less often rather than never: a safety
 net should a wall-clock step have left a partition unscanned in the settling batch. A silent
-link then costs one batch per 10 intervals (docs/benchmarks.md "Settled ticks").
+link then costs one batch per 10 intervals (docs/benchmarks.md "Dedup").
 
 Runs in the **driver** (``dedup/runner.py`` polls it twice a second). Pure: the clock and the
 write are passed in.

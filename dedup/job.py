@@ -1,6 +1,6 @@
 """The dedup query on Spark: raw topic(s) -> clean topic(s) + gap topic. Wiring only.
 
-Where each step runs (docs/dedup.md "How it works" has the long form):
+Where each step runs (docs/dedup-internals.md "How it works" has the long form):
 
 1. **Read** (executors): Spark's Kafka source over the raw topic(s) and the control topic
    (``includeHeaders``; ``startingOffsets=earliest`` for a new checkpoint; at most
@@ -57,14 +57,14 @@ spark_compat.apply()
 
 #: Bytes of one Arrow batch handed to a Python worker (``SPARK_CONF_*`` overrides it). 16 MiB,
 #: not 64: the JVM spent ~1 CPU-s more per million 200 B records building 64 MiB batches (a
-#: bucket's rows fill them; docs/benchmarks.md "State by bucket"), and a worker holds less.
+#: bucket's rows fill them; docs/benchmarks.md "Dedup"), and a worker holds less.
 ARROW_MAX_BYTES_PER_BATCH = 16 << 20
 #: The same bound for a direct checkpoint: its task classifies, detects and writes each Arrow
 #: batch as it comes, so smaller batches let the JVM read and convert the next one meanwhile
 #: (at 16 MiB a task's whole input of a backlog batch was one Arrow batch, and its worker waited
 #: for all of it). 4 MiB measured 4.1-4.8 CPU-s per M at a fan-in of 32 (16 MiB: 4.8-5.4),
 #: 3.6-5.4 at one (16 MiB: 4.1-4.4), and 1.1x the rate to the clean topic side by side with the
-#: peer (docs/benchmarks.md "Each task's fixed cost").
+#: peer (docs/benchmarks.md "Dedup").
 DIRECT_ARROW_MAX_BYTES_PER_BATCH = 4 << 20
 
 #: The Python workers' allocator (``spark.executorEnv.*``; ``--spark-conf`` overrides each).
@@ -84,11 +84,11 @@ WORKER_ALLOCATOR_ENV = {
 #: spark-submit): Spark's ``*.defaultJavaOptions``, so that a user's ``extraJavaOptions`` add to
 #: them. The parallel collector: G1's concurrent marking of Spark's large object graph, started
 #: again and again by the payload's churn, was 11-29 % of the JVM's CPU in a backlog
-#: (docs/benchmarks.md "The parallel collector").
+#: (docs/benchmarks.md "Dedup").
 JVM_OPTIONS = "-XX:+UseParallelGC"
 #: Environment of a JVM this process launches: two glibc malloc arenas instead of eight per core
 #: for the JVM's native allocations (RocksDB, the JIT, Netty): ~60 MB less Pss at a steady
-#: 20,000 records/s and no measured CPU cost (docs/benchmarks.md "The parallel collector").
+#: 20,000 records/s and no measured CPU cost (docs/benchmarks.md "Dedup").
 #: The Python workers the JVM starts inherit it. Set in the environment first to choose another.
 JVM_ENV = {"MALLOC_ARENA_MAX": "2"}
 
@@ -105,7 +105,7 @@ STATE_TOPIC_CONFIG = {
 #: Spark's least. The direct layout streams each raw partition's records from the source through
 #: its task (no shuffle, no state store), so the default 1 GB only let the collector defer work:
 #: peak Pss 926 MB against 1,079 at 20,000 records/s, the same p99, and a 1.5 GB backlog of 1 KB
-#: records passed (docs/benchmarks.md "The direct layout").
+#: records passed (docs/benchmarks.md "Dedup").
 DIRECT_DRIVER_MEMORY = "512m"
 
 CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
@@ -118,7 +118,7 @@ def checkpoint_conf() -> dict[str, str]:
     partition (a snapshot every few batches, in the background); Spark reads either form and
     switches an existing checkpoint in both directions. The checkpoint file manager stays
     Spark's: the ``FileSystem``-based one avoids ``FileContext``'s ``readlink`` processes but
-    made a 32-topic backlog 19 % dearer (docs/benchmarks.md "Checkpoint files without forks").
+    made a 32-topic backlog 19 % dearer (docs/benchmarks.md "Dedup").
     """
     return {CHANGELOG_CHECKPOINTING: "true"}
 
@@ -151,7 +151,7 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         "spark.sql.shuffle.partitions": str(config.effective_shuffle_partitions()),
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(config.arrow_max_records_per_batch),
         # runs carry payload: a byte bound too, so that a Python worker holds at most this much
-        # of a micro-batch at a time (the write tasks stream, docs/dedup.md "Memory")
+        # of a micro-batch at a time (the write tasks stream, docs/dedup.md "Settings")
         "spark.sql.execution.arrow.maxBytesPerBatch": str(
             DIRECT_ARROW_MAX_BYTES_PER_BATCH if direct else ARROW_MAX_BYTES_PER_BATCH
         ),
@@ -168,7 +168,8 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         **{f"spark.executorEnv.{name}": value for name, value in WORKER_ALLOCATOR_ENV.items()},
         "spark.sql.streaming.stopTimeout": "120s",
         # no batch without input: the driver's ticks (dedup/idle_tick.py) make one per gap-scan
-        # interval instead of one per trigger, each ~0.9 CPU-s (docs/dedup.md "Idle cost")
+        # interval instead of one per trigger, each with a fixed cost (docs/dedup-internals.md
+        # "How it works")
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
         **checkpoint_conf(),
     }
@@ -193,7 +194,7 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
 #: the source has a fetch in flight past the end of its last task's range, which the broker holds
 #: this long for data that does not come; the next task's first fetch of that partition waits
 #: for it. At 500 ms a task waited ~0.5 s for its first records in most batches
-#: (docs/benchmarks.md "Each task's fixed cost"); a consumer polls only inside a task, so a short
+#: (docs/benchmarks.md "Dedup"); a consumer polls only inside a task, so a short
 #: wait costs one empty fetch per task.
 SOURCE_FETCH_WAIT_MS = 10
 

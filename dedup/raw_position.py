@@ -13,7 +13,7 @@ Two questions an operator asks at 3 a.m. that Spark's own metrics do not answer:
 
 The progress parsing and the counting are pure (:func:`positions_from_progress`,
 :class:`ExpiryCounter`); :class:`RawPositionMetrics` is the thin part that asks Kafka. Runbook
-entries: docs/operations.md "Alerts".
+entries: docs/metrics.md "Alerts".
 """
 
 from __future__ import annotations

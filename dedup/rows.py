@@ -18,7 +18,7 @@ Row kinds (column ``kind``):
   to deliver (packed little-endian int64 pairs ``(first index, last index)``, inclusive,
   increasing; empty = all) and ``records`` how many that is. Carrying the payload means no write
   task ever reads the raw topic again: each payload is read once, by Spark's source
-  (docs/dedup.md "Each payload read once").
+  (docs/dedup-internals.md "Each payload read once").
 - ``gap``: one gap report, ``gap_key`` and ``gap_value`` as the gap topic takes them.
 - ``stat``: one per group and micro-batch: the counters of ``STAT_COLUMNS`` and ``state_bytes``.
 """

@@ -100,7 +100,7 @@ def wait_for_kafka(
     """Wait, before Spark starts, until the downstream cluster answers; False if ``stop`` was set
     first. A start while the cluster is away (a restart by systemd during an outage) therefore
     waits instead of failing: failing starts would use up the unit's start limit
-    (``StartLimitBurst``) and leave the dedup down after the outage (docs/dedup.md "Kafka away").
+    (``StartLimitBurst``) and leave the dedup down after the outage (docs/dedup.md "Running it").
     """
     conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
     began = time.monotonic()

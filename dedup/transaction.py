@@ -5,7 +5,7 @@ the partition's rows of the batch (``dedup/rows.py``), fences every older attemp
 partition (``dedup/fence.py``), skips a batch its marker says is committed, and otherwise
 produces, in one transaction: the first-seen records of every ``run`` row (decoded from the
 payload the row carries: nothing is read back from the raw topic), the gap reports and the
-marker. docs/dedup.md "Effectively once" has the argument.
+marker. docs/dedup-internals.md "Effectively once" has the argument.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class PartitionWriter:
 
         The payload came with the rows (``dedup/rows.py``): nothing is read from Kafka here.
         Runs are written in the order the stateful step emitted them: per source partition, by
-        first offset (docs/dedup.md "Order").
+        first offset (docs/dedup.md "Upgrading from layout v1").
 
         Raises:
             ServiceError: a run's payload does not decode (it was checked in the stateful step,

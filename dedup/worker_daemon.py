@@ -10,7 +10,7 @@ stateful step's worker into the write task's). Imported here, before the fork, t
 shared copy-on-write by every worker, and ``gc.freeze()`` keeps the collector's walks from
 writing to them (a walk dirties each object's header, and a dirtied page is copied). Pages a
 worker writes to later (reference counts of the objects it uses) are still copied one by one, so
-the saving is measured, not assumed: docs/benchmarks.md "Workers forked preloaded".
+the saving is measured, not assumed: docs/benchmarks.md "Dedup".
 
 PySpark's daemon imports its worker after the fork "because pandas and pyarrow start threads when
 imported" (its comment). Both do (a jemalloc background thread and an Arrow pool thread), and

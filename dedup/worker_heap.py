@@ -6,7 +6,7 @@ the worker tracks: pandas, pyarrow, pyspark, confluent-kafka and this package, l
 alive for the worker's life. Each micro-batch runs a few tasks per worker, so a quiet link paid
 for those walks once a second whatever it carried: measured with ``perf`` at 5,000 records/s
 (``bench/dedup_latency.py``), 60 % of the workers' CPU was ``gc_collect_main`` and its visitors
-(docs/benchmarks.md "Python workers: the collector's walks").
+(docs/benchmarks.md "Dedup").
 
 ``gc.freeze()`` moves every object tracked at that moment into a permanent generation that
 collections skip. It runs when a task's function is unpickled (``FreezeOnLoad``, carried in what

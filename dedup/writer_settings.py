@@ -99,6 +99,7 @@ class BatchResult:
     replaced: int = 0
     """Clean records written with the dedup's time (``_produce_replaced``)."""
     payload_bytes: int = 0
-    """Bytes of run payloads the write consumed (docs/dedup.md "Each payload read once")."""
+    """Bytes of run payloads the write consumed (docs/dedup-internals.md "Each payload read
+    once")."""
     record_bytes: int = 0
     """Bytes of the keys, values and headers of every record in those runs (delivered or not)."""

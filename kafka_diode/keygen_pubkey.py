@@ -11,7 +11,7 @@
 * ``--show FILE`` prints the type and fingerprint of every key in a key file, to compare over the
   phone with what the other side printed.
 
-Every command prints fingerprints as ``ABCD-EFGH-...`` (docs/operations.md, "Public-key mode").
+Every command prints fingerprints as ``ABCD-EFGH-...`` (docs/security.md, "Public-key mode").
 """
 
 from __future__ import annotations

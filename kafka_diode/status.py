@@ -294,8 +294,12 @@ def dedup_next_offsets(metrics: Mapping[str, float]) -> dict[tuple[str, int], in
 
 def _read_raw_tail(config: StatusConfig, obs: Observation, now_ms: float) -> None:
     """The last ``scan_records`` of each raw partition; and the ``scan_records`` before the
-    dedup's next offset, where the tail does not hold them (for ``clean`` only)."""
-    from confluent_kafka import TopicPartition  # noqa: PLC0415
+    dedup's next offset, where the tail does not hold them (for ``clean`` only).
+
+    Raises:
+        KafkaClientError: the brokers cannot be read (refused credentials, none answering).
+    """
+    from confluent_kafka import KafkaException, TopicPartition  # noqa: PLC0415
 
     from runtime import kafka  # noqa: PLC0415
 
@@ -331,6 +335,8 @@ def _read_raw_tail(config: StatusConfig, obs: Observation, now_ms: float) -> Non
                     head[(topic, p)] = (max(low, nxt - scan), min(nxt, start))
         _read_ranges(consumer, config, tail, lambda msg: _observe_raw(obs, msg, now_ms))
         _read_ranges(consumer, config, head, lambda msg: _observe_raw(obs, msg, now_ms, tail=False))
+    except KafkaException as exc:  # refused credentials, no broker: "Kafka cannot be read"
+        raise kafka.error(exc, "reading the raw topic") from exc
     finally:
         consumer.close()
 

@@ -100,7 +100,8 @@ class Receiver:
         if config.receiver_key_file is not None:  # public-key mode (receiver/pubkey_glue.py)
             self._pk = PublicKeyGlue(config, wire)
         self._decoder = self._pk.decoder if self._pk else Decoder(wire, self._keyring)
-        # FEC needs no setting: repairs say everything on the wire (docs/receiver.md, "FEC").
+        # FEC needs no setting: repairs say everything on the wire (docs/receiver.md, "Forward
+        # error correction").
         # It shares the decoder's key ring: in public-key mode that ring learns the announced
         # session keys in place, so repairs under them authenticate too.
         self.fec = FecDecoder(

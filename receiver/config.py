@@ -48,7 +48,7 @@ PINNED_KAFKA = {"enable.idempotence": "true", "acks": "all", "delivery.report.on
 #: Defaults of the run settings (docs/receiver.md, "Runs"). 64 KiB: a dedup micro-batch holds up
 #: to MAX_OFFSETS_PER_TRIGGER runs, and a 1.5 GB batch of 1 MB runs ran a local dedup's JVM out of
 #: memory (it exits, and again at each restart); 10,000 runs of 64 KiB (640 MB) pass in its
-#: default heap (docs/benchmarks.md, "Run size and the dedup's heap"). 64 KiB still holds ~250
+#: default heap (docs/benchmarks.md, "Dedup"). 64 KiB still holds ~250
 #: records of 200 B, so the per-run costs stay amortised.
 DEFAULT_RUN_MAX_BYTES = 65_536
 DEFAULT_RUN_LINGER = 0.02

@@ -3,7 +3,7 @@
 Why: every heartbeat record is input to the dedup, and Spark runs a micro-batch for any input,
 each ~0.5-0.8 CPU-s however little it holds. A live sender on a quiet link heartbeats every
 ``heartbeat_interval`` (2 s), so the dedup ran a batch every 2 s to learn nothing: ~0.4 of a
-core with no record flowing (docs/benchmarks.md "Quiet link, live sender").
+core with no record flowing (docs/benchmarks.md "Dedup").
 
 What a heartbeat tells the dedup per partition is ``(session, started_at, high, low)`` (and a
 share chain's fields): the detector keeps the highest ``high``, and a ``low`` it has applied

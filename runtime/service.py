@@ -1,6 +1,6 @@
 """How every long-running command meets its operator: event loop, stop signals, reload signal.
 
-One policy for ``send``, ``receive``, ``resend`` and ``dedup`` (docs/operations.md, "Stopping"):
+One policy for ``send``, ``receive``, ``resend`` and ``dedup``:
 the first SIGTERM or SIGINT asks for a graceful stop (drain, flush, commit); a second SIGINT, an
 operator pressing Ctrl+C again, ends the process at once with exit code 130 (or runs the
 command's own "stop now", such as the dedup's query stop); SIGHUP re-reads key files where the

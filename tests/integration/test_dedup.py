@@ -151,7 +151,7 @@ def kill_once_committed(
         proc.wait(30)
 
 
-#: docs/dedup.md "Slow links": one micro-batch per 5 s
+#: docs/dedup.md "Settings": one micro-batch per 5 s
 SLOW_LINK = {"PERSIST_INTERVAL_MS": "5000"}
 
 
@@ -290,7 +290,7 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     and one group per source partition, what checkpoints from before the buckets keep (asked
     for here by the operator's record in a new checkpoint). ``snapshots``: the killed run
     commits its state as earlier versions did (a RocksDB snapshot per commit), the restart as
-    this one does (changelogs, docs/dedup.md "Checkpoint files")."""
+    this one does (changelogs, docs/dedup.md "Settings")."""
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
     per_partition = 20_000

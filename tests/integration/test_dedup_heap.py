@@ -4,8 +4,7 @@ A backlog of 1.5 GB of 1 KB records in runs cut at the receiver's default ``run_
 deduped by ``kafka-diode dedup`` with its own defaults (``local[2]``, Spark's 1 GB driver heap,
 ``MAX_OFFSETS_PER_TRIGGER``): every record reaches the clean topic once. With the receiver's
 earlier default (1 MB runs) the same backlog made batches of ~1.5 GB, Arrow could not allocate a
-group's buffers (``OutOfMemoryException``) and the JVM exited (docs/benchmarks.md "Run size and
-the dedup's heap").
+group's buffers (``OutOfMemoryException``) and the JVM exited (docs/benchmarks.md "Dedup").
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Observing runs (raw layout v2) is observing each offset: the same verdicts, gaps, windows,
-expired gaps and withheld marks (docs/dedup.md "Runs").
+expired gaps and withheld marks (docs/receiver.md "Runs").
 
 Runs overlap earlier ones partly or wholly (a resend, a copy chain), cross window boundaries, fall
 below the floor and into expired gaps; scans, heartbeats, withheld ranges and state round trips

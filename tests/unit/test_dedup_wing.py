@@ -1,6 +1,6 @@
-"""The dedup's modules, as docs/dedup.md "How it works" names them: no import circle, one owner
-for the rows between the stateful step and the write tasks, pyspark where Spark is wired, and a
-theory of operation wherever a module grows long."""
+"""The dedup's modules, as docs/dedup-internals.md "How it works" names them: no import circle,
+one owner for the rows between the stateful step and the write tasks, pyspark where Spark is
+wired, and a theory of operation wherever a module grows long."""
 
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ def _settings(**conf: str) -> WriterSettings:
 
 
 def test_a_write_producer_connects_to_every_broker_at_once_unless_told_otherwise() -> None:
-    """docs/dedup.md "A task's fixed cost": a sparse client's fence took ~64 ms, ~14 without."""
+    """docs/dedup-internals.md "A task's fixed cost": a sparse client loses its first request."""
     conf = writer_conf(_settings(), "txn-raw-0")
     assert conf["enable.sparse.connections"] is False
     assert conf["transactional.id"] == "txn-raw-0"

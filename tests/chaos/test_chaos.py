@@ -1,10 +1,11 @@
 """The chaos suite: the whole system under a bad link and process faults, judged record by record.
 
 Each scenario runs real ``kafka-diode`` processes (sender, netem relay, receiver, Spark dedup,
-bundle, resend) against the session's two real brokers and checks DESIGN.md §1 from the topics
-alone: every produced record is in its clean topic exactly once with identical key, value, headers
-and timestamp, or inside a reported gap; every reported gap is really missing; no clean record is
-anything but an upstream record; and after at most three resend passes nothing is missing at all.
+bundle, resend) against the session's two real brokers and checks the promise (docs/design.md, "The
+promise") from the topics alone: every produced record is in its clean topic exactly once with
+identical key, value, headers and timestamp, or inside a reported gap; every reported gap is really
+missing; no clean record is anything but an upstream record; and after at most three resend passes
+nothing is missing at all.
 Scenarios are named and seeded; the figures go to the results file (tests/chaos/conftest.py).
 
 ``make test`` runs the scenarios not marked ``slow`` (CI); ``make chaos`` runs all of them.

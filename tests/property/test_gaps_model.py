@@ -1,7 +1,7 @@
 """Model-based tests: PartitionDetector against a plain reference (a set of seen offsets + rules).
 
-The reference implements DESIGN.md §7, the documented below-window policy and heartbeat low
-offsets (docs/gaps.md) with Python sets and lists, one offset at a time, and no bitmaps. The
+The reference implements docs/gaps.md "Semantics", the documented below-window policy and heartbeat
+low offsets (docs/gaps.md) with Python sets and lists, one offset at a time, and no bitmaps. The
 promise it checks: every offset from the lowest heartbeat ``low_offset`` (or the first offset seen)
 up to the highest heartbeat offset is delivered exactly once, open, or reported EXPIRED.
 """

@@ -1,4 +1,5 @@
-"""Gap detector: DESIGN.md §7 worked example, one test per known-wrong behaviour, budget, state."""
+"""Gap detector: the worked example of docs/gaps.md "Semantics", one test per known-wrong
+behaviour, budget, state."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The receiver and the dedup share three contracts of ``common/raw_topic.py`` (DESIGN.md §2):
+"""The receiver and the dedup share three contracts of ``common/raw_topic.py`` (docs/topics.md):
 where a source partition lands in the raw topic (``raw_partition_of``), how many share chains
 there may be (``MAX_CHAINS``) and how a ``{topic}`` template is filled (``fill_topic``). Each side
 is pinned here to the one definition, so neither can drift from the other."""

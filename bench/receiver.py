@@ -30,7 +30,10 @@ runs a receiver from another checkout (e.g. ``git worktree add --detach /tmp/old
 this one, alternating the two at every rate with the same datagrams.
 
     .venv/bin/python bench/receiver.py --flood 40000,80000 [--seconds 3]
-        [--flood-mix random,flip,truncate] [--baseline-tree /tmp/old]
+        [--flood-mix random,flip,truncate] [--baseline-tree /tmp/old] [--flood-gro on,off]
+
+``--flood-gro on,off`` runs two receivers of this tree, one with ``--udp-gro true`` and one with
+``--udp-gro false``, alternated at every rate (the order flips each rate) with the same datagrams.
 
 ``--profile`` samples the receiver with py-spy (the ``bench`` extra) during the last offered rate
 and prints, per stage of the socket-to-librdkafka path, its inclusive share of the sampled Python
@@ -425,9 +428,17 @@ def flood_main(args: argparse.Namespace) -> int:
     key_file = work / "keys.json"
     ring = write_key_file(key_file)
     dead = f"127.0.0.1:{free_port()}"  # no broker: nothing hostile reaches Kafka anyway
-    trees = {"this": ROOT}
-    if args.baseline_tree:
-        trees["baseline"] = Path(args.baseline_tree).resolve()
+    # (name, tree, extra receiver arguments): alternated at every rate with the same datagrams
+    variants: list[tuple[str, Path, list[str]]] = []
+    gro_modes = args.flood_gro.split(",") if args.flood_gro else [""]
+    if any(mode not in ("", "on", "off") for mode in gro_modes):
+        raise SystemExit("--flood-gro: on, off or on,off")
+    for mode in gro_modes:
+        gro = ["--udp-gro", "true" if mode == "on" else "false"] if mode else []
+        variants.append((f"this{'-gro-' + mode if mode else ''}", ROOT, gro))
+        if args.baseline_tree:
+            name = f"base{'-gro-' + mode if mode else ''}"
+            variants.append((name, Path(args.baseline_tree).resolve(), gro))
     receivers = {
         name: ReceiverProcess(
             dead,
@@ -435,9 +446,9 @@ def flood_main(args: argparse.Namespace) -> int:
             work,
             key_file=key_file,
             root=root,
-            extra=["--metadata-timeout", "0.5", *args.receiver_arg],
+            extra=["--metadata-timeout", "0.5", *args.receiver_arg, *gro],
         )
-        for name, root in trees.items()
+        for name, root, gro in variants
     }
     runs = []
     try:
@@ -445,7 +456,8 @@ def flood_main(args: argparse.Namespace) -> int:
             rx.start()
         for rate in (int(r) for r in args.flood.split(",")):
             datagrams = hostile_datagrams(ring, int(rate * args.seconds), kinds)
-            for name, rx in receivers.items():
+            order = list(receivers.items())
+            for name, rx in order if len(runs) // len(order) % 2 == 0 else order[::-1]:
                 base = counters(rx)
                 cpu0 = cpu_seconds(rx.pid)
                 sent_for = run_blaster(rx.port, datagrams, rate)
@@ -474,10 +486,12 @@ def flood_main(args: argparse.Namespace) -> int:
             if rx.proc is not None:
                 rx.terminate()
     print(f"flood of {'/'.join(kinds)} datagrams (no downstream broker)")
-    print(f"{'tree':>9} {'offered/s':>10} {'read/s':>8} {'loss':>7} {'cpu-s':>6} {'per cpu-s':>10}")
+    print(
+        f"{'tree':>13} {'offered/s':>10} {'read/s':>8} {'loss':>7} {'cpu-s':>6} {'per cpu-s':>10}"
+    )
     for r in runs:
         print(
-            f"{r['tree']:>9} {r['offered_datagrams_per_s']:>10,} {r['datagrams_per_s']:>8,} "
+            f"{r['tree']:>13} {r['offered_datagrams_per_s']:>10,} {r['datagrams_per_s']:>8,} "
             f"{r['loss_rate']:>7.4f} {r['receiver_cpu_s']:>6} {r['datagrams_per_cpu_s'] or 0:>10,}"
         )
     result = {
@@ -552,6 +566,11 @@ def main() -> int:
         "--flood-mix",
         default="random,flip,truncate",
         help=f"hostile kinds sent in turn, from {','.join(FLOOD_KINDS)}",
+    )
+    parser.add_argument(
+        "--flood-gro",
+        metavar="MODES",
+        help="with --flood: receivers with --udp-gro on and/or off (on,off: alternated)",
     )
     parser.add_argument(
         "--baseline-tree",

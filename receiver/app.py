@@ -143,7 +143,9 @@ class Receiver:
             backlog_records=lambda: sink.backlog_records,
             rcvbuf_bytes=lambda: self._rcvbuf,
             held_datagrams=lambda: self._pk.decoder.held if self._pk else 0,
-            sockets=lambda: [(d.port, d.datagrams, d.kernel_drops) for d in self._drainers],
+            sockets=lambda: [
+                (d.port, d.datagrams, d.kernel_drops, d.coalesced) for d in self._drainers
+            ],
             fec=self._fec_counters,
             fec_margin=lambda: (list(self.fec.margin_used), self.fec.margin_used_sum),
         )

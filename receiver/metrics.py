@@ -110,8 +110,9 @@ class Gauges:
     rcvbuf_bytes: Callable[[], int] = lambda: 0
     held_datagrams: Callable[[], int] = lambda: 0
     """Public-key mode: datagrams held for a session key not yet learned."""
-    sockets: Callable[[], list[tuple[int, int, int]]] = list
-    """Per socket of this process, in order: (local port, datagrams read, kernel drops)."""
+    sockets: Callable[[], list[tuple[int, int, int, int]]] = list
+    """Per socket of this process, in order: (local port, datagrams read, kernel drops, reads that
+    returned a coalesced run (UDP GRO))."""
     fec: Callable[[], dict[str, int]] = dict
     """FEC counters by name (``FecDecoder``: blocks_complete, blocks_recovered, ...)."""
     fec_margin: Callable[[], tuple[list[int], float]] = lambda: (
@@ -256,11 +257,18 @@ class ReceiverCollector(Collector):
             "Datagrams the kernel dropped per UDP socket (receive buffer full).",
             labels=["socket", "port"],
         )
-        for index, (port, read, dropped) in enumerate(per_socket):
+        coalesced_by_socket = CounterMetricFamily(
+            f"{PREFIX}_socket_coalesced_reads",
+            "Reads per UDP socket that returned a run of datagrams at once (UDP GRO).",
+            labels=["socket", "port"],
+        )
+        for index, (port, read, dropped, coalesced) in enumerate(per_socket):
             datagrams.add_metric([str(index), str(port)], read)
             drops_by_socket.add_metric([str(index), str(port)], dropped)
+            coalesced_by_socket.add_metric([str(index), str(port)], coalesced)
         yield datagrams
         yield drops_by_socket
+        yield coalesced_by_socket
 
 
 def _margin_histogram(counts: list[int], total: float) -> HistogramMetricFamily:

@@ -19,6 +19,16 @@ what a sender's GSO run becomes, on a NIC what the driver's GRO coalesced. Every
 ``recvmsg_into`` and the buffer is split at that size into the datagrams the sender sent, each
 handed over on its own, exactly as without GRO; a buffer without the control message is one
 datagram. ``max_per_wakeup`` counts datagrams either way.
+
+GRO is not switched with the traffic. A ``recvmsg_into`` costs ~0.8-1.3 us more than a
+``recv_into`` here (CPython builds the sender's address and the ancillary list), which a hostile
+flood of single datagrams, never coalesced, pays for nothing (``bench/receiver.py --flood ...
+--flood-gro on,off``: docs/benchmarks.md). Switching GRO off at the socket while nothing is
+coalesced would save it, but cannot be done safely: the kernel reports a buffer's segment size only
+if GRO is on when it is *read*, so a run coalesced just before the switch (or still in the kernel's
+receive path during it, which no check from user space can rule out) would be read as one
+concatenated datagram and lost (tests/property/test_gso_gro.py pins the kernel's behaviour).
+Where floods matter more than large records, ``udp_gro = false``.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from common.wire import Decoder, Encoder, Key, KeyRing, RecordBatch, WireConfig
+from receiver import transport
 from receiver.transport import SocketDrainer, open_udp_socket
 from sender.transport import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, SendResult, UdpSender, gso_supported
 
@@ -135,3 +136,15 @@ def test_the_wire_path_over_gso_and_gro_delivers_every_record(value_bytes: int) 
         received += [(r.offset, r.value) for r in event.records]
     assert received == list(enumerate(values))
     assert not decoder.drops
+
+
+def test_a_buffer_coalesced_under_gro_loses_its_segment_size_once_gro_is_off() -> None:
+    """Why the receiver never switches GRO off at run time (receiver/transport.py, "GRO is not
+    switched with the traffic"): the kernel reports the segment size only while GRO is on at the
+    *read*, so a run coalesced before the switch and read after it is one concatenated buffer."""
+    run = [bytes([i]) * 100 for i in range(4)]
+    with link(gro=True) as (udp, drainer, got):
+        assert udp.send_run(run) == (4, SendResult.SENT)
+        drainer._sock.setsockopt(transport.SOL_UDP, transport.UDP_GRO, 0)
+        drainer._drain_gro()
+        assert got == [b"".join(run)]

@@ -34,12 +34,16 @@ from common.wire.batch_decode import decode_record_groups
 from common.wire.batch_encode import RECORD_BATCH_SCHEMA, BatchBuilder
 from common.wire.crypto import SessionCipher
 from common.wire.envelope import (
+    CIPHER_AES_256_GCM,
     ENVELOPE_SCHEMA,
+    KIND_HEARTBEAT,
     KIND_RECORD_BATCH,
     SMALL_LONGS,
+    build_header,
     decode_long,
     encode_long,
     encode_varint,
+    frame,
 )
 from common.wire.events import records_of
 from common.wire.replay import ReplayWindow
@@ -354,3 +358,42 @@ def test_decoder_fragment_fast_path_equals_the_general_path(size: int, seed: int
     assert drop.reason is DropReason.AUTH_FAILED
     assert len(records_in(feed(fast, more))) == 1
     assert not drain(fast)
+
+
+@given(
+    st.integers(1, 40_000),
+    st.integers(0, 2**40),
+    st.sampled_from([KIND_RECORD_BATCH, KIND_HEARTBEAT]),
+    st.integers(0, 2),
+    st.sampled_from([1200, 1452, 8952]),
+)
+def test_the_fragment_fast_path_is_the_general_framing(
+    size: int, start: int, kind: int, compression: int, datagram: int
+) -> None:
+    """``Encoder._fragments`` (one pass per message) == ``build_header`` + ``SessionCipher.seal``
+    + ``frame`` per fragment (the readable framing, docs/protocol.md §3, §6), byte for byte, with
+    the same sequences and ``completes`` on the last fragment only."""
+    key = Key.generate()
+    enc = Encoder(WireConfig(max_datagram_size=datagram), KeyRing([key]), session_id=SESSION)
+    cipher = SessionCipher(key, SESSION)
+    payload = random.Random(size).randbytes(size)
+    completes = (("t", 0, 7),)
+    capacity = enc.capacity
+    count = max(1, -(-size // capacity))
+    out = enc._fragments(kind, compression, key.key_id, cipher, start, count, payload, completes)
+    expected = []
+    for index in range(count):
+        header = build_header(
+            kind=kind, compression=compression, cipher=CIPHER_AES_256_GCM, session_id=SESSION,
+            sequence=start + index, key_id=key.key_id, fragment_index=index, fragment_count=count,
+            message_length=size,
+        )  # fmt: skip
+        chunk = payload[index * capacity : (index + 1) * capacity]
+        expected.append(
+            (
+                frame(header, cipher.seal(start + index, chunk, header)),
+                start + index,
+                completes if index == count - 1 else (),
+            )
+        )
+    assert [(d.data, d.sequence, d.completes) for d in out] == expected

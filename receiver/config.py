@@ -61,7 +61,7 @@ DEFAULT_KAFKA = {
     "linger.ms": "100",
     "batch.size": "1000000",
     "batch.num.messages": "10000",
-    "compression.type": "lz4",
+    "compression.type": "none",  # docs/receiver.md: the raw topic is a buffer, not an archive
     "message.timeout.ms": "0",
     "retry.backoff.ms": "200",
     "reconnect.backoff.max.ms": "2000",
@@ -92,11 +92,14 @@ class ReceiverConfig:
     """Requested SO_RCVBUF per socket; as root SO_RCVBUFFORCE bypasses net.core.rmem_max."""
     max_datagrams_per_wakeup: int = 512
     """Datagrams read from one socket per readiness event before yielding to the event loop."""
-    udp_gro: bool = True
+    udp_gro: bool = False
     """UDP receive offload where the kernel has it (Linux 5.0+): one read returns a run of
-    datagrams of one flow (a sender's GSO run on loopback, what the NIC coalesced), split here
-    into the same datagrams; a datagram that arrives alone is read as before. Off: one datagram
-    per read (a little cheaper per datagram when nothing is ever coalesced)."""
+    datagrams of one flow (a sender's GSO run on loopback, what the NIC coalesced), split here into
+    the same datagrams; a datagram that arrives alone is read as before. On, large records cost the
+    receiver ~15 percent less CPU per byte; but every read then carries ancillary data, so a flood
+    of single datagrams (hostile or malformed input) is drained 10-20 percent slower per CPU
+    second. Off by default so that the flood drain keeps its speed; turn it on for links that carry
+    large records from a trusted sender (docs/benchmarks.md, "Hostile flood, GRO on and off")."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """Event loop implementation: uvloop (fast) or the standard asyncio loop."""
     key_file: Path | None = None

@@ -1,10 +1,11 @@
 """Large records through UDP GSO and GRO with real brokers, under sustained load (issue 45).
 
-The defaults (``udp_gso`` on the sender, ``udp_gro`` on the receiver) with 10 KB and 100 KB records:
-a backlog of ~50 MB waits upstream before the sender starts (deeper than four replay windows in
-datagrams), the sender empties it paced (``--rate-bytes``), one GSO ``sendmsg`` per run of
-fragments; the receiver reads the runs coalesced (its ``socket_coalesced_reads`` counter says the
-runs were GSO runs and GRO split them) and writes the raw topic. Every record must be there exactly
+The sender's default (``udp_gso`` on) with 10 KB and 100 KB records, into a receiver with its
+default (``udp_gro`` off: one datagram per read) and with GRO on: a backlog of ~50 MB waits
+upstream before the sender starts (deeper than four replay windows in datagrams), the sender
+empties it paced (``--rate-bytes``), one GSO ``sendmsg`` per run of fragments; the receiver reads
+the runs coalesced (its ``socket_coalesced_reads`` counter says the runs were GSO runs and GRO
+split them, and stays 0 with GRO off) and writes the raw topic. Every record must be there exactly
 once, byte for byte, with no datagram dropped anywhere: not by the kernel, not by the decoder.
 """
 
@@ -27,8 +28,9 @@ RECORDS = 3200
 RATE = 25_000_000  # bytes/s: the backlog leaves in ~2 s, paced
 
 
+@pytest.mark.parametrize("gro", [False, True], ids=["gro-off", "gro-on"])
 def test_large_records_through_gso_and_gro_arrive_exactly_once(
-    upstream_kafka, downstream_kafka, kafka_topic, group_id, tmp_path
+    gro, upstream_kafka, downstream_kafka, kafka_topic, group_id, tmp_path
 ):
     source = kafka_topic(upstream_kafka, partitions=3)
     raw_topic = kafka_topic(downstream_kafka, partitions=2)
@@ -44,7 +46,10 @@ def test_large_records_through_gso_and_gro_arrive_exactly_once(
     positions = produce_records(upstream_kafka, source, records, timeout=120)
     key_file = tmp_path / "keys.json"
     write_key_file(key_file)
-    with ReceiverProcess(downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file) as rx:
+    with ReceiverProcess(
+        downstream_kafka.bootstrap, raw_topic, tmp_path, key_file=key_file,
+        extra=["--udp-gro", str(gro).lower()],
+    ) as rx:  # fmt: skip
         sender = start_sender(
             upstream_kafka.bootstrap, rx.port, source, group_id, key_file,
             tmp_path / "sender.log", "--rate-bytes", str(RATE), "--heartbeat-interval", "1",
@@ -67,7 +72,10 @@ def test_large_records_through_gso_and_gro_arrive_exactly_once(
             for (name, _), value in metrics.items()
             if name == "kafka_diode_receiver_socket_coalesced_reads_total"
         )
-        assert coalesced > 0, "no GSO run was read coalesced: GSO or GRO is not in use"
+        if gro:
+            assert coalesced > 0, "no GSO run was read coalesced: GSO or GRO is not in use"
+        else:
+            assert coalesced == 0
         assert rx.terminate() == 0
     consumed = consume_all(downstream_kafka, raw_topic, timeout=60, expand_runs=True)
     data: dict[tuple[int, int], list[bytes | None]] = {}

@@ -126,6 +126,9 @@ def test_two_share_chains_carry_half_each_and_the_dedup_merges_them_without_gaps
     assert [json.loads(g.value) for g in gaps if g.value is not None] == []
 
 
+# slow (75 s on CI's machine): CI keeps the share chains' case, which runs the same merge in the
+# dedup; copies are the sender's duplication, tested without Kafka in tests/unit/test_chains.py
+@pytest.mark.slow
 def test_copy_chains_deliver_everything_although_one_link_loses_a_fifth(
     upstream_kafka: Any, downstream_kafka: Any, kafka_topic: Any, tmp_path: Path
 ) -> None:

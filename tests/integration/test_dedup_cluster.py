@@ -135,6 +135,9 @@ def spark_cluster(tmp_path: Path) -> Iterator[str]:
             _stop(proc)
 
 
+# slow (2 min on CI's machine: a Spark master and worker beside the brokers): CI keeps the same
+# SIGKILL and restart in local mode (tests/integration/test_dedup.py), the job being unchanged
+@pytest.mark.slow
 def test_sigkill_and_restart_on_a_standalone_cluster_keep_the_promise(
     downstream_kafka, kafka_topic, tmp_path: Path, spark_cluster: str
 ) -> None:

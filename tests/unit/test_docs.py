@@ -4,8 +4,11 @@ section references, paths, defaults, page lengths, the README's two set-up comma
 import dataclasses
 import importlib
 import re
+import shlex
 import tomllib
 from pathlib import Path
+
+import pytest
 
 from common import settings
 from common.settings import field_docs
@@ -370,3 +373,60 @@ def test_deployment_guide_configurations_are_valid() -> None:
     assert config.spark_master.startswith("spark://")
     assert config.new_topic_replication == 3
     assert config.spark_conf["spark.driver.blockManager.port"] == "7079"
+
+
+#: How a doc's code line starts a kafka-diode command (after ``$``, ``sudo`` and ``VAR=value``).
+_KAFKA_DIODE = ("kafka-diode", ".venv/bin/kafka-diode", "/usr/bin/kafka-diode")
+#: Lines that are diagrams or usage synopses, not commands to type.
+_NOT_A_COMMAND = ("[", "...", "…", "─", "→", "►")
+
+
+def doc_commands() -> list[tuple[str, list[str]]]:
+    """Every ``kafka-diode`` command typed in a code block or indented block of the README and
+    docs/, continuation lines joined: (``file:line``, its arguments)."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        in_fence, pending, start = False, "", 0
+        for no, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if line.lstrip().startswith("```"):
+                in_fence = not in_fence
+                continue
+            if not (in_fence or line.startswith("    ")):
+                continue
+            text = line.strip()
+            start = start if pending else no
+            if text.endswith("\\"):
+                pending += text[:-1] + " "
+                continue
+            command, pending = pending + text, ""
+            if any(mark in command for mark in _NOT_A_COMMAND):
+                continue
+            lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+            lexer.whitespace_split, lexer.commenters = True, "#"
+            try:
+                words = list(lexer)
+            except ValueError:  # an unbalanced quote: prose, not a command
+                continue
+            while words and (words[0] in ("$", "sudo") or re.match(r"[A-Z_][A-Z0-9_]*=", words[0])):
+                words = words[1:]
+            if words and words[0] in _KAFKA_DIODE:
+                found.append((f"{path.relative_to(ROOT)}:{start}", words[1:]))
+    return found
+
+
+def test_every_command_in_the_docs_is_one_the_cli_accepts() -> None:
+    """A command an operator copies from the docs names a real command and only options its
+    ``--help`` lists (options are never abbreviated, so a shortened one is caught too)."""
+    from tests.unit.test_packaging import assert_cli_accepts  # noqa: PLC0415
+
+    commands = doc_commands()
+    assert len(commands) >= 30, commands  # the scan finds the docs' commands
+    for where, args in commands:
+        assert_cli_accepts(args, where)
+
+
+def test_a_command_with_an_option_the_cli_lacks_is_caught() -> None:
+    from tests.unit.test_packaging import assert_cli_accepts  # noqa: PLC0415
+
+    with pytest.raises(AssertionError, match="has no option"):
+        assert_cli_accepts(["send", "--rate-byte", "1"], "planted")

@@ -2,7 +2,7 @@
 
 :func:`commit_batch` holds the transaction; a layout only says what its part of a batch is
 (:class:`BatchWork`: how to fence and what was committed, what to produce per Arrow batch, what
-to write last), ``dedup/transaction.py`` for the stateful layouts, ``dedup/direct.py`` for the
+to write last), ``dedup/transaction.py`` for the stateful layouts, ``dedup/direct_task.py`` for the
 direct one. :func:`produce_waiting` is the one produce-retry loop and :func:`abort` the one abort.
 """
 

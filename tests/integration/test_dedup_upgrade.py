@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from dedup.state_layout import LAYOUT_FILE
+from dedup.layouts import LAYOUT_FILE
 from tests.integration.test_dedup import (
     BASE_TS,
     SOURCE,

@@ -122,7 +122,7 @@ class TransactionalBatchWriter:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """Write micro-batch ``batch_id``: a DataFrame in ``dedup.rows.OUTPUT_SCHEMA`` (the
-        stateful layouts), or of Spark's Kafka source columns (the direct layout)."""
+        buckets layout), or of Spark's Kafka source columns (the direct layout)."""
         self.in_batch = True
         try:
             self._write_batch(df, batch_id)

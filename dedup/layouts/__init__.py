@@ -134,6 +134,10 @@ class LayoutImpl(Protocol):
     #: the raw topic must exist before a new checkpoint's first start (``dedup/runner.py`` waits)
     NEEDS_RAW_TOPIC: bool
 
+    def source_topics(self, config: DedupConfig) -> tuple[str, ...]:
+        """The topics the query's Kafka source subscribes to."""
+        ...
+
     def plan(
         self,
         spark: SparkSession,
@@ -353,13 +357,22 @@ def checkpoint_layout(
     """
     found = read_checkpoint(config.state_dir_config, spark)
     assert found is not None  # read through Spark: any path
-    layout = decide(
-        found.recorded,
-        has_offsets=found.has_offsets,
-        state_partitions=config.effective_shuffle_partitions(),
-        new_kind=config.new_state_layout,
-        raw_partitions=raw_partitions,
-    )
+    try:
+        layout = decide(
+            found.recorded,
+            has_offsets=found.has_offsets,
+            state_partitions=config.effective_shuffle_partitions(),
+            new_kind=config.new_state_layout,
+            raw_partitions=raw_partitions,
+        )
+    except GapStateError as exc:
+        topics = implementation(config.new_state_layout).source_topics(config)
+        offsets = str(exc) == RETIRED_MESSAGE and last_offsets(config.state_dir_config, topics)
+        if offsets:
+            raise GapStateError(
+                f"{exc}. For this checkpoint: KAFKA_SOURCE_STARTINGOFFSETS='{offsets}'"
+            ) from None
+        raise
     if found.has_offsets and config.state_layout not in {AUTO, layout.kind}:
         log.warning(
             "STATE_LAYOUT=%s applies to new checkpoints; this one keeps its layout, %s",
@@ -369,6 +382,26 @@ def checkpoint_layout(
     if not found.has_offsets:
         write_layout_file(spark, config.state_dir_config, layout)
     return layout
+
+
+def last_offsets(state_dir: str, topics: Sequence[str]) -> str | None:
+    """The end offsets of the last batch Spark planned in a local checkpoint, for ``topics``, as
+    Spark's ``startingOffsets`` JSON: where a new checkpoint continues an old one that ran until
+    idle (the upgrade step of the retired partitions layout). None: not a local checkpoint,
+    no batch, or a topic missing from it."""
+    root = local_path(state_dir)
+    offsets = root / "offsets" if root is not None else None
+    try:
+        batches = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets else []
+        if not batches or offsets is None:
+            return None
+        lines = (offsets / str(max(batches))).read_text().splitlines()
+        planned = json.loads(lines[2])  # v1, the batch's metadata, then the source's offsets
+    except (OSError, ValueError, IndexError):
+        return None
+    if not isinstance(planned, dict) or not all(t in planned for t in topics):
+        return None
+    return json.dumps({t: planned[t] for t in topics}, separators=(",", ":"))
 
 
 # -- the decision ----------------------------------------------------------------------------

@@ -55,15 +55,20 @@ def plan(
     from dedup.classify_sql import classify  # noqa: PLC0415
 
     del writer  # the tasks need nothing beyond the TaskSpec
-    topics = (*config.raw_topics, config.control_topic)
+    topics = source_topics(config)
     keys = bucket_keys(spark, layout)
     log.info(
         "state layout: buckets (%d buckets in each of %d state partitions)",
         layout.buckets_per_partition,
         layout.state_partitions,
     )
-    raw = job.raw_stream(spark, config)
+    raw = job.raw_stream(spark, config, topics)
     return detected(classify(raw, topics, keys, layout.state_partitions), config)
+
+
+def source_topics(config: DedupConfig) -> tuple[str, ...]:
+    """The raw topic(s) and the control topic (ticks and resets)."""
+    return (*config.raw_topics, config.control_topic)
 
 
 def run_task(

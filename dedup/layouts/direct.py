@@ -68,7 +68,12 @@ def plan(
     from dedup import job  # noqa: PLC0415  imports pyspark (the driver only)
 
     ready(writer, config, layout)
-    return job.raw_stream(spark, config, config.raw_topics)
+    return job.raw_stream(spark, config, source_topics(config))
+
+
+def source_topics(config: DedupConfig) -> tuple[str, ...]:
+    """The one raw topic alone: ticks and resets go into its partitions."""
+    return config.raw_topics
 
 
 def ready(writer: TransactionalBatchWriter, config: DedupConfig, layout: StateLayout) -> None:

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from common.errors import GapStateError
-from dedup.layouts import BUCKETS_PER_PARTITION, RETIRED_MESSAGE, Layout, StateLayout, decide
+from dedup.layouts import (
+    BUCKETS_PER_PARTITION,
+    RETIRED_MESSAGE,
+    Layout,
+    StateLayout,
+    decide,
+    last_offsets,
+)
 
 BUCKETS = Layout.BUCKETS
 
@@ -58,3 +67,21 @@ def test_an_unknown_record_stops_the_start_with_the_way_out(recorded: str, match
     with pytest.raises(GapStateError, match=match) as info:
         decide(recorded, has_offsets=True, state_partitions=2)
     assert "State layout" in str(info.value)
+
+
+def test_the_upgrade_step_reads_where_the_old_checkpoint_stopped(tmp_path) -> None:
+    """``last_offsets``: the last planned batch's end offsets, for the topics the new checkpoint
+    reads (the direct layout: the raw topic alone), as ``startingOffsets`` JSON."""
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    for batch, raw in ((1, 90), (10, 150), (2, 100)):
+        planned = {"raw": {"0": raw, "1": 60}, "control": {"0": 3}}
+        (offsets / str(batch)).write_text(f'v1\n{{"batchWatermarkMs":0}}\n{json.dumps(planned)}\n')
+    (offsets / ".10.crc").write_text("")
+    assert last_offsets(str(tmp_path), ("raw",)) == '{"raw":{"0":150,"1":60}}'
+    assert last_offsets(f"file://{tmp_path}", ("raw", "control")) == (
+        '{"raw":{"0":150,"1":60},"control":{"0":3}}'
+    )
+    assert last_offsets(str(tmp_path), ("other",)) is None
+    assert last_offsets(str(tmp_path / "none"), ("raw",)) is None
+    assert last_offsets("hdfs://namenode/dedup", ("raw",)) is None

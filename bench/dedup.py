@@ -361,7 +361,7 @@ def run_query(spark, config, writer, total: int, transform=None) -> tuple[float,
         # query running three intervals more, outside the measured CPU, so that each layout's gap
         # topic holds its final states before the two are compared. Scans run only in batches,
         # and without input only the driver's ticks make batches: tick as `kafka-diode dedup` does.
-        ticker, close_ticks = idle_ticker(config, writer.direct_partitions)
+        ticker, close_ticks = idle_ticker(config, writer.layout)
         try:
             settled = time.monotonic() + 3 * config.gap_emit_interval_sec + 2
             while time.monotonic() < settled:
@@ -604,7 +604,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
                 kafka.TopicSpec(name=f"{tag}.{name}.clean.src{t}", partitions=PARTITIONS)
                 for t in range(args.topics)
             ]  # created, and their leaders waited for, as the dedup does it
-            kafka.ensure_topics({"bootstrap.servers": bootstrap}, specs, timeout=60)
+            kafka.create_missing_topics({"bootstrap.servers": bootstrap}, specs, timeout=60)
         writer = CountingWriter(writer_settings(c, WriterSettings))
         seconds, profile = run_query(spark, c, writer, written[layout])
         profile["write_payload_bytes"] = writer.payload_bytes

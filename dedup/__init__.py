@@ -8,19 +8,22 @@ its part)::
       detector_set.py      many detectors in one value: a bucket's state, a direct state record
     rows and their classification
       rows.py              the row kinds: the detector's input rows, the rows the write tasks take
-      classify_sql.py      raw records -> input rows in Spark SQL (the stateful layouts)
+      classify_sql.py      raw records -> input rows in Spark SQL (the buckets layout)
       classify_python.py   raw records -> input rows in Python (the direct layout's tasks)
       detect.py            the stateful step: detectors over a group's input rows -> output rows
+    the state layouts (the seam: nothing else branches on a layout)
+      layouts/__init__.py  the layout file (its one reader), decide(), the auto rule, the interface
+      layouts/buckets.py   Spark's stateful operator; ticks and resets into the control topic
+      layouts/direct.py    one task per raw partition; ticks and resets into the raw partitions
     the query and its batches (driver)
-      job.py               the Spark plan: source, classification, stateful step, foreachBatch
-      state_layout.py      which state layout a checkpoint has (buckets, partitions, direct)
+      job.py               the Spark session and query: source, the layout's plan, foreachBatch
       batch_driver.py      foreachBatch: maps a batch to its write task (write_task), folds results
       idle_tick.py         ticks: a batch at least once per gap-scan interval
       runner.py            runs the query until it stops
     the write tasks (executors) and their transactions
       commit.py            the one commit path of every layout (the effectively-once argument)
-      transaction.py       a stateful partition's transaction: clean records, gaps, marker
-      direct.py            the direct layout's task: detect, write and keep state in one transaction
+      transaction.py       a state partition's transaction: clean records, gaps, marker (buckets)
+      direct_task.py       the direct layout's task: detect, write and keep state in one transaction
       direct_state.py      the direct layout's state record;  state_reader.py  reading it back
       fence.py             producers that fence their elders, and the markers
       task_result.py       what a task hands back to the driver

@@ -8,7 +8,7 @@ and however often the query restarts from the same checkpoint.
 Where the work runs: nowhere near the driver. ``foreachBatch`` (driver) only maps the batch's
 DataFrame with ``write_task`` (``mapInArrow``): one task per partition of the stateful step (or
 per raw partition: the direct layout), in the executors, in parallel. Each task
-(``dedup/transaction.py``, ``dedup/direct.py``) produces the first-seen records with their
+(``dedup/transaction.py``, ``dedup/direct_task.py``) produces the first-seen records with their
 payload, its gap records and what says the batch is done in one transaction, and hands back a few
 counters. The driver collects those (one row per task and one per source partition) for the
 metrics (``dedup/metrics.py``).
@@ -20,11 +20,10 @@ The effectively-once argument is stated once, at the commit path every layout ta
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -33,14 +32,13 @@ import pyarrow.compute as pc
 from common.errors import ServiceError
 from common.raw_topic import TOPIC_FIELD
 from common.topic_limits import TimestampWindow
-from dedup.clean_topics import checked_clean_topic, ensure_topics
+from dedup.clean_topics import checked_clean_topic, create_dedup_topics
 from dedup.detect import DetectParams
-from dedup.direct import DirectPartition, source_of
 from dedup.faults import fault
-from dedup.fence import init_producer, read_last_marker
+from dedup.layouts import Layout, StateLayout, implementation
 from dedup.metrics import DedupMetrics
 from dedup.task_result import RESULT_DDL, task_attempt, task_result
-from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER, PartitionWriter
+from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER
 from dedup.writer_settings import BatchResult, TaskSpec, WriterSettings
 
 log = logging.getLogger(__name__)
@@ -62,7 +60,7 @@ class TransactionalBatchWriter:
         self.metrics = metrics
         self._query_id: str | None = None
         self._bound = threading.Event()
-        self._floor: int | None = None
+        self._started = False
         #: a fixed clean topic checked at start-up -> the timestamps it accepts (to the tasks)
         self._windows: dict[str, TimestampWindow] = {}
         self.last: BatchResult | None = None
@@ -80,11 +78,10 @@ class TransactionalBatchWriter:
         self.in_batch = False
         #: the last batch's task rows (tests, bench)
         self.last_tasks: pa.Table | None = None
-        #: the direct layout's detector settings (``dedup/direct.py``), set by ``dedup/job.py``
-        #: for a direct checkpoint: the batches are then the classified source, not detected rows
-        self.direct: DetectParams | None = None
-        #: the raw topic's partitions in the direct layout (each gets the idle ticks), else 0
-        self.direct_partitions = 0
+        #: the checkpoint's state layout, set by ``dedup/job.py`` (its module runs the tasks)
+        self.layout = StateLayout(Layout.BUCKETS)
+        #: the detectors' settings, set by a layout whose tasks detect (``dedup/layouts/direct.py``)
+        self.params: DetectParams | None = None
         #: set by ``request_stop``; ``between_batches`` is set when a batch call returns after it
         self._stop_requested = threading.Event()
         self.between_batches = threading.Event()
@@ -103,55 +100,29 @@ class TransactionalBatchWriter:
     def close(self) -> None:
         """Nothing to release: every transaction is complete when its task returns."""
 
-    def ensure_topics(
-        self,
-        topics: Iterable[str],
-        *,
-        compact: bool = False,
-        partitions: int | None = None,
-        config: Mapping[str, str] | None = None,
-    ) -> dict[str, int]:
-        """Create those of ``topics`` that do not exist (clean: NEW_TOPIC_PARTITIONS; else 1);
-        each one's partition count."""
-        return ensure_topics(
-            self.settings, topics, compact=compact, partitions=partitions, config=config
-        )
-
-    def _start(self) -> int:
-        """Fence the single driver-side writer of earlier versions; its last batch (the floor).
-
-        Before per-task transactions, one producer with ``TRANSACTIONAL_ID`` itself wrote whole
-        batches with markers keyed by the query id. ``init_transactions`` under that id aborts a
-        transaction such a writer left open, and its last marker says which batches are
-        complete in every partition (a checkpoint upgraded right after a crash between its
-        Kafka commit and Spark's commit log replays that batch: it must be skipped).
-        """
+    def _start(self) -> None:
+        """Ready the first batch: the query id, the gap and progress topics, a fixed clean topic
+        checked (a clean topic too small stops the job here, on the driver, not in the tasks)."""
         if not self._bound.wait(BIND_TIMEOUT_S):
             raise ServiceError("the dedup query did not report its id; cannot fence batches")
-        query_id = self._query_id or ""
-        self.ensure_topics([self.settings.gap_topic, self.settings.progress_topic], compact=True)
+        create_dedup_topics(
+            self.settings, [self.settings.gap_topic, self.settings.progress_topic], compact=True
+        )
         clean = self.settings.clean_topic
         if TOPIC_FIELD not in clean:
-            # at start-up, on the driver: a clean topic too small stops the job here, not in tasks
             self._windows[clean] = checked_clean_topic(self.settings, clean)
-        producer = init_producer(self.settings, self.settings.transactional_id)
-        del producer  # nothing is written under the old id; holding its epoch fences it
-        floor = read_last_marker(
-            self.settings, query_id.encode(), f"{self.settings.transactional_id}.fence"
-        )
         log.info(
-            "writer ready: transactional.id=%s-p<partition> query=%s (whole-batch marker: %d)",
+            "writer ready: transactional.id=%s-p<partition> query=%s",
             self.settings.transactional_id,
-            query_id,
-            floor,
+            self._query_id,
         )
-        return floor
+        self._started = True
 
     # -- one micro-batch ---------------------------------------------------------------------
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """Write micro-batch ``batch_id``: a DataFrame in ``dedup.rows.OUTPUT_SCHEMA`` (the
-        stateful layouts), or of Spark's Kafka source columns (the direct layout)."""
+        buckets layout), or of Spark's Kafka source columns (the direct layout)."""
         self.in_batch = True
         try:
             self._write_batch(df, batch_id)
@@ -166,27 +137,17 @@ class TransactionalBatchWriter:
 
     def _write_batch(self, df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        if self._floor is None:
-            self._floor = self._start()
-        if batch_id <= self._floor:
-            log.info("batch %d already committed (marker %d): skipped", batch_id, self._floor)
-            if self.metrics is not None:
-                self.metrics.replayed.inc()
-            self.last = BatchResult(batch_id, skipped=True, fenced=True)
-            self.settled = False  # a replay: what its scans left is not known here
-            self.batches_seen += 1
-            self.last_input_at = time.monotonic()
-            return
+        if not self._started:
+            self._start()
         spec = TaskSpec(
             settings=self.settings,
             query_id=self._query_id or "",
             batch_id=batch_id,
             windows=dict(self._windows),
-            floor=self._floor,
-            # the direct layout: one task per raw partition detects and writes (dedup/direct.py)
-            params=self.direct,
+            layout=self.layout.kind,
+            params=self.params,
             now_ms=int(time.time() * 1000),
-            raw_partitions=self.direct_partitions,
+            raw_partitions=self.layout.raw_partitions,
         )
         task = functools.partial(write_task, spec)
         # One action; no shuffle between the stateful step and the tasks (see the class doc).
@@ -276,9 +237,8 @@ class TransactionalBatchWriter:
 def write_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The write task of one micro-batch part (``mapInArrow``; runs in an executor), every layout.
 
-    A stateful partition's task takes its output rows of the batch (``PartitionWriter``); a raw
-    partition's task (the direct layout, ``spec.params`` set) takes the raw records of its raw
-    partition and detects them itself (``DirectPartition``). Either commits through
+    The layout's module runs it (``dedup/layouts/``: a state partition's output rows, or a raw
+    partition's records, which the task detects itself). Either commits through
     ``dedup.commit.commit_batch`` with a fresh producer per task attempt, whose
     ``init_transactions`` fences every earlier attempt (retries, zombies) before it reads what
     was committed, and hands back the ``stat`` rows and one ``task`` row. The rows stream in:
@@ -288,22 +248,8 @@ def write_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa
     started = time.monotonic()
     stat_parts: list[pa.RecordBatch] = []
     nonempty = (b for b in batches if b.num_rows)
-    if spec.params is not None:
-        first = next(nonempty, None)
-        if first is None:
-            return  # no input: no fence, no state read, nothing written
-        raw_topic, partition = source_of(first)
-        task = DirectPartition(spec, raw_topic, partition)
-        result = task.run(itertools.chain((first,), nonempty), stat_parts.append)
-        fence_ms = task.fence_ms
-    else:
-        writer = PartitionWriter(
-            spec.settings, spec.query_id, partition, floor=spec.floor, windows=spec.windows
-        )
-        try:
-            result = writer.write_batches(nonempty, spec.batch_id, on_stats=stat_parts.append)
-        finally:
-            writer.close()
-        fence_ms = writer.fence_ms
+    run = implementation(spec.layout).run_task(spec, partition, nonempty, stat_parts.append)
+    if run is None:
+        return
     write_ms = round((time.monotonic() - started) * 1000)
-    yield from task_result(partition, attempt, result, stat_parts, fence_ms, write_ms)
+    yield from task_result(run.partition, attempt, run.result, stat_parts, run.fence_ms, write_ms)

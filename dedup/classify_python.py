@@ -1,5 +1,5 @@
 """The classifier's rules in Python: raw records as Spark's Kafka source reads them -> the rows the
-detectors take (``dedup/detect.py``), for the direct layout's tasks (``dedup/direct.py``).
+detectors take (``dedup/detect.py``), for the direct layout's tasks (``dedup/direct_task.py``).
 
 Runs in the **executors**, inside a direct task. ``dedup/classify_sql.py`` states the same rules in
 Spark SQL for the buckets layout, where the classification must happen before the shuffle; the

@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 MAX_CHECKED_TOPICS = 4096
 
 
-def ensure_topics(
+def create_dedup_topics(
     settings: WriterSettings,
     topics: Iterable[str],
     *,
@@ -37,7 +37,7 @@ def ensure_topics(
     config: Mapping[str, str] | None = None,
 ) -> dict[str, int]:
     """Create those of ``topics`` that do not exist (clean: NEW_TOPIC_PARTITIONS; else 1) and
-    wait for their leaders (runtime.kafka.ensure_topics); ``config`` adds topic settings.
+    wait for their leaders (runtime.kafka.create_missing_topics); ``config`` adds topic settings.
     Returns each topic's partition count (created or found)."""
     if partitions is None:
         partitions = 1 if compact else settings.new_topic_partitions
@@ -58,7 +58,7 @@ def ensure_topics(
         )
         for t in topics
     ]
-    ensured = kafka.ensure_topics(base_conf(settings), specs, timeout=KAFKA_TIMEOUT_S)
+    ensured = kafka.create_missing_topics(base_conf(settings), specs, timeout=KAFKA_TIMEOUT_S)
     for topic in ensured.created:
         log.info("created topic %s (%d partitions)", topic, partitions)
     return dict(ensured.partitions)
@@ -97,7 +97,7 @@ def checked_clean_topics(
     missing = [t for t in wanted if t not in found]
     if not missing:
         return found
-    ensure_topics(settings, missing)
+    create_dedup_topics(settings, missing)
     checked = _check_clean_topics(settings, missing)
     with _checked_lock:
         if len(_checked) + len(checked) > MAX_CHECKED_TOPICS:

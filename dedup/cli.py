@@ -15,22 +15,21 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from common import logging as diode_logging
 from common import raw_topic, settings
-from common.errors import ConfigError, DiodeError
+from common.errors import ConfigError, DiodeError, GapStateError
 from dedup.config import (
     LOG_LEVELS,
     PASS_THROUGH,
     DedupConfig,
-    DedupToolConfig,
     environment_help,
     from_sources,
     tool_config,
 )
+from dedup.layouts import Layout, implementation, recorded_layout
 from dedup.runner import run
-from dedup.state_layout import DIRECT, LAYOUT_FILE
 from runtime import config_file
 from runtime.named_files import check_files, table_variable
 
@@ -169,15 +168,19 @@ def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
 
     conf: dict[str, Any] = {"bootstrap.servers": config.bootstrap_servers}
     conf.update({"enable.idempotence": True, **config.kafka_conf})
-    into, partition = control, -1
-    direct = args.raw_topic or _direct_raw_topic(config)
-    if direct:
-        # the direct layout: the raw partition's own task holds the source partition's state
-        count = kafka.topic_partitions(conf, direct, 30.0)
-        if count < 1:
-            print(f"{prog} reset: raw topic {direct!r} does not exist", file=sys.stderr)
-            return EXIT_FAILED
-        into, partition = direct, raw_topic.raw_partition_of(args.partition, count)
+    # where the record goes is the checkpoint's layout's to say (dedup/layouts/)
+    raw_topics = (args.raw_topic,) if args.raw_topic else config.raw_topics
+    kind = Layout.DIRECT if args.raw_topic else recorded_layout(config.state_dir_config)
+    layout = implementation(kind if raw_topics and kind else Layout.BUCKETS)
+    try:
+        into, partition = layout.reset_target(
+            _ResetTopics(raw_topics, control),
+            args.partition,
+            lambda topic: kafka.topic_partitions(conf, topic, 30.0),
+        )
+    except GapStateError as exc:
+        print(f"{prog} reset: {exc}", file=sys.stderr)
+        return EXIT_FAILED
     producer = kafka.producer(conf)
     user = env.get("USER") or env.get("LOGNAME") or "unknown"
     key, value = raw_topic.reset_record(args.topic, args.partition, user, int(time.time() * 1000))
@@ -190,13 +193,8 @@ def _reset(argv: Sequence[str], prog: str, env: Mapping[str, str]) -> int:
     return EXIT_OK
 
 
-def _direct_raw_topic(config: DedupToolConfig) -> str | None:
-    """The raw topic a reset goes into if the checkpoint (a local path) has the direct layout."""
-    path = config.state_dir_config.removeprefix("file://")
-    if not path or "://" in path or not config.raw_topics:
-        return None
-    try:
-        recorded = json.loads((Path(path) / LAYOUT_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    return config.raw_topics[0] if recorded.get("layout") == DIRECT else None
+class _ResetTopics(NamedTuple):
+    """The topics a reset may go into (``dedup.layouts.ResetTopics``)."""
+
+    raw_topics: tuple[str, ...]
+    control_topic: str

@@ -2,7 +2,7 @@
 
 :func:`commit_batch` holds the transaction; a layout only says what its part of a batch is
 (:class:`BatchWork`: how to fence and what was committed, what to produce per Arrow batch, what
-to write last), ``dedup/transaction.py`` for the stateful layouts, ``dedup/direct.py`` for the
+to write last), ``dedup/transaction.py`` for the buckets layout, ``dedup/direct_task.py`` for the
 direct one. :func:`produce_waiting` is the one produce-retry loop and :func:`abort` the one abort.
 """
 
@@ -30,7 +30,7 @@ class BatchWork(Protocol):
     name: str
     #: the task's key for the fault hooks (its partition)
     fault_key: int
-    #: after a skip, the rest of the input is still read (the stateful layouts: their rows come
+    #: after a skip, the rest of the input is still read (the buckets layout: its rows come
     #: from Spark's stateful step in the same stage, which must see its input to the end)
     drain_skipped: bool
 
@@ -79,8 +79,8 @@ def commit_batch(
        was committed before Spark heard of it, and the attempt skips it. A fenced zombie can no
        longer commit.
     4. Spark writes ``N`` to its commit log only after every task succeeded; a batch missing
-       there is re-run with the same offsets, and step 3 decides per part. The stateful layouts
-       replay it from the same state version (the same output); the direct layout's state is
+       there is re-run with the same offsets, and step 3 decides per part. The buckets layout
+       replays it from the same state version (the same output); the direct layout's state is
        the committed state record itself, so committed work is never redone.
 
     The fence runs at the first Arrow batch that publishes anything; a part with none opens no

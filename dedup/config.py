@@ -38,6 +38,7 @@ from common import settings
 from common.errors import ConfigError
 from common.raw_topic import TOPIC_FIELD, fill_topic
 from common.topic_limits import RECORD_OVERHEAD, record_limit
+from dedup import layouts
 
 #: Kafka topic names: at most 249 characters of ``[a-zA-Z0-9._-]`` (Kafka's own rule).
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
@@ -47,9 +48,6 @@ PASS_THROUGH = {
     "kafka_source": "KAFKA_SOURCE_",
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-STATE_LAYOUTS = ("auto", "direct", "buckets")
-#: Options of Spark's Kafka source that split or merge raw partitions across tasks.
-_SPLITTING_SOURCE_OPTIONS = {"minpartitions", "maxrecordsperpartition"}
 #: Bounds that keep one micro-batch and one state value within memory a single host has.
 MAX_WINDOW_SIZE = 1 << 30
 MAX_MAX_WINDOWS = 1 << 20
@@ -242,12 +240,6 @@ class DedupConfig:
                 )
 
     def _check_layout(self) -> None:
-        if self.state_layout not in STATE_LAYOUTS:
-            raise ConfigError(
-                "STATE_LAYOUT",
-                f"is {self.state_layout!r}",
-                "use auto (the default), direct or buckets",
-            )
         if not _TOPIC_RE.match(self.state_topic):
             raise ConfigError(
                 "STATE_TOPIC",
@@ -259,34 +251,15 @@ class DedupConfig:
             raise ConfigError(
                 "STATE_TOPIC", "is also another of the job's topics", "give it its own name"
             )
-        if self.state_layout != "direct":
-            return  # auto picks buckets where direct would be refused (new_state_layout)
-        if len(self.raw_topics) != 1:
-            raise ConfigError(
-                "STATE_LAYOUT",
-                f"direct reads one raw topic, and RAW_TOPICS names {len(self.raw_topics)} "
-                "(chains are merged by the buckets layout)",
-                "use STATE_LAYOUT=buckets for chains",
-            )
-        split = sorted(k for k in self.kafka_source if k.lower() in _SPLITTING_SOURCE_OPTIONS)
-        if split:
-            raise ConfigError(
-                "KAFKA_SOURCE_" + split[0],
-                "splits or merges raw partitions across Spark tasks, and the direct layout needs "
-                "one task per raw partition",
-                "remove it",
-            )
+        layouts.check_choice(self.state_layout, self.raw_topics, self.kafka_source)
 
     # -- derived values ------------------------------------------------------------------------
 
     @property
-    def new_state_layout(self) -> str:
-        """The layout a new checkpoint gets: ``STATE_LAYOUT``, with ``auto`` resolved (direct
-        for one raw topic read one task per partition, else buckets)."""
-        if self.state_layout != "auto":
-            return self.state_layout
-        splitting = any(k.lower() in _SPLITTING_SOURCE_OPTIONS for k in self.kafka_source)
-        return "direct" if len(self.raw_topics) == 1 and not splitting else "buckets"
+    def new_state_layout(self) -> layouts.Layout:
+        """The layout a new checkpoint gets: ``STATE_LAYOUT``, with ``auto`` resolved
+        (``dedup.layouts.new_layout``)."""
+        return layouts.new_layout(self.state_layout, self.raw_topics, self.kafka_source)
 
     def clean_topic_for(self, source_topic: str) -> str:
         """The clean topic of records from ``source_topic``."""

@@ -4,8 +4,8 @@ Runs in the **executors**, inside ``applyInPandasWithState`` (``dedup/job.py`` w
 calls :func:`detect_group` once per group with data in a micro-batch, and once per
 processing-time timeout for a group without data. A group is a **bucket** (the source
 partitions of one state partition, their detectors in one ``dedup/detector_set.py`` state value;
-the call splits its rows by source partition) or, in a checkpoint created before the buckets,
-one source (topic, partition) (``dedup/state_layout.py``). Nothing here imports pyspark at run
+the call splits its rows by source partition; ``dedup/layouts/buckets.py``). The direct layout's
+task drives the same detectors through :class:`LiveBucket`. Nothing here imports pyspark at run
 time (``GroupState`` is only a type), so the unit tests call it with pandas frames and a stand-in.
 
 Theory of operation, per source partition (:func:`detect_partition`):
@@ -145,10 +145,11 @@ def detect_group(
 ) -> Iterator[pd.DataFrame]:
     """Run the detector over one group's rows of one micro-batch (or its timeout).
 
-    A group is a bucket (key ``("", j)``, ``j >= 0``: bucketed checkpoints,
-    ``dedup/detector_set.py``) or one source partition (checkpoints created before the buckets).
+    A group is a bucket (key ``("", j)``, ``j >= 0``, ``dedup/detector_set.py``); the one
+    group per source partition of checkpoints created before the buckets is retired
+    (``dedup/layouts/``).
     """
-    g_topic, g_partition = str(key[0]), int(key[1])
+    del key  # every group is a bucket, its detectors in its state
     now = int(state.getCurrentProcessingTimeMs())
     parts = [f for f in frames if len(f)]
     batch = (
@@ -156,23 +157,7 @@ def detect_group(
     )
     rows = None if batch is None else InputRows.from_frame(batch)
     out = Output()
-    if g_topic == detector_set.BUCKET_TOPIC and g_partition >= 0:
-        _detect_bucket(params, rows, state, now, out)
-    elif g_topic == UNPARSED_TOPIC and g_partition == UNPARSED_PARTITION:
-        _count_unparsed(0 if rows is None else len(rows), out)
-    else:
-        saved = (bytes(state.get[0]), int(state.get[1])) if state.exists else None
-        blob, last_scan = detect_partition(
-            params,
-            g_topic,
-            g_partition,
-            rows,
-            saved,
-            now,
-            out,
-        )
-        state.update((blob, last_scan))
-        state.setTimeoutDuration(params.scan_interval_ms)
+    _detect_bucket(params, rows, state, now, out)
     yield out.frame()
 
 
@@ -213,7 +198,7 @@ def detect_bucket_rows(  # noqa: PLR0917  one call per bucket and batch
 class LiveBucket:
     """The detectors of one bucket, each parsed at its first use and saved once at the end.
 
-    The direct layout's task (``dedup/direct.py``: every source partition of one raw partition)
+    The direct layout's task (``dedup/direct_task.py``: every source partition of one raw partition)
     calls :meth:`observe` once per Arrow batch of its input: parsing and saving each detector
     per Arrow batch made the task's cost grow with the source partitions per raw partition
     (docs/benchmarks.md "Dedup"). Each call does what one call of

@@ -9,7 +9,7 @@ output frame turned back into Arrow, its state row and timeout in the JVM): ~3-4
 group and batch, measured (docs/benchmarks.md "Dedup"). Grouping by source
 partition made that cost grow with the number of topics a link carries. A bucketed checkpoint
 groups by **bucket** instead: a fixed number of buckets per state partition (the
-Spark task that holds them; ``dedup/state_layout.py``), so a batch calls the stateful function a
+Spark task that holds them; ``dedup/layouts/``), so a batch calls the stateful function a
 fixed number of times per task whatever the fan-in, and the function splits its rows by source
 partition itself, in numpy.
 
@@ -22,8 +22,7 @@ Container layout v1 (little-endian): ``KDBK`` + version byte ``1`` + entry count
 entry, in (topic, partition) order: topic length (u16), partition (i32), last scan ms (i64), blob
 length (u64), the topic (UTF-8), the blob.
 
-Which layout a checkpoint uses is decided once, when it is created (``dedup/state_layout.py``);
-checkpoints created before the buckets keep one group per source partition.
+Which layout a checkpoint uses is decided once, when it is created (``dedup/layouts/``).
 """
 
 from __future__ import annotations
@@ -46,8 +45,7 @@ BUCKET_STATE_BYTES: Final = 192 << 20
 #: The least budget a detector gets (``MAX_STATE_BYTES``'s own minimum), however full its bucket.
 MIN_STATE_BYTES: Final = 4096
 
-#: Group key topic of a bucket: ``("", j)`` with ``j >= 0``. No Kafka topic has an empty name,
-#: and the unparsed group of the per-partition layout is ``("", -1)``.
+#: Group key topic of a bucket: ``("", j)`` with ``j >= 0``. No Kafka topic has an empty name.
 BUCKET_TOPIC: Final = ""
 
 Key = tuple[str, int]

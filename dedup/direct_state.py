@@ -1,6 +1,6 @@
 """The direct layout's state record: one raw partition's detectors and the batch they follow.
 
-The direct layout (``dedup/direct.py``) keeps no Spark state: the task of raw partition ``p``
+The direct layout (``dedup/direct_task.py``) keeps no Spark state: the task of raw partition ``p``
 writes, in the same Kafka transaction as its clean and gap records, one record to partition ``p``
 of ``STATE_TOPIC`` (compacted) that holds the detectors of every source partition it has seen
 (``dedup/detector_set.py``'s container) and the micro-batch it completes. The next attempt of that

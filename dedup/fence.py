@@ -1,7 +1,6 @@
 """The fence of the dedup's transactions: producers that fence their elders, and the markers.
 
-Runs in the write tasks (executors) and once on the driver at start-up (the floor of earlier,
-driver-side writers). docs/dedup-internals.md "Effectively once", step 3: every attempt calls
+Runs in the write tasks (executors). docs/dedup-internals.md "Effectively once", step 3: every attempt calls
 ``init_transactions`` (fencing every older producer of its ``transactional.id``) and only then
 reads its partition's highest committed marker.
 """

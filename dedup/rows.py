@@ -37,7 +37,8 @@ import pyarrow as pa
 
 #: Input kinds computed by the classifiers (a tinyint column, cheap across Arrow).
 KIND_DATA, KIND_HEARTBEAT, KIND_RESET, KIND_MALFORMED, KIND_WITHHELD, KIND_RUN_IN = 0, 1, 2, 3, 4, 5
-#: The direct layout's tick in a raw partition (``dedup/direct.py``): makes its task run, no input.
+#: The direct layout's tick in a raw partition (``dedup/direct_task.py``): makes its task run, no
+#: input.
 KIND_TICK = 6
 #: Group key of raw records whose key does not parse (counted as malformed).
 UNPARSED_TOPIC, UNPARSED_PARTITION = "", -1
@@ -124,7 +125,7 @@ _ARROW_TYPES: Final = {
     "bigint": pa.int64(),
     "binary": pa.binary(),
 }
-#: The same columns as Arrow types: the direct layout (``dedup/direct.py``) builds its rows in
+#: The same columns as Arrow types: the direct layout (``dedup/direct_task.py``) builds its rows in
 #: the task that writes them, without Spark in between.
 OUTPUT_SCHEMA: Final = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in OUTPUT_COLUMNS])
 

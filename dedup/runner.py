@@ -18,6 +18,7 @@ from common import settings
 from common.errors import KafkaClientError
 from dedup.config import DedupConfig
 from dedup.idle_tick import IdleTicker
+from dedup.layouts import StateLayout, implementation
 from dedup.raw_position import reads_behind
 from runtime import kafka, service
 
@@ -58,14 +59,15 @@ def run(
     with service.thread_signals(service.StopRequests(on_stop)):
         if not wait_for_kafka(config, stop):
             return EXIT_OK
-        if config.new_state_layout == "direct" and not wait_for_raw_topic(config, stop):
+        needs_raw = implementation(config.new_state_layout).NEEDS_RAW_TOPIC
+        if needs_raw and not wait_for_raw_topic(config, stop):
             return EXIT_OK
     writer = TransactionalBatchWriter(writer_settings(config, WriterSettings), metrics)
     raw = raw_position_metrics(config, metrics.registry)
     jars = [str(path) for path in spark_connector_jars()]
     spark = job.build_session(config, jars)
     query = job.start_query(spark, config, writer)
-    ticker, close_ticks = idle_ticker(config, writer.direct_partitions)
+    ticker, close_ticks = idle_ticker(config, writer.layout)
     requests = service.StopRequests(
         on_stop,
         on_again=lambda _signame: query.stop(),
@@ -269,14 +271,9 @@ def _graceful_stop(query: Any, writer: Any) -> None:
     query.stop()
 
 
-def idle_ticker(
-    config: DedupConfig, raw_partitions: int = 0
-) -> tuple[IdleTicker, Callable[[], None]]:
-    """The driver's ticker over a producer to the control topic, and what closes it.
-
-    ``raw_partitions`` > 0 (the direct layout, ``dedup/direct.py``): a tick goes into each
-    partition of the raw topic instead, since each raw partition's own task runs its gap scans.
-    """
+def idle_ticker(config: DedupConfig, layout: StateLayout) -> tuple[IdleTicker, Callable[[], None]]:
+    """The driver's ticker over a producer to where ``layout`` says ticks go (its
+    ``tick_targets``), and what closes it."""
     from common import raw_topic  # noqa: PLC0415
 
     producer = kafka.producer({"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf})
@@ -285,11 +282,7 @@ def idle_ticker(
         if err is not None:  # the next idle interval writes another
             log.warning("a tick to %s was not written: %s", config.control_topic, err)
 
-    targets = (
-        [(config.raw_topics[0], p) for p in range(raw_partitions)]
-        if raw_partitions
-        else [(config.control_topic, -1)]
-    )
+    targets = layout.impl.tick_targets(config, layout)
 
     def write_tick() -> None:
         for topic, partition in targets:

@@ -1,6 +1,6 @@
 """The direct layout's state reads, and what a Python worker keeps of them between its tasks.
 
-Runs in the executors' Python workers (``dedup/direct.py``). A worker runs one task at a time,
+Runs in the executors' Python workers (``dedup/direct_task.py``). A worker runs one task at a time,
 and Spark hands it the next one (``spark.python.worker.reuse``, on by default), so it keeps:
 
 - one read_committed consumer per Kafka configuration: a new one costs a connection and two

@@ -60,7 +60,6 @@ class PartitionWriter:
         query_id: str,
         partition: int,
         *,
-        floor: int = -1,
         windows: Mapping[str, TimestampWindow] | None = None,
     ) -> None:
         if partition < 0:
@@ -68,7 +67,6 @@ class PartitionWriter:
         self.settings = settings
         self.query_id = query_id
         self.partition = partition
-        self.floor = floor
         self.transactional_id = partition_transactional_id(settings.transactional_id, partition)
         self.marker_key = f"{query_id}:{partition}".encode()
         self._producer: Producer | None = None
@@ -268,7 +266,7 @@ class _StatefulWork:
         writer = self.writer
         if writer._producer is None:
             writer._producer = writer._start()
-        return writer._producer, max(writer._last_committed, writer.floor)
+        return writer._producer, writer._last_committed
 
     def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:
         runs, gap_rows = self._runs, self._gaps

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.topic_limits import TimestampWindow
+from dedup.layouts import Layout
 from dedup.worker_heap import FreezeOnLoad
 
 if TYPE_CHECKING:
@@ -64,10 +65,8 @@ class TaskSpec:
     windows: Mapping[str, TimestampWindow] = field(default_factory=dict)
     """Clean topics the driver checked at start-up (a fixed CLEAN_TOPIC) and the timestamps
     each accepts; the tasks check any other clean topic at its first use in their process."""
-    floor: int = -1
-    """Stateful layouts: the highest batch the driver-side writer of earlier versions committed
-    (one transaction for the whole batch, key = query id): every partition's batches up to it
-    are done."""
+    layout: Layout = Layout.BUCKETS
+    """The checkpoint's state layout: its module runs the task (``dedup/layouts/``)."""
     params: DetectParams | None = None
     """The direct layout: the detectors' settings (None: a stateful layout, the rows come
     detected)."""

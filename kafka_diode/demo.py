@@ -37,7 +37,7 @@ from rich.table import Table
 from common import settings
 from common.errors import DiodeError
 from common.logging import configure
-from kafka_diode.demo_topics import ensure_topics
+from kafka_diode.demo_topics import create_demo_topics
 from kafka_diode.pipeline import Pipeline, PipelineSpec
 from kafka_diode.verify import verify
 from kafka_diode.workload import Workload, produce
@@ -253,7 +253,7 @@ def _produce_only(args: argparse.Namespace) -> int:
     workload = Workload(
         topics=tuple(args.topics or Workload().topics), records=args.records, seed=args.seed
     )
-    created = ensure_topics(args.bootstrap_servers, workload.topics, args.partitions)
+    created = create_demo_topics(args.bootstrap_servers, workload.topics, args.partitions)
     if created:
         print(f"created topics {', '.join(created)} with {args.partitions} partitions each")
     acked = produce(

@@ -2,9 +2,10 @@
 
 ``kafka-diode demo produce`` spreads records over ``--partitions`` partitions of each topic. Against
 a broker without those topics the first produce used to fail with a raw ``_UNKNOWN_PARTITION``
-traceback. ``ensure_topics`` creates missing topics with the requested partitions (replication: the
-broker's default), refuses in one line when an existing topic has fewer partitions than requested,
-and says in one line what to do when the broker cannot be reached or refuses to create them.
+traceback. ``create_demo_topics`` creates missing topics with the requested partitions (replication:
+the broker's default), refuses in one line when an existing topic has fewer partitions than
+requested, and says in one line what to do when the broker cannot be reached or refuses to create
+them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ QUIET: dict[str, Any] = {"log_level": 4, "logger": _LIBRDKAFKA_LOG}
 REACH_TIMEOUT_S = 10.0
 
 
-def ensure_topics(
+def create_demo_topics(
     bootstrap: str, topics: Sequence[str], partitions: int, *, timeout: float = 30.0
 ) -> list[str]:
     """Create the missing ``topics`` with ``partitions`` partitions; returns the ones created.
@@ -35,7 +36,7 @@ def ensure_topics(
     """
     specs = [kafka.TopicSpec(name=t, partitions=partitions) for t in topics]
     try:
-        ensured = kafka.ensure_topics(
+        ensured = kafka.create_missing_topics(
             {"bootstrap.servers": bootstrap, **QUIET},
             specs,
             timeout=timeout,

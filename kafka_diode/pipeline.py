@@ -551,4 +551,4 @@ def _create(bootstrap: str, topics: list[TopicSpec], security: Mapping[str, str]
         "log_level": 4,
         "logger": log,
     }
-    kafka.ensure_topics(conf, topics, timeout=60)
+    kafka.create_missing_topics(conf, topics, timeout=60)

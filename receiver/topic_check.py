@@ -3,10 +3,11 @@ write? (Kafka I/O, blocking; called on an executor thread at start-up.)
 
 :func:`ensure_raw_topic` creates a missing raw topic (``create_raw_topic``) with the
 partitions, replication, ``min.insync.replicas`` and ``max.message.bytes`` of the settings, through
-``runtime.kafka.ensure_topics`` (as the dedup creates its topics), before anything looks the topic
-up: a producer's metadata request would otherwise let a broker with ``auto.create.topics.enable``
-create it with its defaults (one replica, about 1 MB). An existing topic is left as it is. The
-fixed raw topic is ensured at start-up (a refusal stops it); each raw topic of a ``{topic}``
+``runtime.kafka.create_missing_topics`` (as the dedup creates its topics), before anything looks the
+topic up: a producer's metadata request would otherwise let a broker with
+``auto.create.topics.enable`` create it with its defaults (one replica, about 1 MB). An existing
+topic is left as it is.
+The fixed raw topic is ensured at start-up (a refusal stops it); each raw topic of a ``{topic}``
 template when its first record arrives (``receiver/kafka_sink.py``; a refusal is logged).
 For a template, the topics it can name that exist at start-up are checked then, and a problem
 stops the start-up as for the fixed raw topic; one that appears later is checked at its first use
@@ -141,7 +142,7 @@ def ensure_raw_topic(config: ReceiverConfig, topic: str) -> bool:
     conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka}
     spec = raw_topic_spec(config, topic)
     try:
-        ensured = kafka.ensure_topics(
+        ensured = kafka.create_missing_topics(
             conf,
             [spec],
             timeout=max(30.0, config.metadata_timeout),

@@ -4,8 +4,8 @@ Every component asks here for a :func:`producer`, :func:`consumer` or :func:`adm
 the client refuses becomes a :class:`~common.errors.ConfigError` naming it, at start-up, instead
 of a bare ``KafkaException`` wherever the client happened to be built. :func:`error` maps a
 ``KafkaException``/``KafkaError`` met later to :class:`~common.errors.KafkaClientError` with
-librdkafka's error name and retriable flag. :func:`ensure_topics` creates the topics a component
-needs and waits for their leaders (the one place that does, for every component).
+librdkafka's error name and retriable flag. :func:`create_missing_topics` creates the topics a
+component needs and waits for their leaders (the one place that does, for every component).
 :func:`read_to_end` reads a (compacted) topic from its beginning to its current end, the way
 ``gaps`` and ``bundle`` read the gap topic.
 
@@ -119,7 +119,7 @@ class TopicSpec:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EnsuredTopics:
-    """What :func:`ensure_topics` found and did."""
+    """What :func:`create_missing_topics` found and did."""
 
     created: tuple[str, ...]
     """Topics this call created (in the order given)."""
@@ -127,7 +127,7 @@ class EnsuredTopics:
     """Partition count of every topic asked for, created or found."""
 
 
-def ensure_topics(
+def create_missing_topics(
     conf: Mapping[str, Any],
     specs: Iterable[TopicSpec],
     *,

@@ -8,11 +8,14 @@ step uses.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pandas as pd
 
 from common.raw_run import RunBuilder
 from common.wire.batch_decode import decode_record_groups
-from dedup.rows import KIND_DATA, KIND_RUN, KIND_RUN_IN, unpack_selection
+from dedup import detect
+from dedup.rows import KIND_DATA, KIND_RUN, KIND_RUN_IN, InputRows, unpack_selection
 
 
 class FakeState:
@@ -93,3 +96,24 @@ def delivered(out: pd.DataFrame) -> list[tuple[int, bytes | None]]:
         for a, b in unpack_selection(selection, len(group)):
             found += list(zip(group.offsets[a : b + 1], group.values[a : b + 1], strict=True))
     return found
+
+
+def detect_one_partition(
+    params: detect.DetectParams,
+    key: tuple[str, int],
+    frames: Iterator[pd.DataFrame],
+    state: FakeState,
+) -> Iterator[pd.DataFrame]:
+    """One source partition as a group of its own, its detector's bytes and last scan as the
+    state (what the retired partitions layout ran): ``detect.detect_partition`` over the frames.
+    The tests drive one detector through it, and hold a bucket's output against it."""
+    now = int(state.getCurrentProcessingTimeMs())
+    parts = [f for f in frames if len(f)]
+    batch = pd.concat(parts, ignore_index=True) if parts else None
+    rows = None if batch is None else InputRows.from_frame(batch)
+    out = detect.Output()
+    saved = (bytes(state.get[0]), int(state.get[1])) if state.exists else None
+    blob, last_scan = detect.detect_partition(params, key[0], key[1], rows, saved, now, out)
+    state.update((blob, last_scan))
+    state.setTimeoutDuration(params.scan_interval_ms)
+    yield out.frame()

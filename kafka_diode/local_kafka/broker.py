@@ -709,7 +709,7 @@ def _probe(bootstrap: str, timeout: float, conf: Mapping[str, str]) -> None:
         **conf,
     }
     try:  # the broker's (cluster's) default replication factor
-        kafka.ensure_topics(
+        kafka.create_missing_topics(
             common, [kafka.TopicSpec(name=PROBE_TOPIC, partitions=1)], timeout=timeout
         )
     except KafkaClientError as exc:

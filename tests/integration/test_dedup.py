@@ -27,7 +27,7 @@ import pytest
 
 from common.raw_run import RunBuilder
 from dedup.job import CHANGELOG_CHECKPOINTING
-from dedup.state_layout import LAYOUT_FILE
+from dedup.layouts import LAYOUT_FILE
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]

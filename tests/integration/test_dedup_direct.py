@@ -34,8 +34,8 @@ from common.raw_topic import TICK
 from dedup import runner, state_reader
 from dedup.config import from_sources
 from dedup.detect import DetectParams
-from dedup.direct import DirectPartition
 from dedup.direct_state import state_key
+from dedup.direct_task import DirectPartition
 from dedup.state_reader import read_state
 from dedup.writer_settings import TaskSpec, WriterSettings
 from runtime import kafka
@@ -385,7 +385,7 @@ def test_a_record_in_the_wrong_raw_partition_is_malformed_not_a_second_detector(
     settings, query, raw = setup(bootstrap, raw_partitions=2)
     stats: list[pa.RecordBatch] = []
     task = DirectPartition(dataclasses.replace(spec(settings, query, 0), raw_partitions=2), raw, 0)
-    with caplog.at_level(logging.WARNING, logger="dedup.direct"):
+    with caplog.at_level(logging.WARNING, logger="dedup.direct_task"):
         result = task.run([runs(raw, 0, [(0, 0, 9), (1, 0, 4), (2, 0, 9)])], stats.append)
     assert result.records == 20
     assert clean(bootstrap, settings) == Counter({(p, o): 1 for p in (0, 2) for o in range(10)})

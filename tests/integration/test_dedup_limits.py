@@ -181,20 +181,19 @@ def test_a_fixed_clean_topic_is_checked_by_the_driver_and_its_window_shipped_to_
     )
     driver = TransactionalBatchWriter(settings)
     driver.bind(f"query-{raw_topic}")
-    floor = driver._start()
+    driver._start()
     spec = pickle.loads(
         pickle.dumps(
             TaskSpec(
                 settings=settings,
                 query_id=f"query-{raw_topic}",
                 batch_id=0,
-                floor=floor,
                 windows=dict(driver._windows),
             )
         )
     )  # as Spark ships it to the executors
     assert spec.windows[clean].after_ms == HOUR
-    task = PartitionWriter(settings, spec.query_id, 0, floor=spec.floor, windows=spec.windows)
+    task = PartitionWriter(settings, spec.query_id, 0, windows=spec.windows)
     try:
         result = task.write_table(decisions([(0, o, o) for o in range(len(stamps))]), 0)
     finally:

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 
 from common.raw_topic import CONTROL_HEADER, RESET, parse_raw_key
-from dedup.state_layout import LAYOUT_FILE
+from dedup.layouts import LAYOUT_FILE
 from tests.kafka_helpers import bootstrap_of, consume_all
 
 

@@ -1,10 +1,9 @@
 """An upgrade on one checkpoint: a previous release's dedup, then this tree's.
 
-Each release in ``PREVIOUS`` (the one before raw layout v2: v1 raw records only, one state
-group per source partition, rows carrying raw positions; and the last one before this test,
-state by bucket) is taken from this repository's own history (``git archive``) and runs first
-on a fresh checkpoint, as a deployed dedup would have. This tree's dedup then continues from
-that checkpoint with v1 records and v2 runs mixed: a run over the old tail, a whole copy, a
+Each release in ``PREVIOUS`` (the last one before this test, state by bucket) is taken from this
+repository's own history (``git archive``) and runs first on a fresh checkpoint, as a deployed
+dedup would have. This tree's dedup then continues from that checkpoint with v1 records and v2
+runs mixed: a run over the old tail, a whole copy, a
 resend that fills the gap the old release reported, and new offsets. This tree's
 ``kafka-diode gaps`` reads the gap the release reported; every record reaches the clean topic
 once, byte-identical, and the gap is filled.
@@ -28,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from dedup.state_layout import LAYOUT_FILE
+from dedup.layouts import LAYOUT_FILE
 from tests.integration.test_dedup import (
     BASE_TS,
     SOURCE,
@@ -45,11 +44,12 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 
 #: Releases a site upgrades from -> the state layout their new checkpoints record.
 PREVIOUS = {
-    # 2026-11-25, the last commit before raw layout v2: no layout file (one group per partition)
-    "b5af0ab18251bf7956d226ff01c6e06000833cef": None,
     # 2026-11-29, v2 runs and state by bucket, the last commit before this test
     "0c88856882e1dacae2f7f7b91be94a4662ff1a1a": "buckets",
 }
+#: 2026-11-25, the last commit before raw layout v2: no layout file (one group per source
+#: partition, the retired partitions layout) and the driver-side whole-batch writer's era.
+PARTITIONS_RELEASE = "b5af0ab18251bf7956d226ff01c6e06000833cef"
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -145,3 +145,59 @@ def test_the_previous_release_checkpoint_is_continued_exactly_once(
     assert [(g["partition"], g["first"], g["last"], g["state"]) for g in latest.values()] == [
         (0, 100, 119, "filled")
     ]
+
+
+def test_a_partitions_checkpoint_is_refused_and_the_upgrade_step_continues_it_once(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    """The retired partitions layout (docs/operations.md "Upgrading"): this tree refuses the
+    checkpoint with the step in its message; the step (gaps resolved, the old release run until
+    idle, a new checkpoint from the old one's last offsets) loses and repeats nothing."""
+    tree = extract_release(PARTITIONS_RELEASE, tmp_path)
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    tag = raw
+    clean_topic = f"clean.{tag}.{SOURCE}"
+    create_topic(downstream_kafka, clean_topic, partitions=3)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    env["SHUFFLE_PARTITIONS"] = "1"
+    old = release_env(tree, env)
+
+    # the old release: 100..119 lost, reported, resent (the step's first part: no open gap)
+    produce_records(downstream_kafka, raw, v1(0, range(100)) + v1(0, range(120, 150))
+                    + v1(1, range(60)) + v1(2, range(30)))  # fmt: skip
+    finish(run_dedup(old, "--until-idle", "8", cwd=tree))
+    produce_records(downstream_kafka, raw, v1(0, range(100, 120)))
+    finish(run_dedup(old, "--until-idle", "8", cwd=tree))
+    checkpoint = Path(env["STATE_DIR_CONFIG"])
+    assert not (checkpoint / LAYOUT_FILE).exists()
+    assert len(consume_all(downstream_kafka, clean_topic, timeout=30)) == 240
+
+    # this tree refuses it, and names the step with this checkpoint's offsets
+    refused = run_dedup(env, "--until-idle", "8")
+    refused.wait(timeout=400)
+    log = refused.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
+    assert refused.returncode != 0
+    assert "partitions state layout" in log
+    start = log.index("KAFKA_SOURCE_STARTINGOFFSETS='") + len("KAFKA_SOURCE_STARTINGOFFSETS='")
+    offsets = json.loads(log[start : log.index("'", start)])
+    assert offsets == {raw: {"0": 150, "1": 60, "2": 30}}  # the raw topic alone: direct
+
+    # the step: a new checkpoint that starts there; new records only, each once
+    produce_records(downstream_kafka, raw, [
+        run_record(0, 150, 199), run_record(1, 60, 80), run_record(2, 30, 40),
+        *v1(2, range(41, 45)),
+    ])  # fmt: skip
+    new = {**env, "STATE_DIR_CONFIG": str(tmp_path / "checkpoint-new"),
+           "KAFKA_SOURCE_STARTINGOFFSETS": json.dumps(offsets)}  # fmt: skip
+    finish(run_dedup(new, "--until-idle", "8"))
+    assert json.loads((tmp_path / "checkpoint-new" / LAYOUT_FILE).read_text())["layout"] == "direct"
+
+    clean = consume_all(downstream_kafka, clean_topic, timeout=30)
+    seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
+    assert [k for k, n in seen.items() if n > 1] == []
+    expected = {(0, o) for o in range(200)} | {(1, o) for o in range(81)}
+    expected |= {(2, o) for o in range(45)}
+    assert set(seen) == expected
+    gaps = consume_all(downstream_kafka, f"gaps.{tag}", timeout=30)
+    latest = {r.key: json.loads(r.value) for r in gaps if r.value is not None}
+    assert [g["state"] for g in latest.values()] == ["filled"]

@@ -88,7 +88,7 @@ def test_a_three_node_cluster_replicates_and_survives_one_node_down(
 
     # topics created with the cluster's defaults: 3 replicas, 2 in sync
     topic = random_name("cl")
-    kafka.ensure_topics(conf, [kafka.TopicSpec(name=topic, partitions=3)], timeout=60)
+    kafka.create_missing_topics(conf, [kafka.TopicSpec(name=topic, partitions=3)], timeout=60)
     assert all(len(r) == 3 for _, r, _ in _replicas(bootstrap, topic))
     assert kafka.topic_config(conf, topic, 10)["min.insync.replicas"] == "2"
     # transaction state replicated three times too
@@ -174,7 +174,7 @@ def test_a_secured_cluster_talks_sasl_ssl_between_its_nodes_and_to_clients(
         conf: dict[str, Any] = {"bootstrap.servers": cluster.bootstrap, **cluster.client_conf()}
         assert conf["security.protocol"] == "SASL_SSL"
         topic = random_name("sec")
-        kafka.ensure_topics(conf, [kafka.TopicSpec(name=topic, partitions=3)], timeout=60)
+        kafka.create_missing_topics(conf, [kafka.TopicSpec(name=topic, partitions=3)], timeout=60)
         assert all(len(r) == 3 for _, r, _ in _replicas_with(conf, topic))  # replicated over TLS
         producer = Producer({**conf, "acks": "all"})
         for i in range(30):

@@ -1,5 +1,6 @@
-"""runtime.kafka.ensure_topics against a real broker: creates what is missing, with the partitions,
-replication and settings asked for, leaves existing topics alone, and says why it cannot."""
+"""runtime.kafka.create_missing_topics against a real broker: creates what is missing, with the
+partitions, replication and settings asked for, leaves existing topics alone, and says why it
+cannot."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_missing_topics_are_created_with_their_settings_and_usable_at_once(
         TopicSpec(name=b, partitions=1, replication=1, config={"cleanup.policy": "compact"}),
         TopicSpec(name=a, partitions=9),  # a name given twice: the first spec wins
     ]
-    ensured = kafka.ensure_topics(_conf(downstream_kafka), specs, timeout=30)
+    ensured = kafka.create_missing_topics(_conf(downstream_kafka), specs, timeout=30)
     assert ensured.created == (a, b)
     assert dict(ensured.partitions) == {a: 4, b: 1}
     assert kafka.topic_config(_conf(downstream_kafka), a, 10)["max.message.bytes"] == "2000000"
@@ -41,14 +42,14 @@ def test_missing_topics_are_created_with_their_settings_and_usable_at_once(
     assert len(consume_all(downstream_kafka, a, expected_count=4, timeout=30)) == 4
 
     # again: nothing created, the partitions found reported
-    again = kafka.ensure_topics(_conf(downstream_kafka), specs, timeout=30)
+    again = kafka.create_missing_topics(_conf(downstream_kafka), specs, timeout=30)
     assert again.created == ()
     assert dict(again.partitions) == {a: 4, b: 1}
 
 
 def test_an_existing_topic_is_left_as_it_is(downstream_kafka: Any) -> None:
     topic = create_topic(downstream_kafka, partitions=2)
-    ensured = kafka.ensure_topics(
+    ensured = kafka.create_missing_topics(
         _conf(downstream_kafka),
         [TopicSpec(name=topic, partitions=6, config={"max.message.bytes": "5000000"})],
         timeout=30,
@@ -66,7 +67,7 @@ def test_callers_racing_to_create_the_same_topic_all_succeed(downstream_kafka: A
     def ensure() -> None:
         try:
             results.append(
-                kafka.ensure_topics(
+                kafka.create_missing_topics(
                     _conf(downstream_kafka), [TopicSpec(name=topic, partitions=3)], timeout=30
                 )
             )
@@ -86,7 +87,7 @@ def test_callers_racing_to_create_the_same_topic_all_succeed(downstream_kafka: A
 def test_a_refused_creation_names_the_topic_and_the_reason(downstream_kafka: Any) -> None:
     topic = random_name("ens-rf")
     with pytest.raises(KafkaClientError) as info:
-        kafka.ensure_topics(
+        kafka.create_missing_topics(
             _conf(downstream_kafka),
             [TopicSpec(name=topic, partitions=1, replication=3)],
             timeout=30,
@@ -101,7 +102,7 @@ def test_a_refused_creation_names_the_topic_and_the_reason(downstream_kafka: Any
 def test_an_unreachable_cluster_is_an_error_without_a_topic() -> None:
     nobody = f"127.0.0.1:{free_port()}"
     with pytest.raises(KafkaClientError) as info:
-        kafka.ensure_topics(
+        kafka.create_missing_topics(
             {"bootstrap.servers": nobody, "log_level": 0},
             [TopicSpec(name="t")],
             timeout=10,

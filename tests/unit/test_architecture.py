@@ -82,7 +82,7 @@ def _calls(tree: ast.AST) -> set[str]:
 #: signal handler.
 ONE_PLACE = {
     **dict.fromkeys(CLIENT_CLASSES, "runtime/kafka.py"),
-    # creating topics and waiting for their leaders: runtime.kafka.ensure_topics
+    # creating topics and waiting for their leaders: runtime.kafka.create_missing_topics
     "NewTopic": "runtime/kafka.py",
     "add_signal_handler": "runtime/service.py",
 }
@@ -221,3 +221,69 @@ def test_the_citation_check_sees_a_planted_dead_reference() -> None:
     cited = _CITED.findall(planted)
     assert cited == ["docs/nowhere.md", "docs/design.md"]
     assert [c for c in cited if not (ROOT / c).exists()] == ["docs/nowhere.md"]
+
+
+#: The layout names (``dedup.layouts.Layout``, and the retired one) and the names that hold one.
+LAYOUT_NAMES = frozenset({"buckets", "direct", "partitions"})
+LAYOUT_HOLDERS = frozenset({"Layout", "state_layout", "new_state_layout"})
+
+
+def _holds_layout(node: ast.AST) -> bool:
+    """``Layout``, ``x.state_layout``, ``x.new_state_layout`` or ``<...layout>.kind``."""
+    if isinstance(node, ast.Name):
+        return node.id in LAYOUT_HOLDERS
+    if isinstance(node, ast.Attribute):
+        if node.attr in LAYOUT_HOLDERS:
+            return True
+        base = node.value
+        name = base.id if isinstance(base, ast.Name) else getattr(base, "attr", "")
+        return node.attr == "kind" and name.lower().endswith("layout")
+    return False
+
+
+def _layout_branches(tree: ast.AST) -> list[int]:
+    """Lines that compare with a layout: a layout name, ``Layout.X``, or a value that holds one
+    (``config.state_layout``, ``layout.kind``), in a comparison or a ``match``."""
+
+    def names_layout(node: ast.AST) -> bool:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Constant) and sub.value in LAYOUT_NAMES:
+                return True
+            if _holds_layout(sub):
+                return True
+        return False
+
+    lines = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Compare) and names_layout(node)) or (
+            isinstance(node, ast.Match) and names_layout(node.subject)
+        ):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_layout_modules_branch_on_a_layout() -> None:
+    """The state layout is a named seam (``dedup/layouts/``): each layout's module says how it
+    plans the query, runs a task, where ticks go and where a reset points, and no other module
+    compares with a layout (issue #46: nine did, and ``runner.py`` with the bare ``"direct"``)."""
+    layouts = ROOT / "dedup" / "layouts"
+    found = {
+        str(path.relative_to(ROOT)): lines
+        for path in sorted((ROOT / "dedup").rglob("*.py"))
+        if not path.is_relative_to(layouts)
+        and (lines := _layout_branches(ast.parse(path.read_text(encoding="utf-8"))))
+    }
+    assert found == {}
+
+
+@pytest.mark.parametrize(
+    "planted",
+    [
+        'if config.new_state_layout == "direct":\n    pass',
+        "x = layout.kind is Layout.BUCKETS",
+        'ok = name in ("buckets", "partitions")',
+        "match config.state_layout:\n    case _:\n        pass",
+    ],
+)
+def test_the_layout_check_sees_a_planted_branch(planted: str) -> None:
+    assert _layout_branches(ast.parse(planted)) == [1]

@@ -11,12 +11,11 @@ import pytest
 from common.errors import ConfigError
 from common.raw_topic import heartbeat_records
 from common.wire import Heartbeat
-from dedup import detect
 from dedup.rows import KIND_HEARTBEAT
 from sender import cli
 from sender.chain_plan import plan_problems
 from sender.config import SenderConfig
-from tests.dedup_support import FakeState, frame
+from tests.dedup_support import FakeState, detect_one_partition, frame
 from tests.unit.test_dedup_job import DATA, PARAMS, open_gaps, settle
 
 SESSION = bytes(16)
@@ -135,9 +134,9 @@ def test_the_dedup_vouches_per_share_chain_not_for_the_fastest_one() -> None:
     # chain 1 (even offsets) is at 20, chain 2 (odd) only at 5: 7..19 odd are not due yet
     rows = [(DATA, o, -1) for o in [*range(0, 21, 2), 1, 3, 5]]
     frames = [_rows(*rows, (hb, 20, chain1), (hb, 5, chain2))]
-    list(detect.detect_group(PARAMS, ("t", 0), iter(frames), state))
+    list(detect_one_partition(PARAMS, ("t", 0), iter(frames), state))
     assert open_gaps(settle(state)) == []
-    out = list(detect.detect_group(PARAMS, ("t", 0), iter([_rows((hb, 11, chain2))]), state))
+    out = list(detect_one_partition(PARAMS, ("t", 0), iter([_rows((hb, 11, chain2))]), state))
     stats = pd.concat(out)
     assert int(stats["chains_missing"].max()) == 0
     assert open_gaps(settle(state)) == [(7, 7), (9, 9), (11, 11)]  # now chain 2 vouched to 11

@@ -29,7 +29,7 @@ from dedup.rows import (
     UNPARSED_TOPIC,
     InputRows,
 )
-from tests.dedup_support import FakeState, run_value
+from tests.dedup_support import FakeState, detect_one_partition, run_value
 
 INTERVAL = 1_000
 PARAMS = detect.DetectParams(
@@ -98,7 +98,7 @@ def test_a_bucket_gives_exactly_the_output_of_one_group_per_partition(
             due = state.exists and now - state.get[1] >= INTERVAL
             if mine or due:
                 frames = [pd.DataFrame(mine)] if mine else []
-                (out,) = detect.detect_group(PARAMS, key, iter(frames), state)
+                (out,) = detect_one_partition(PARAMS, key, iter(frames), state)
                 expected.update(_per_partition(out))
         bucket.now = now
         frames = [pd.DataFrame(rows)] if rows else []

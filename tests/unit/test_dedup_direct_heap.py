@@ -1,4 +1,4 @@
-"""Which checkpoints get the direct layout's smaller heap (``dedup.job.direct_checkpoint``):
+"""Which checkpoints get the direct layout's smaller heap (``dedup.layouts.session_layout``):
 decided before Spark starts, from the checkpoint directory alone, and no on any doubt."""
 
 from __future__ import annotations
@@ -8,14 +8,17 @@ from pathlib import Path
 import pytest
 
 from dedup.config import from_sources
-from dedup.job import direct_checkpoint
-from dedup.state_layout import LAYOUT_FILE
+from dedup.layouts import LAYOUT_FILE, Layout, session_layout
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092"}
 
 
 def config(state_dir: str, **env: str):
     return from_sources({**BASE, "STATE_DIR_CONFIG": state_dir, **env})
+
+
+def direct_checkpoint(config) -> bool:
+    return session_layout(config.new_state_layout, config.state_dir_config) is Layout.DIRECT
 
 
 @pytest.mark.parametrize(

@@ -1,8 +1,9 @@
 """The dedup's per-partition step without Spark: resets before state, heartbeat lows, stats.
 
-``detect_group`` is the function Spark calls per (topic, partition) and micro-batch; here it gets
-a stand-in for Spark's ``GroupState`` (same four members) and pandas frames shaped like
-``classify``'s output. No JVM starts.
+``detect_one_partition`` (``tests/dedup_support.py``) runs one source partition's detector per
+micro-batch as a bucket does for each of its partitions; here it gets a stand-in for Spark's
+``GroupState`` (same four members) and pandas frames shaped like ``classify``'s output. No JVM
+starts.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dedup import detect
 from dedup.detector import DetectorConfig, GapStateError, PartitionDetector
 from dedup.metrics import DedupMetrics
 from dedup.rows import COLUMN_NAMES, KIND_DATA, KIND_HEARTBEAT, KIND_RESET, STAT_COLUMNS
-from tests.dedup_support import FakeState, delivered, frame
+from tests.dedup_support import FakeState, delivered, detect_one_partition, frame
 
 PARAMS = detect.DetectParams(
     window_size=64,
@@ -34,7 +35,7 @@ rows = frame
 
 def run(state: FakeState, *items: tuple[int, int, int, int]) -> pd.DataFrame:
     frames = [rows(*items)] if items else []
-    out = list(detect.detect_group(PARAMS, ("t", 0), iter(frames), state))
+    out = list(detect_one_partition(PARAMS, ("t", 0), iter(frames), state))
     return pd.concat(out, ignore_index=True)
 
 
@@ -100,7 +101,7 @@ def test_stat_rows_carry_the_detector_counters_and_metrics_export_them() -> None
         [(DATA, 2, -1, -1)],
     ):
         # one batch each: within a batch the offsets are sorted first
-        outs += list(detect.detect_group(params, ("t", 0), iter([rows(*batch)]), state))
+        outs += list(detect_one_partition(params, ("t", 0), iter([rows(*batch)]), state))
     out = pd.concat(outs, ignore_index=True)
     stat = out[out["kind"] == "stat"][list(STAT_COLUMNS)].astype(int).sum()
     # window 0 evicted with gaps [1,4] and [6,9], expired at once (MAX_EXPIRED_GAPS=0); offset 2
@@ -138,7 +139,7 @@ def test_a_run_whose_value_disagrees_with_its_key_is_malformed_and_stays_a_gap()
     bad = frame((DATA, 3, -1, -1, -1, 5, 1))
     bad.loc[0, "src_last"] = 6  # the key says 3..6, the value holds 3..5
     good = frame((DATA, 0, -1, -1, -1, 2, 1), (DATA, 7, -1, -1), (HB, 7, -1, -1))
-    out = pd.concat(list(detect.detect_group(PARAMS, ("t", 0), iter([bad, good]), state)))
+    out = pd.concat(list(detect_one_partition(PARAMS, ("t", 0), iter([bad, good]), state)))
     assert [o for o, _ in delivered(out)] == [0, 1, 2, 7]
     assert int(out[out["kind"] == "stat"]["malformed"].sum()) == 1
     assert open_gaps(settle(state)) == [(3, 6)]
@@ -163,7 +164,7 @@ def test_a_v1_record_leaves_as_a_run_of_one_with_its_provenance_restored() -> No
             }
         ]
     )  # fmt: skip
-    out = pd.concat(list(detect.detect_group(PARAMS, ("t", 0), iter([batch]), FakeState())))
+    out = pd.concat(list(detect_one_partition(PARAMS, ("t", 0), iter([batch]), FakeState())))
     payload = out[out["kind"] == "run"]["payload"].iloc[0]
     from common.wire.batch_decode import decode_record_groups  # noqa: PLC0415
 

@@ -1,4 +1,4 @@
-"""Which layout a checkpoint keeps when the direct layout is involved (``dedup/state_layout.py``):
+"""Which layout a checkpoint keeps when the direct layout is involved (``dedup/layouts/``):
 a new checkpoint takes ``STATE_LAYOUT``, an existing one keeps what it recorded, and a direct
 checkpoint refuses a raw topic whose partition count changed."""
 
@@ -9,14 +9,9 @@ import json
 import pytest
 
 from common.errors import GapStateError
-from dedup.state_layout import (
-    BUCKETS,
-    BUCKETS_PER_PARTITION,
-    DIRECT,
-    PARTITIONS,
-    StateLayout,
-    decide,
-)
+from dedup.layouts import BUCKETS_PER_PARTITION, Layout, StateLayout, decide
+
+BUCKETS, DIRECT = Layout.BUCKETS, Layout.DIRECT
 
 
 @pytest.mark.parametrize("raw_partitions", [1, 6, 128])
@@ -26,9 +21,8 @@ def test_a_new_checkpoint_takes_the_direct_layout_with_the_raw_partitions(
     layout = decide(
         None, has_offsets=False, state_partitions=4, new_kind=DIRECT, raw_partitions=raw_partitions
     )
-    assert layout == StateLayout(kind="direct", raw_partitions=raw_partitions)
-    assert layout.direct
-    assert not layout.bucketed
+    assert layout == StateLayout(kind=DIRECT, raw_partitions=raw_partitions)
+    assert layout.kind is DIRECT
     assert json.loads(layout.to_json()) == {"layout": "direct", "raw_partitions": raw_partitions}
 
 
@@ -40,14 +34,13 @@ def test_the_recorded_direct_layout_is_read_back() -> None:
 
 
 @pytest.mark.parametrize("new_kind", [DIRECT, BUCKETS])
-def test_a_direct_checkpoint_keeps_its_layout_whatever_is_configured(new_kind: str) -> None:
+def test_a_direct_checkpoint_keeps_its_layout_whatever_is_configured(new_kind: Layout) -> None:
     recorded = json.dumps({"layout": "direct", "raw_partitions": 6})
     layout = decide(
         recorded, has_offsets=True, state_partitions=4, new_kind=new_kind, raw_partitions=6
     )
     assert layout == StateLayout(DIRECT, raw_partitions=6)
-    assert layout.direct
-    assert not layout.bucketed
+    assert layout.kind is DIRECT
     assert layout.raw_partitions == 6
 
 
@@ -82,26 +75,24 @@ def test_a_bucketed_checkpoint_stays_bucketed_when_direct_is_configured(partitio
         recorded, has_offsets=True, state_partitions=8, new_kind=DIRECT, raw_partitions=6
     )
     assert layout == StateLayout(BUCKETS, partitions, 5)
-    assert layout.bucketed
-    assert not layout.direct
+    assert layout.kind is BUCKETS
 
 
-def test_a_checkpoint_from_before_the_layout_file_keeps_one_group_per_partition() -> None:
-    layout = decide(None, has_offsets=True, state_partitions=8, new_kind=DIRECT, raw_partitions=6)
-    assert layout == StateLayout(PARTITIONS)
-    assert not layout.direct
+def test_a_checkpoint_from_before_the_layout_file_is_refused_not_made_direct() -> None:
+    with pytest.raises(GapStateError, match="partitions state layout"):
+        decide(None, has_offsets=True, state_partitions=8, new_kind=DIRECT, raw_partitions=6)
 
 
-def test_a_partitions_record_wins_over_a_configured_direct_layout() -> None:
-    for has_offsets in (False, True):
-        layout = decide(
+@pytest.mark.parametrize("has_offsets", [False, True])
+def test_a_partitions_record_is_refused_whatever_is_configured(has_offsets: bool) -> None:
+    with pytest.raises(GapStateError, match="partitions state layout"):
+        decide(
             '{"layout": "partitions"}',
             has_offsets=has_offsets,
             state_partitions=8,
             new_kind=DIRECT,
             raw_partitions=6,
         )
-        assert layout == StateLayout(PARTITIONS)
 
 
 @pytest.mark.parametrize(
@@ -112,7 +103,7 @@ def test_a_partitions_record_wins_over_a_configured_direct_layout() -> None:
     ],
 )
 def test_a_direct_record_never_planned_takes_the_configured_layout(
-    new_kind: str, expected: StateLayout
+    new_kind: Layout, expected: StateLayout
 ) -> None:
     """Before its first planned batch a checkpoint has no state: the record is rewritten."""
     recorded = json.dumps({"layout": "direct", "raw_partitions": 6})

@@ -17,7 +17,7 @@ from common.raw_run import parse_run_key, run_key
 from common.raw_topic import MAX_CHAINS, TOPIC_FIELD, fill_topic, raw_partition_of
 from dedup.config import from_sources
 from dedup.detector import DetectorConfig, PartitionDetector
-from dedup.direct import _drop_misrouted
+from dedup.direct_task import _drop_misrouted
 from dedup.rows import KIND_DATA, KIND_MALFORMED, UNPARSED_PARTITION, UNPARSED_TOPIC
 from dedup.transaction import PartitionWriter
 from dedup.writer_settings import WriterSettings

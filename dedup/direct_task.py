@@ -11,7 +11,7 @@ output commit or abort together.
 
 The receiver writes every record, heartbeat and withheld range of a source partition into one
 raw partition (``p mod N``), so one task sees all of a source partition's input; the layout
-needs one raw topic (chains merge several, which the stateful layouts handle) and a fixed
+needs one raw topic (chains merge several, which the buckets layout handles) and a fixed
 partition count (checked by the driver, ``dedup/job.py``).
 
 Effectively once: the commit path every layout takes (``dedup.commit.commit_batch``, which states

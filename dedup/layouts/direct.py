@@ -1,0 +1,159 @@
+"""The direct layout: one task per raw partition detects, writes and keeps its own state.
+
+Plan (driver): Spark's Kafka source over the one raw topic alone, its rows as they come (no
+projection, no shuffle, no stateful operator); the state topic gets one partition per raw partition.
+Tasks (executors): one per raw partition, which classifies, detects and commits its records with its
+detectors' state record in one transaction (``dedup/direct_task.py``). Ticks go into every raw
+partition, since each raw partition's own task runs its gap scans; a reset goes into the raw
+partition its source partition lands in (``common.raw_topic.raw_partition_of``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Final
+
+from common.errors import GapStateError
+from common.raw_topic import raw_partition_of
+from dedup.direct_state import STATE_RECORD_LIMIT
+from dedup.direct_task import DirectPartition, source_of
+from dedup.layouts import ResetTopics, StateLayout, TaskRun
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+    from dedup.batch_driver import TransactionalBatchWriter
+    from dedup.config import DedupConfig
+    from dedup.writer_settings import TaskSpec
+
+log = logging.getLogger(__name__)
+
+#: Spark's ``arrow.maxBytesPerBatch`` for a direct checkpoint: its task classifies, detects and
+#: writes each Arrow batch as it comes, so smaller batches let the JVM read and convert the next
+#: one meanwhile (at 16 MiB a task's whole input of a backlog batch was one Arrow batch, and its
+#: worker waited for all of it). 4 MiB measured 4.1-4.8 CPU-s per M at a fan-in of 32 (16 MiB:
+#: 4.8-5.4), 3.6-5.4 at one (16 MiB: 4.1-4.4), and 1.1x the rate to the clean topic side by side
+#: with the peer (docs/benchmarks.md "Each task's fixed cost").
+ARROW_MAX_BYTES_PER_BATCH: Final = 4 << 20
+#: The heap of a JVM this process launches for a direct checkpoint (``SPARK_CONF_*`` overrides):
+#: Spark's least. The direct layout streams each raw partition's records from the source through
+#: its task (no shuffle, no state store), so the default 1 GB only let the collector defer work:
+#: peak Pss 926 MB against 1,079 at 20,000 records/s, the same p99, and a 1.5 GB backlog of 1 KB
+#: records passed (docs/benchmarks.md "The direct layout").
+DRIVER_MEMORY: Final = "512m"
+#: the raw topic must exist before a new checkpoint's first start (its count is recorded)
+NEEDS_RAW_TOPIC: Final = True
+
+#: The state topic (created by the job): a record holds a raw partition's whole container of
+#: detectors, and compaction keeps each key's last; segments roll every 10 minutes so that the
+#: cleaner can drop the older records (one per raw partition and batch).
+STATE_TOPIC_CONFIG: Final = {
+    "max.message.bytes": str(STATE_RECORD_LIMIT),
+    "segment.ms": "600000",
+    "min.cleanable.dirty.ratio": "0.1",
+}
+
+
+def plan(
+    spark: SparkSession,
+    config: DedupConfig,
+    writer: TransactionalBatchWriter,
+    layout: StateLayout,
+) -> DataFrame:
+    """The raw topic's rows as they come (each task classifies its own), after readying the state
+    topic and ``writer`` (``ready``)."""
+    from dedup import job  # noqa: PLC0415  imports pyspark (the driver only)
+
+    ready(writer, config, layout)
+    return job.raw_stream(spark, config, source_topics(config))
+
+
+def source_topics(config: DedupConfig) -> tuple[str, ...]:
+    """The one raw topic alone: ticks and resets go into its partitions."""
+    return config.raw_topics
+
+
+def ready(writer: TransactionalBatchWriter, config: DedupConfig, layout: StateLayout) -> None:
+    """Ready a direct checkpoint's run: its state topic, one partition per raw partition, and
+    ``writer``'s detector settings.
+
+    Raises:
+        GapStateError: several raw topics, a raw topic that does not exist yet, or a state
+            topic with fewer partitions than the raw topic.
+    """
+    from dedup import job  # noqa: PLC0415
+    from dedup.clean_topics import create_dedup_topics  # noqa: PLC0415
+
+    if len(config.raw_topics) != 1:
+        raise GapStateError(
+            f"this checkpoint has the direct layout, which reads one raw topic, and RAW_TOPICS "
+            f"names {len(config.raw_topics)}: set RAW_TOPICS back to its one topic "
+            '(docs/dedup.md "The direct layout")'
+        )
+    if layout.raw_partitions < 1:
+        raise GapStateError(
+            f"raw topic {config.raw_topics[0]!r} does not exist yet, and the direct layout takes "
+            "its partition count at the first start: start the receiver first (it creates the "
+            'topic) or create it (docs/dedup.md "The direct layout")'
+        )
+    found = create_dedup_topics(
+        writer.settings,
+        [config.state_topic],
+        compact=True,
+        partitions=layout.raw_partitions,
+        config=STATE_TOPIC_CONFIG,
+    )
+    if found.get(config.state_topic, 0) < layout.raw_partitions:
+        raise GapStateError(
+            f"state topic {config.state_topic!r} has {found.get(config.state_topic)} partitions "
+            f"and the raw topic {layout.raw_partitions}: it needs one per raw partition (delete "
+            "it while no dedup runs, or name another STATE_TOPIC for a new checkpoint)"
+        )
+    writer.params = job.detect_params(config)
+    log.info(
+        "state layout: direct (one task per partition of %s, %d partitions; state in %s)",
+        config.raw_topics[0],
+        layout.raw_partitions,
+        config.state_topic,
+    )
+
+
+def run_task(
+    spec: TaskSpec,
+    partition: int,
+    batches: Iterator[pa.RecordBatch],
+    on_stats: Callable[[pa.RecordBatch], None],
+) -> TaskRun | None:
+    """The raw records of one raw partition, detected and committed (``DirectPartition``); None
+    without input (no fence, no state read, nothing written)."""
+    del partition  # Spark's task number: the raw partition comes with the rows
+    first = next(batches, None)
+    if first is None:
+        return None
+    raw_topic, raw_partition = source_of(first)
+    task = DirectPartition(spec, raw_topic, raw_partition)
+    result = task.run(itertools.chain((first,), batches), on_stats)
+    return TaskRun(raw_partition, result, task.fence_ms)
+
+
+def tick_targets(config: DedupConfig, layout: StateLayout) -> list[tuple[str, int]]:
+    """Every partition of the raw topic: each raw partition's own task runs its gap scans."""
+    return [(config.raw_topics[0], p) for p in range(layout.raw_partitions)]
+
+
+def reset_target(
+    config: ResetTopics, source_partition: int, raw_partition_count: Callable[[str], int]
+) -> tuple[str, int]:
+    """The raw partition ``source_partition`` lands in: its task holds the partition's state.
+
+    Raises:
+        GapStateError: the raw topic does not exist.
+    """
+    raw = config.raw_topics[0]
+    count = raw_partition_count(raw)
+    if count < 1:
+        raise GapStateError(f"raw topic {raw!r} does not exist")
+    return raw, raw_partition_of(source_partition, count)

@@ -1,8 +1,8 @@
 """The fence of the dedup's transactions: producers that fence their elders, and the markers.
 
-Runs in the write tasks (executors). docs/dedup-internals.md "Effectively once", step 3: every attempt calls
-``init_transactions`` (fencing every older producer of its ``transactional.id``) and only then
-reads its partition's highest committed marker.
+Runs in the write tasks (executors). docs/dedup-internals.md "Effectively once", step 3: every
+attempt calls ``init_transactions`` (fencing every older producer of its ``transactional.id``) and
+only then reads its partition's highest committed marker.
 """
 
 from __future__ import annotations

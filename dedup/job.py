@@ -109,7 +109,7 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         "spark.sql.shuffle.partitions": str(config.effective_shuffle_partitions()),
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(config.arrow_max_records_per_batch),
         # runs carry payload: a byte bound too, so that a Python worker holds at most this much
-        # of a micro-batch at a time (the write tasks stream, docs/dedup.md "Memory")
+        # of a micro-batch at a time (the write tasks stream, docs/operations.md "Memory")
         "spark.sql.execution.arrow.maxBytesPerBatch": str(layout.ARROW_MAX_BYTES_PER_BATCH),
         "spark.sql.streaming.stateStore.providerClass": (
             "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"

@@ -9,8 +9,8 @@ partition, each holding many source partitions' detectors: ``dedup/detector_set.
 partition reads.
 
 Chains (several raw topics, one per receiver) need this layout: a source partition's input may
-come from any of them, and only a shuffle brings it to one detector (docs/dedup.md "Chains and
-the direct layout").
+come from any of them, and only a shuffle brings it to one detector (docs/dedup.md "State layout",
+"Chains and the direct layout").
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 
 #: Bytes of one Arrow batch handed to a Python worker (``SPARK_CONF_*`` overrides it). 16 MiB,
 #: not 64: the JVM spent ~1 CPU-s more per million 200 B records building 64 MiB batches (a
-#: bucket's rows fill them; docs/benchmarks.md "State by bucket"), and a worker holds less.
+#: bucket's rows fill them; docs/benchmarks.md "Dedup"), and a worker holds less.
 ARROW_MAX_BYTES_PER_BATCH: Final = 16 << 20
 #: Spark's default driver heap.
 DRIVER_MEMORY: Final = ""

@@ -36,13 +36,13 @@ log = logging.getLogger(__name__)
 #: one meanwhile (at 16 MiB a task's whole input of a backlog batch was one Arrow batch, and its
 #: worker waited for all of it). 4 MiB measured 4.1-4.8 CPU-s per M at a fan-in of 32 (16 MiB:
 #: 4.8-5.4), 3.6-5.4 at one (16 MiB: 4.1-4.4), and 1.1x the rate to the clean topic side by side
-#: with the peer (docs/benchmarks.md "Each task's fixed cost").
+#: with the peer (docs/benchmarks.md "Dedup").
 ARROW_MAX_BYTES_PER_BATCH: Final = 4 << 20
 #: The heap of a JVM this process launches for a direct checkpoint (``SPARK_CONF_*`` overrides):
 #: Spark's least. The direct layout streams each raw partition's records from the source through
 #: its task (no shuffle, no state store), so the default 1 GB only let the collector defer work:
 #: peak Pss 926 MB against 1,079 at 20,000 records/s, the same p99, and a 1.5 GB backlog of 1 KB
-#: records passed (docs/benchmarks.md "The direct layout").
+#: records passed (docs/benchmarks.md "Dedup").
 DRIVER_MEMORY: Final = "512m"
 #: the raw topic must exist before a new checkpoint's first start (its count is recorded)
 NEEDS_RAW_TOPIC: Final = True

@@ -430,3 +430,24 @@ def test_a_command_with_an_option_the_cli_lacks_is_caught() -> None:
 
     with pytest.raises(AssertionError, match="has no option"):
         assert_cli_accepts(["send", "--rate-byte", "1"], "planted")
+
+
+#: The packages whose comments and docstrings cite the docs.
+_CODE = ("common", "runtime", "sender", "receiver", "dedup", "netem", "kafka_diode", "bench")
+
+
+def test_every_section_the_code_cites_exists() -> None:
+    """A comment or docstring citing ``docs/x.md "Some heading"`` names a heading of that page
+    (a reference may wrap onto the next comment line)."""
+    pattern = re.compile(r'docs/([a-z_-]+\.md),?\s+"([^"]{3,80})"')
+    broken = []
+    for package in _CODE:
+        for source in sorted((ROOT / package).rglob("*.py")):
+            text = re.sub(r"\n\s*(?:#:?\s*)?", " ", source.read_text(encoding="utf-8"))
+            for name, title in pattern.findall(text):
+                dest = DOCS / name
+                if not dest.exists():
+                    broken.append(f"{source.relative_to(ROOT)}: no docs/{name}")
+                elif not any(a.startswith(_slug(title)) for a in _anchors(dest)):
+                    broken.append(f'{source.relative_to(ROOT)}: docs/{name} "{title}"')
+    assert not broken, "\n".join(broken)

@@ -21,6 +21,8 @@ import pytest
 from dedup import job
 from dedup.config import from_sources
 from dedup.detect import DetectParams
+from dedup.layouts import buckets as buckets_layout
+from dedup.layouts import direct as direct_layout
 
 pytestmark = [pytest.mark.spark]
 
@@ -148,5 +150,5 @@ def test_a_session_the_dedup_launches_collects_with_the_parallel_collector_and_t
     assert heap == (["-Xmx512m"] if layout == "auto" else ["-Xmx1g"]), seen["args"]
     # a direct task's input comes in smaller Arrow batches (read while the last one is written)
     direct = layout == "auto"
-    arrow = job.DIRECT_ARROW_MAX_BYTES_PER_BATCH if direct else job.ARROW_MAX_BYTES_PER_BATCH
+    arrow = (direct_layout if direct else buckets_layout).ARROW_MAX_BYTES_PER_BATCH
     assert int(seen["arrow"]) == arrow == (4 << 20 if direct else 16 << 20)

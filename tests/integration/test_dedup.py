@@ -286,7 +286,6 @@ def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
         # use, keeps its exact output in CI (test_clean_and_gap_topics_are_exact and
         # tests/integration/test_chains_e2e.py)
         pytest.param("buckets", "changelogs", marks=pytest.mark.slow),
-        pytest.param("partitions", "changelogs", marks=pytest.mark.slow),
         pytest.param("buckets", "snapshots", marks=pytest.mark.slow),
         ("direct", "state topic"),
     ],
@@ -294,11 +293,11 @@ def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
 def test_sigkill_and_restart_neither_duplicates_nor_loses(
     downstream_kafka, kafka_topic, tmp_path, layout, first_commits
 ) -> None:
-    """Both state layouts (docs/dedup.md "State layout"): buckets, what a new checkpoint gets,
-    and one group per source partition, what checkpoints from before the buckets keep (asked
-    for here by the operator's record in a new checkpoint). ``snapshots``: the killed run
-    commits its state as earlier versions did (a RocksDB snapshot per commit), the restart as
-    this one does (changelogs, docs/dedup.md "Settings")."""
+    """Both state layouts (docs/dedup.md "State layout"): direct, what a new checkpoint over
+    one raw topic gets, and buckets, what chains get. ``snapshots``: the killed run commits its
+    state as earlier versions did (a RocksDB snapshot per commit), the restart as this one does
+    (changelogs, docs/dedup.md "Settings"). The retired ``partitions`` layout is refused with its
+    upgrade step (tests/integration/test_dedup_upgrade.py)."""
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
     per_partition = 20_000
@@ -316,9 +315,6 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     clean_topic = f"clean.{tag}.{SOURCE}"
     record = Path(env["STATE_DIR_CONFIG"]) / LAYOUT_FILE
     env["STATE_LAYOUT"] = "direct" if layout == "direct" else "buckets"
-    if layout == "partitions":
-        record.parent.mkdir(parents=True)
-        record.write_text('{"layout": "partitions"}')
 
     first_env = dict(env)
     if first_commits == "snapshots":

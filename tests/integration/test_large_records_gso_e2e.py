@@ -1,4 +1,4 @@
-"""Large records through UDP GSO and GRO with real brokers, under sustained load (issue 45).
+"""Large records through UDP GSO and GRO with real brokers, under sustained load.
 
 The sender's default (``udp_gso`` on) with 10 KB and 100 KB records, into a receiver with its
 default (``udp_gro`` off: one datagram per read) and with GRO on: a backlog of ~50 MB waits

@@ -16,9 +16,10 @@ UDP GRO (``gro=True``, Linux 5.0+ where ``UDP_GRO`` is accepted): the kernel may
 datagrams of one flow as one buffer, all of the size it reports in a ``UDP_GRO`` control message
 (level ``SOL_UDP`` = 17, option 104) except the last, which may be shorter; on loopback that is
 what a sender's GSO run becomes, on a NIC what the driver's GRO coalesced. Every read then uses
-``recvmsg_into`` and the buffer is split at that size into the datagrams the sender sent, each
-handed over on its own, exactly as without GRO; a buffer without the control message is one
-datagram. ``max_per_wakeup`` counts datagrams either way.
+``recvmsg_into``; a coalesced buffer goes whole to ``on_coalesced`` (the receiver decodes the
+fragments of a large message in one call, ``Decoder.receive_coalesced``) or, without it, is split
+at that size into the datagrams the sender sent, each handed over on its own; a buffer without the
+control message is one datagram. ``max_per_wakeup`` counts datagrams either way.
 
 GRO is not switched with the traffic. A ``recvmsg_into`` costs ~0.8-1.3 us more than a
 ``recv_into`` here (CPython builds the sender's address and the ancillary list), which a hostile
@@ -163,10 +164,14 @@ class SocketDrainer:
         max_per_wakeup: int,
         on_error: Callable[[OSError], None],
         gro: bool | None = None,
+        on_coalesced: Callable[[bytes, int], None] | None = None,
     ) -> None:
-        """``gro``: read coalesced buffers (None: whether the socket has UDP GRO on)."""
+        """``gro``: read coalesced buffers (None: whether the socket has UDP GRO on);
+        ``on_coalesced(data, segment)``, if given, takes such a buffer whole (its datagrams are
+        ``segment`` bytes each but the last) instead of ``on_datagram`` per datagram."""
         self._sock = sock
         self._on_datagram = on_datagram
+        self._on_coalesced = on_coalesced
         self._on_wakeup_done = on_wakeup_done
         self._on_error = on_error
         self._max = max_per_wakeup
@@ -254,6 +259,10 @@ class SocketDrainer:
                         self.kernel_drops = max(self.kernel_drops, drops)
                 if 0 < segment < nbytes:
                     self.coalesced += 1
+                    if self._on_coalesced is not None:
+                        read += -(-nbytes // segment)
+                        self._on_coalesced(bytes(view[:nbytes]), segment)
+                        continue
                     for start in range(0, nbytes, segment):
                         read += 1
                         deliver(bytes(view[start : min(start + segment, nbytes)]))

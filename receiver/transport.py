@@ -255,6 +255,7 @@ class SocketDrainer:
         sock, view, deliver = self._sock, self._view, self._on_datagram
         recvmsg_into, bufs, limit = sock.recvmsg_into, [self._buf], self._max
         joined = self._on_coalesced is not None
+        held = self._held  # the run ``_join`` keeps (emptied in place by ``_flush``)
         read = 0
         try:
             while read < limit:
@@ -276,10 +277,11 @@ class SocketDrainer:
                         deliver(bytes(view[start : min(start + segment, nbytes)]))
                 else:
                     read += 1
-                    if self._held and nbytes <= self._held_segment:
-                        self._join(bytes(view[:nbytes]), self._held_segment)
-                        continue
-                    self._flush()
+                    if held:
+                        if nbytes <= self._held_segment:
+                            self._join(bytes(view[:nbytes]), self._held_segment)
+                            continue
+                        self._flush()
                     deliver(bytes(view[:nbytes]))
         except BlockingIOError:
             pass

@@ -409,31 +409,21 @@ class Decoder:
         into = memoryview(message)
         at = start
         try:
-            for index in range(count - 1):
-                if (
-                    data[at : at + 46]
-                    != head + pack(sequence + index, key_id, index, count, total) + length
+            for index in range(count):
+                final = index == count - 1
+                if data[at : at + 46] != (
+                    head
+                    + pack(sequence + index, key_id, index, count, total)
+                    + (last_length if final else length)
                 ):
                     return 0
                 decrypt_into(
                     salt + data[at + 24 : at + 32],
-                    view[at + 46 : at + segment],
+                    view[at + 46 : stop if final else at + segment],
                     view[at : at + HEADER_SIZE],
-                    into[index * chunk : (index + 1) * chunk],
+                    into[index * chunk : total if final else (index + 1) * chunk],
                 )
                 at += segment
-            index = count - 1
-            if (
-                data[at : at + 46]
-                != head + pack(sequence + index, key_id, index, count, total) + last_length
-            ):
-                return 0
-            decrypt_into(
-                salt + data[at + 24 : at + 32],
-                view[at + 46 : stop],
-                view[at : at + HEADER_SIZE],
-                into[index * chunk :],
-            )
         except InvalidTag:
             return 0  # the one-by-one path counts which datagram failed
         # authentic and new: the window takes every sequence, as it would one by one

@@ -148,6 +148,7 @@ class Receiver:
             ],
             fec=self._fec_counters,
             fec_margin=lambda: (list(self.fec.margin_used), self.fec.margin_used_sum),
+            coalesced_messages=lambda: self._decoder.coalesced_messages,
         )
         if "{topic}" not in self.config.raw_topic:
             raw = self.config.raw_topic
@@ -259,6 +260,7 @@ class Receiver:
                 self._after_burst,
                 max_per_wakeup=cfg.max_datagrams_per_wakeup,
                 on_error=self._on_socket_error,
+                on_coalesced=self._on_coalesced,
             )
         )
 
@@ -287,6 +289,40 @@ class Receiver:
             self._rlog.warning(
                 "internal", "internal error while handling a datagram (a bug)", exc_info=True
             )
+
+    def _on_coalesced(self, data: bytes, segment: int) -> None:
+        """A UDP GRO read of several datagrams: each fragmented message whole in one call
+        (``Decoder.receive_coalesced``), every other datagram as ``_on_datagram`` takes it.
+
+        While an FEC block waits for a source, every datagram goes one by one: a source can
+        then rebuild others, and their decode comes right after it, as without GRO."""
+        stop = len(data)
+        start = 0
+        if not self.fec.awaiting_sources:
+            decoder, stats, fec = self._decoder, self.stats, self.fec
+            assert self._loop is not None
+            now = self._loop.time()
+            while start < stop:
+                try:
+                    used = decoder.receive_coalesced(data, start, segment, now)
+                    if used:
+                        stats.datagrams += -(-used // segment)
+                        stats.bytes += used
+                        rebuilt = fec.add_sources(data, start, start + used, segment, now)
+                        if rebuilt:
+                            self._decode_rebuilt(rebuilt, now)
+                        self._drain_events(now)
+                except Exception:  # noqa: BLE001  as in _on_datagram: never stop the receiver
+                    stats.drop(INTERNAL_ERROR)
+                    self._rlog.warning(
+                        "internal", "internal error while handling datagrams (a bug)", exc_info=True
+                    )
+                    used = 0
+                if not used:
+                    break
+                start += used
+        for at in range(start, stop, segment):
+            self._on_datagram(data[at : at + segment])
 
     def _decode_rebuilt(self, rebuilt: list[bytes], now: float) -> None:
         """Reconstructed datagrams take the normal path (GCM, replay window) like any other."""

@@ -94,12 +94,14 @@ class ReceiverConfig:
     """Datagrams read from one socket per readiness event before yielding to the event loop."""
     udp_gro: bool = False
     """UDP receive offload where the kernel has it (Linux 5.0+): one read returns a run of
-    datagrams of one flow (a sender's GSO run on loopback, what the NIC coalesced), split here into
-    the same datagrams; a datagram that arrives alone is read as before. On, large records cost the
-    receiver ~15 percent less CPU per byte; but every read then carries ancillary data, so a flood
-    of single datagrams (hostile or malformed input) is drained 10-20 percent slower per CPU
-    second. Off by default so that the flood drain keeps its speed; turn it on for links that carry
-    large records from a trusted sender (docs/benchmarks.md, "Hostile flood, GRO on and off")."""
+    datagrams of one flow (a sender's GSO run on loopback, what the NIC coalesced), and the
+    datagrams of a large record that came in one run are decoded in one call; a datagram that
+    arrives alone is read as before. On, records of 10 KB cost the receiver about a quarter less
+    CPU per byte and records of 100 KB about a third; but every read then carries ancillary data,
+    so a flood of single datagrams (hostile or malformed input) is drained 10-20 percent slower
+    per CPU second. Off by default so that the flood drain keeps its speed; turn it on for links
+    that carry large records from a trusted sender (docs/benchmarks.md, "A GRO read decoded
+    whole" and "Hostile flood, GRO on and off")."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """Event loop implementation: uvloop (fast) or the standard asyncio loop."""
     key_file: Path | None = None

@@ -120,6 +120,8 @@ class Gauges:
         0.0,
     )
     """``FecDecoder.margin_used`` (counts per bucket, not cumulative) and ``margin_used_sum``."""
+    coalesced_messages: Callable[[], int] = lambda: 0
+    """``Decoder.coalesced_messages``: fragmented messages decoded whole from one GRO read."""
 
 
 class ReceiverCollector(Collector):
@@ -210,6 +212,11 @@ class ReceiverCollector(Collector):
                 f"{PREFIX}_fec_{name}", _FEC_DOCS.get(name, f"FEC {name}."), value=value
             )
         yield _margin_histogram(*g.fec_margin())
+        yield CounterMetricFamily(
+            f"{PREFIX}_coalesced_messages",
+            "Fragmented messages decoded whole from one coalesced read (UDP GRO).",
+            value=g.coalesced_messages(),
+        )
         for name, doc, fn in (
             (
                 "reassemblies_in_flight",

@@ -16,9 +16,12 @@ UDP GRO (``gro=True``, Linux 5.0+ where ``UDP_GRO`` is accepted): the kernel may
 datagrams of one flow as one buffer, all of the size it reports in a ``UDP_GRO`` control message
 (level ``SOL_UDP`` = 17, option 104) except the last, which may be shorter; on loopback that is
 what a sender's GSO run becomes, on a NIC what the driver's GRO coalesced. Every read then uses
-``recvmsg_into`` and the buffer is split at that size into the datagrams the sender sent, each
-handed over on its own, exactly as without GRO; a buffer without the control message is one
-datagram. ``max_per_wakeup`` counts datagrams either way.
+``recvmsg_into``; a coalesced buffer goes whole to ``on_coalesced`` (the receiver decodes the
+fragments of a large message in one call, ``Decoder.receive_coalesced``), consecutive reads of one
+segment size joined while the run may go on (``SocketDrainer._join``: a message of more than one
+GSO run), or, without ``on_coalesced``, is split at that size into the datagrams the sender sent,
+each handed over on its own; a buffer without the control message is one datagram.
+``max_per_wakeup`` counts datagrams either way.
 
 GRO is not switched with the traffic. A ``recvmsg_into`` costs ~0.8-1.3 us more than a
 ``recv_into`` here (CPython builds the sender's address and the ancillary list), which a hostile
@@ -54,6 +57,9 @@ SOL_UDP = 17
 UDP_GRO = 104
 #: Room for both control messages a GRO read may carry (drop counter, segment size).
 _GRO_CMSG_SPACE = 2 * socket.CMSG_SPACE(4)
+#: The most bytes of coalesced reads joined into one buffer for ``on_coalesced`` (``_join``): a
+#: message of up to ~1 MB decoded in one call; beyond it the rest goes the one-by-one way.
+MAX_JOINED_BYTES = 1 << 20
 _U32 = struct.Struct("=I")
 _I32 = struct.Struct("=i")
 
@@ -163,10 +169,14 @@ class SocketDrainer:
         max_per_wakeup: int,
         on_error: Callable[[OSError], None],
         gro: bool | None = None,
+        on_coalesced: Callable[[bytes, int], None] | None = None,
     ) -> None:
-        """``gro``: read coalesced buffers (None: whether the socket has UDP GRO on)."""
+        """``gro``: read coalesced buffers (None: whether the socket has UDP GRO on);
+        ``on_coalesced(data, segment)``, if given, takes such a buffer whole (its datagrams are
+        ``segment`` bytes each but the last) instead of ``on_datagram`` per datagram."""
         self._sock = sock
         self._on_datagram = on_datagram
+        self._on_coalesced = on_coalesced
         self._on_wakeup_done = on_wakeup_done
         self._on_error = on_error
         self._max = max_per_wakeup
@@ -183,6 +193,9 @@ class SocketDrainer:
         """Whether reads may return coalesced datagrams (UDP GRO), split here."""
         self.coalesced = 0
         """Reads that returned two or more datagrams at once (UDP GRO)."""
+        self._held: list[bytes] = []  # coalesced reads joined into one run (``_join``)
+        self._held_segment = 0
+        self._held_bytes = 0
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Register with ``loop``; reading starts at the next loop iteration."""
@@ -241,6 +254,8 @@ class SocketDrainer:
         """``_drain`` for a GRO socket: every read says the segment size of what it returned."""
         sock, view, deliver = self._sock, self._view, self._on_datagram
         recvmsg_into, bufs, limit = sock.recvmsg_into, [self._buf], self._max
+        joined = self._on_coalesced is not None
+        held = self._held  # the run ``_join`` keeps (emptied in place by ``_flush``)
         read = 0
         try:
             while read < limit:
@@ -254,11 +269,19 @@ class SocketDrainer:
                         self.kernel_drops = max(self.kernel_drops, drops)
                 if 0 < segment < nbytes:
                     self.coalesced += 1
+                    read += -(-nbytes // segment)
+                    if joined:
+                        self._join(bytes(view[:nbytes]), segment)
+                        continue
                     for start in range(0, nbytes, segment):
-                        read += 1
                         deliver(bytes(view[start : min(start + segment, nbytes)]))
                 else:
                     read += 1
+                    if held:
+                        if nbytes <= self._held_segment:
+                            self._join(bytes(view[:nbytes]), self._held_segment)
+                            continue
+                        self._flush()
                     deliver(bytes(view[:nbytes]))
         except BlockingIOError:
             pass
@@ -267,5 +290,37 @@ class SocketDrainer:
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self._on_error(exc)
+        self._flush()
         self.datagrams += read
         self._on_wakeup_done()
+
+    def _join(self, data: bytes, segment: int) -> None:
+        """Keep a run read coalesced until it is known to end, then hand it to ``on_coalesced``.
+
+        A GSO run is at most 64 datagrams and 64 KB, so a message of more fragments (a 100 KB
+        record: 72) comes in several reads; joined while each read ends on a whole segment and
+        the next one has the same segment size (or is a datagram alone no larger), the reads
+        give ``on_coalesced`` the whole message. The datagrams and their order do not change:
+        this only decides where one buffer ends.
+        """
+        if self._held and segment != self._held_segment:
+            self._flush()
+        self._held.append(data)
+        self._held_segment = segment
+        self._held_bytes += len(data)
+        if len(data) % segment or self._held_bytes >= MAX_JOINED_BYTES:
+            self._flush()  # a shorter last datagram ends the run (or the bound is reached)
+
+    def _flush(self) -> None:
+        """Hand over the run kept by ``_join`` (if any)."""
+        if not self._held:
+            return
+        data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
+        segment = self._held_segment
+        self._held.clear()
+        self._held_bytes = 0
+        if len(data) > segment:
+            assert self._on_coalesced is not None  # _join is only called with it
+            self._on_coalesced(data, segment)
+        else:
+            self._on_datagram(data)

@@ -86,6 +86,10 @@ _FAST_PREFIX: Final = MAGIC + bytes(
 )
 _ONE_OF_ONE: Final = b"\x00\x00\x00\x01"  # fragment index 0, fragment count 1
 _FRAGMENT: Final = struct.Struct(">HH")  # fragment index, fragment count
+#: Bytes 24..43 of a fragment's header: sequence, key id, fragment index and count, message length.
+_FRAGMENT_TAIL: Final = struct.Struct(">QIHHI")
+#: What a datagram adds to its chunk: the header, a two-byte payload length, the GCM tag.
+_FRAGMENT_OVERHEAD: Final = HEADER_SIZE + 2 + TAG_SIZE
 #: Ciphers of sessions not authenticated yet kept at most (a forged-session flood's own LRU).
 _MAX_PENDING_CIPHERS: Final = 64
 _new = object.__new__
@@ -109,6 +113,8 @@ class Decoder:
         #: Datagrams that authenticated and were new to their replay window (FEC keeps these:
         #: a receiver compares it before and after ``receive_datagram``).
         self.authenticated = 0
+        #: Fragmented messages ``receive_coalesced`` decoded whole.
+        self.coalesced_messages = 0
         self._replay = ReplayGuard(window=config.replay_window, max_sessions=config.max_sessions)
         self._reassembler = Reassembler(
             max_reassemblies=config.max_reassemblies,
@@ -339,6 +345,114 @@ class Decoder:
             self._drop(reason, exc.detail, session_id)
         self._evictions()
 
+    def receive_coalesced(self, data: bytes, start: int, segment: int, now: float) -> int:
+        """Decode, in one call, the fragmented message whose fragments are the datagrams of
+        ``segment`` bytes from ``data[start:]`` (a UDP GRO read: datagrams of one flow, equal in
+        size but the last); return the bytes it took, or 0 having changed nothing.
+
+        Why: a 10 KB record is eight datagrams, and per datagram the general path spends more in
+        Python than AES-GCM costs; here the checks of the fragment fast path run once per
+        fragment against the header the first one predicts, the chunks are decrypted straight
+        into the message, and the reassembler is not involved. It takes a message only when that
+        equals what ``receive_datagram`` would do with each datagram in turn (pinned by
+        tests/property/test_coalesced_decode.py): fragment 0 at ``start`` and every other one
+        after it in order, each with the fast path's header, all authentic, all new to a known
+        session's replay window, and room in the reassembler without evicting another message.
+        On 0 the caller hands these datagrams to ``receive_datagram`` one by one.
+        """
+        end = len(data)
+        if end - start <= _FRAGMENT_OVERHEAD:
+            return 0
+        prefix, session_id, sequence, key_id, fragment, total = _FAST_HEADER.unpack_from(
+            data, start
+        )
+        count: int = fragment[2] << 8 | fragment[3]
+        if (
+            prefix != _FAST_PREFIX
+            or fragment[0]
+            or fragment[1]
+            or count < 2
+            or count > self._config.max_fragments
+            or total > self._max_message_size
+        ):
+            return 0
+        last = start + (count - 1) * segment
+        if end - last <= _FRAGMENT_OVERHEAD:
+            return 0  # a fragment is missing (still to come, or lost)
+        stop = min(last + segment, end)
+        chunk = segment - _FRAGMENT_OVERHEAD
+        last_chunk = stop - last - _FRAGMENT_OVERHEAD
+        length = _length_prefix(chunk + TAG_SIZE)
+        last_length = _length_prefix(last_chunk + TAG_SIZE)
+        if (count - 1) * chunk + last_chunk != total or length is None or last_length is None:
+            return 0
+        window = self._replay.windows.get(session_id)
+        cache_key = (key_id, session_id)
+        cipher = self._ciphers.get(cache_key)
+        keyring = self.keyring
+        if (
+            window is None
+            or sequence <= window.highest
+            or sequence + count > 1 << 64
+            or cipher is None
+            or keyring is None
+            or keyring.get(key_id) is not cipher.key
+            or not self._reassembler.has_room(total)
+        ):
+            return 0
+        head = data[start : start + 24]  # magic, version, codes, session id
+        salt = data[start + 8 : start + 12]
+        pack = _FRAGMENT_TAIL.pack
+        decrypt_into = cipher.aead.decrypt_into
+        view = memoryview(data)
+        message = bytearray(total)
+        into = memoryview(message)
+        at = start
+        try:
+            for index in range(count):
+                final = index == count - 1
+                if data[at : at + 46] != (
+                    head
+                    + pack(sequence + index, key_id, index, count, total)
+                    + (last_length if final else length)
+                ):
+                    return 0
+                decrypt_into(
+                    salt + data[at + 24 : at + 32],
+                    view[at + 46 : stop if final else at + segment],
+                    view[at : at + HEADER_SIZE],
+                    into[index * chunk : total if final else (index + 1) * chunk],
+                )
+                at += segment
+        except InvalidTag:
+            return 0  # the one-by-one path counts which datagram failed
+        # authentic and new: the window takes every sequence, as it would one by one
+        for seq in range(sequence, sequence + count):
+            if seq == window.highest + 1:
+                window.seen[seq % window.size] = 1
+                window.highest = seq
+            else:
+                window.update(seq)
+        self._replay.windows.move_to_end(session_id)
+        self._ciphers.move_to_end(cache_key)
+        self.datagrams += count
+        self.authenticated += count
+        self.coalesced_messages += 1
+        try:
+            groups, records = decode_record_groups(bytes(message))
+        except RemoteProtocolError as exc:
+            reason = exc.reason if isinstance(exc.reason, DropReason) else DropReason.MALFORMED
+            self._drop(reason, exc.detail, session_id)
+            return stop - start
+        batch = _new(RecordBatch)
+        _set_session(batch, session_id)
+        _set_sequence(batch, sequence)
+        _set_groups(batch, groups)
+        _set_count(batch, records)
+        _set_records(batch, None)
+        self._events.append(batch)
+        return stop - start
+
     def _evictions(self) -> None:
         """Count the partial messages the reassembler evicted to make room."""
         evicted = self._reassembler.evicted
@@ -507,3 +621,12 @@ class Decoder:
                     d["sent_at_ms"],
                 )
             )
+
+
+def _length_prefix(length: int) -> bytes | None:
+    """The two-byte Avro long ``length`` has in front of a payload of 64 to 8191 bytes (the form
+    the fast paths accept), or None for any other length."""
+    if not 64 <= length <= 8191:
+        return None
+    doubled = length << 1
+    return bytes(((doubled & 0x7F) | 0x80, doubled >> 7))

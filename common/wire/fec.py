@@ -665,6 +665,22 @@ class FecDecoder:
                     return self._attempt(block)
         return []
 
+    @property
+    def awaiting_sources(self) -> bool:
+        """Whether a block waits for a source datagram to arrive (``add_source`` may then
+        rebuild, and the order of the decode matters to what it rebuilds)."""
+        return bool(self._waiting)
+
+    def add_sources(self, data: bytes, start: int, stop: int, step: int, now: float) -> list[bytes]:
+        """``add_source`` for each datagram of ``step`` bytes (the last may be shorter) in
+        ``data[start:stop]``, a coalesced read the decoder authenticated whole."""
+        rebuilt: list[bytes] = []
+        for at in range(start, stop, step):
+            more = self.add_source(data[at : min(at + step, stop)], now)
+            if more:
+                rebuilt += more
+        return rebuilt
+
     def _trim_sources(self, now: float) -> None:
         order, sources = self._order, self._sources
         too_old = now - self._limits.block_timeout

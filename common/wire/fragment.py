@@ -115,6 +115,16 @@ class Reassembler:
         chunks = partial.chunks
         return b"".join(chunks[i] for i in range(count))
 
+    def has_room(self, total: int) -> bool:
+        """Whether a new message of ``total`` bytes would be kept without evicting another (the
+        coalesced path, ``Decoder.receive_coalesced``, takes only such messages, so that it
+        never skips an eviction the fragment-by-fragment path would have made)."""
+        return (
+            total <= self._max_bytes
+            and len(self._partials) < self._max_count
+            and self._bytes + total <= self._max_bytes
+        )
+
     def _discard(self, mid: MessageId) -> None:
         partial = self._partials.pop(mid, None)
         if partial is not None:

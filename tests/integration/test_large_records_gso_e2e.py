@@ -4,8 +4,9 @@ The sender's default (``udp_gso`` on) with 10 KB and 100 KB records, into a rece
 default (``udp_gro`` off: one datagram per read) and with GRO on: a backlog of ~50 MB waits
 upstream before the sender starts (deeper than four replay windows in datagrams), the sender
 empties it paced (``--rate-bytes``), one GSO ``sendmsg`` per run of fragments; the receiver reads
-the runs coalesced (its ``socket_coalesced_reads`` counter says the runs were GSO runs and GRO
-split them, and stays 0 with GRO off) and writes the raw topic. Every record must be there exactly
+the runs coalesced (its ``socket_coalesced_reads`` counter says the runs were GSO runs read whole,
+``coalesced_messages`` that their records were decoded in one call each, and both stay 0 with GRO
+off) and writes the raw topic. Every record must be there exactly
 once, byte for byte, with no datagram dropped anywhere: not by the kernel, not by the decoder.
 """
 
@@ -72,10 +73,13 @@ def test_large_records_through_gso_and_gro_arrive_exactly_once(
             for (name, _), value in metrics.items()
             if name == "kafka_diode_receiver_socket_coalesced_reads_total"
         )
+        whole = rx.metric("coalesced_messages_total")
         if gro:
             assert coalesced > 0, "no GSO run was read coalesced: GSO or GRO is not in use"
+            assert whole > 0, "no large record was decoded whole from its coalesced read"
         else:
             assert coalesced == 0
+            assert whole == 0
         assert rx.terminate() == 0
     consumed = consume_all(downstream_kafka, raw_topic, timeout=60, expand_runs=True)
     data: dict[tuple[int, int], list[bytes | None]] = {}

@@ -33,11 +33,27 @@ pytestmark = pytest.mark.skipif(not _kernel_has_gso(), reason="no UDP GSO in thi
 
 
 @contextmanager
-def link(*, gro: bool) -> Iterator[tuple[UdpSender, SocketDrainer, list[bytes]]]:
+def link(
+    *, gro: bool, joined: list[tuple[int, int]] | None = None
+) -> Iterator[tuple[UdpSender, SocketDrainer, list[bytes]]]:
+    """``joined``: take coalesced reads whole (``on_coalesced``), noting (datagrams, segment)
+    of each buffer handed over, and split them here."""
     sock, _ = open_udp_socket("127.0.0.1", 0, reuse_port=False, rcvbuf=32 << 20, gro=gro)
     got: list[bytes] = []
+
+    def whole(data: bytes, segment: int) -> None:
+        assert joined is not None
+        assert len(data) > segment
+        joined.append((-(-len(data) // segment), segment))
+        got.extend(data[at : at + segment] for at in range(0, len(data), segment))
+
     drainer = SocketDrainer(
-        sock, got.append, lambda: None, max_per_wakeup=1 << 16, on_error=pytest.fail
+        sock,
+        got.append,
+        lambda: None,
+        max_per_wakeup=1 << 16,
+        on_error=pytest.fail,
+        on_coalesced=None if joined is None else whole,
     )
     assert drainer.gro is gro
     udp = UdpSender([("127.0.0.1", drainer.port)], gso=True)
@@ -65,12 +81,18 @@ def runs(draw: st.DrawFn) -> list[list[bytes]]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(runs(), st.booleans())
-def test_the_datagrams_sent_in_runs_arrive_as_sent(sent: list[list[bytes]], gro: bool) -> None:
-    with link(gro=gro) as (udp, drainer, got):
+@given(runs(), st.booleans(), st.booleans(), st.booleans())
+def test_the_datagrams_sent_in_runs_arrive_as_sent(
+    sent: list[list[bytes]], gro: bool, whole: bool, at_once: bool
+) -> None:
+    """... datagram by datagram, or coalesced reads taken whole (``on_coalesced``), consecutive
+    reads joined while a run may go on; drained after each run or once after all of them."""
+    with link(gro=gro, joined=[] if whole else None) as (udp, drainer, got):
         for run in sent:
             assert udp.send_run(run) == (len(run), SendResult.SENT)
-            drainer._drain()  # loopback delivers during sendmsg: the datagrams are there
+            if not at_once:
+                drainer._drain()  # loopback delivers during sendmsg: the datagrams are there
+        drainer._drain()
         assert got == [d for run in sent for d in run]
         assert drainer.datagrams == len(got)
         assert udp.sent == len(got)
@@ -86,6 +108,23 @@ def test_a_run_is_coalesced_into_one_read_with_gro_and_split_back() -> None:
         assert got == [*run, b"alone"]
         assert drainer.coalesced == 1  # one read carried the run, another the single datagram
         assert udp.gso_calls == 1
+
+
+def test_runs_of_one_size_read_in_one_wakeup_are_joined_into_one_buffer() -> None:
+    """A message longer than one GSO run (64 datagrams, 64 KB) comes in several runs; read in
+    one wakeup, they reach ``on_coalesced`` as one buffer, ending at the shorter datagram."""
+    first = [bytes([i]) * 1000 for i in range(60)]  # 60 KB: a full run
+    second = [bytes([i]) * 1000 for i in range(60, 70)] + [b"z" * 300]
+    joined: list[tuple[int, int]] = []
+    with link(gro=True, joined=joined) as (udp, drainer, got):
+        assert udp.send_run(first) == (60, SendResult.SENT)
+        assert udp.send_run(second) == (11, SendResult.SENT)
+        assert udp.send_run([b"y" * 1000, b"y" * 1000]) == (2, SendResult.SENT)
+        drainer._drain()
+    assert got == [*first, *second, b"y" * 1000, b"y" * 1000]
+    assert joined == [(71, 1000), (2, 1000)]
+    assert drainer.coalesced == 3
+    assert drainer.datagrams == 73
 
 
 def test_without_gso_a_run_goes_one_datagram_per_call() -> None:

@@ -1,0 +1,107 @@
+"""The receiver's glue for a coalesced read (``Receiver._on_coalesced``): what reaches the sink.
+
+A GRO read of a large record's datagrams must give the sink the same records, and the receiver's
+counters the same values, as those datagrams read one by one; while an FEC block waits for a
+source the read goes one by one (a source may then rebuild others, decoded right after it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+from common.wire import Encoder, RecordBatch, WireConfig
+from common.wire.keyring import Key, KeyRing
+from receiver import app as receiver_app
+from receiver.config import ReceiverConfig
+from runtime import key_files
+
+
+class Sink:
+    """Stands in for the raw-topic sink: notes what it was handed (no Kafka in a unit test)."""
+
+    def __init__(self) -> None:
+        self.records: list[tuple[str, int, int, bytes | None]] = []
+
+    def write_batch(self, batch: RecordBatch, now: float | None = None) -> None:
+        self.records += [(r.topic, r.partition, r.offset, r.value) for r in batch.records]
+
+    def write_heartbeat(self, beat: Any, now: float | None = None) -> None:
+        pass
+
+
+def _receiver(key_file: Path) -> tuple[receiver_app.Receiver, Sink]:
+    config = ReceiverConfig(
+        bootstrap_servers="127.0.0.1:1", raw_topic="raw.{topic}", key_file=key_file
+    )
+    receiver = receiver_app.Receiver(config)
+    receiver._loop = asyncio.new_event_loop()
+    sink = Sink()
+    receiver._sink = sink  # type: ignore[assignment]
+    return receiver, sink
+
+
+def _datagrams(ring: KeyRing, values: list[bytes]) -> list[bytes]:
+    encoder = Encoder(WireConfig(), ring, session_id=b"s" * 16)
+    out = []
+    for offset, value in enumerate(values):
+        out += [d.data for d in encoder.add("t", 0, offset, 1, 0, b"k", value, (), 0.0)]
+        out += [d.data for d in encoder.flush()]
+    return out
+
+
+def _reads(datagrams: list[bytes]) -> list[tuple[bytes, int]]:
+    """GRO reads as the kernel makes them of the sender's runs: equal sizes, the last shorter."""
+    reads, run = [], [datagrams[0]]
+    for data in datagrams[1:]:
+        if len(data) > len(run[0]) or len(run[-1]) < len(run[0]):
+            reads.append((b"".join(run), len(run[0])))
+            run = []
+        run.append(data)
+    reads.append((b"".join(run), len(run[0])))
+    return reads
+
+
+def _both(tmp_path: Path, awaiting: bool) -> tuple[Any, ...]:
+    key_file = tmp_path / "keys.json"
+    ring = KeyRing([Key.generate()])
+    key_files.write_keyring(ring, key_file)
+    values = [b"first"] + [os.urandom(n) for n in (10_000, 300, 9_000, 20_000)]
+    datagrams = _datagrams(ring, values)
+    one, one_sink = _receiver(key_file)
+    whole, whole_sink = _receiver(key_file)
+    if awaiting:  # a block waits for a source that is not among these: nothing to rebuild
+        whole.fec._waiting[b"elsewhere"] = (b"s" * 16, 0)
+    try:
+        for data in datagrams:
+            one._on_datagram(data)
+        whole._on_datagram(datagrams[0])  # the session becomes known, as on a live link
+        for data, segment in _reads(datagrams[1:]):
+            if len(data) > segment:
+                whole._on_coalesced(data, segment)
+            else:
+                whole._on_datagram(data)
+    finally:
+        for r in (one, whole):
+            assert r._loop is not None
+            r._loop.close()
+    expected = [("t", 0, offset, value) for offset, value in enumerate(values)]
+    assert one_sink.records == expected
+    return one, whole, whole_sink, expected
+
+
+def test_a_coalesced_read_reaches_the_sink_as_its_datagrams_one_by_one(tmp_path: Path) -> None:
+    one, whole, sink, expected = _both(tmp_path, awaiting=False)
+    assert sink.records == expected
+    assert whole.stats.snapshot() == one.stats.snapshot()
+    assert whole._decoder.coalesced_messages == 3  # the 9 KB, 10 KB and 20 KB records
+    assert len(whole.fec._sources) == len(one.fec._sources)  # FEC keeps every source either way
+
+
+def test_while_an_fec_block_waits_a_coalesced_read_goes_one_by_one(tmp_path: Path) -> None:
+    one, whole, sink, expected = _both(tmp_path, awaiting=True)
+    assert sink.records == expected
+    assert whole.stats.snapshot() == one.stats.snapshot()
+    assert whole._decoder.coalesced_messages == 0

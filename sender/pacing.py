@@ -154,3 +154,11 @@ class Pacer:
             return
         self._bytes.take(size, now)
         self._datagrams.take(1, now)
+
+    def take_run(self, size: int, datagrams: int, now: float) -> None:
+        """Account for ``datagrams`` datagrams of ``size`` bytes in all handed over at ``now`` in
+        one call (a UDP GSO run): the same tokens as one ``take`` per datagram at ``now``."""
+        if self.unlimited:
+            return
+        self._bytes.take(size, now)
+        self._datagrams.take(datagrams, now)

@@ -36,6 +36,7 @@ from common.wire.batch_encode import (
     BatchBuilder,
     bytes_item,
     encode_headers,
+    single_record_batch,
 )
 from common.wire.config import WireConfig, fragment_capacity
 from common.wire.control import (
@@ -328,6 +329,17 @@ class Encoder:
             raise LocalProtocolError(
                 f"record {topic}:{partition}:{offset} has a field out of range"
             )
+        if n >= self._target and not self._gzip and not self._runs:
+            # A record that fills a datagram on its own is sealed alone (what ``append`` then
+            # ``_seal`` do, after sealing what is pending): its batch in one join, no builder.
+            out = self._seal() if builder.records else []
+            self._deadline = None
+            self.records_sealed += 1
+            payload = single_record_batch(
+                self._topic_map.get(topic, topic), partition, timestamp_type, offset, timestamp,
+                kprefix, key, vprefix, value, headers_blob,
+            )  # fmt: skip
+            return out + self._message(KIND_RECORD_BATCH, payload, ((topic, partition, offset),))
         # A record that cannot fit even before its two delta bytes is not offered to ``append``
         # (which would refuse it): one call less per datagram, the same batches and bytes.
         if (builder.size + n <= self._target or not builder.records) and builder.append(

@@ -352,19 +352,16 @@ class SendScheduler:
         target = first.target
         room_bytes, room_datagrams = self._pacer.room()
         limit = min(max_segments, len(data_lane), room_datagrams)
-        total = size
-        for item in islice(data_lane, 1, None):
+        if limit < 2:
+            return run
+        budget = min(max_bytes, room_bytes) - size  # bytes the rest of the run may add
+        append = run.append
+        for item in islice(data_lane, 1, int(limit)):
             n = len(item.data)
-            if (
-                len(run) >= limit
-                or n > size
-                or item.target != target
-                or total + n > max_bytes
-                or total + n > room_bytes
-            ):
+            if n > size or n > budget or item.target != target:
                 break
-            run.append(item)
-            total += n
+            append(item)
+            budget -= n
             if n < size:
                 break
         return run

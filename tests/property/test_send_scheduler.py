@@ -187,7 +187,7 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
             if s.gso_segments:
                 run = scheduler.next_run(now, s.gso_segments, GSO_MAX_BYTES)
                 if run is not None:
-                    check_run(run, s, burst_bytes, burst_datagrams)
+                    check_run(run, s, burst_bytes, burst_datagrams, scheduler, now)
                     multi_runs += len(run) > 1
             else:
                 item = scheduler.next_transmit(now)
@@ -279,10 +279,22 @@ def check_run_accounting(scheduler: SendScheduler, run: list[Transmit], now: flo
             assert _state(at_once) == _state(one_by_one)
 
 
-def check_run(run: list[Transmit], s: Setting, burst_bytes: float, burst_datagrams: float) -> None:
+def check_run(
+    run: list[Transmit],
+    s: Setting,
+    burst_bytes: float,
+    burst_datagrams: float,
+    scheduler: SendScheduler,
+    now: float,
+) -> None:
     """What one UDP GSO call may carry: one target, one size (the last may be shorter), within
-    the kernel's limits and never more than the pacer's burst."""
+    the kernel's limits and never more than the pacer's burst; and every datagram in it would
+    have left at ``now`` on its own, asking a copy of the pacer in turn (pacing per datagram)."""
     assert 1 <= len(run) <= s.gso_segments
+    pacer = copy.deepcopy(scheduler._pacer)
+    for item in run:
+        assert pacer.delay(len(item.data), now) == 0.0
+        pacer.take(len(item.data), now)
     if len(run) == 1:
         return
     size = len(run[0].data)

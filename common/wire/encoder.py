@@ -3,10 +3,13 @@
 Theory of operation. Records accumulate in one record batch (columns per partition group) until
 the next record would not fit one datagram's capacity, or ``linger`` seconds passed since the
 first pending record (``poll``), or the caller flushes. Each batch becomes one message; a message
-longer than one datagram (a large record alone) is cut into fragments. Pipeline per message:
-Avro batch -> gzip or zstd if configured and smaller -> per fragment AES-256-GCM with the 44-byte
-header as associated data -> envelope. Every datagram gets the next sequence number of the
-session; copies sent for redundancy are the same bytes (the caller sends ``data`` N times).
+longer than one datagram (a large record alone) is cut into fragments. Without compression, a
+record whose key, value and headers fill a datagram's capacity on their own is sealed alone at
+once, its batch built in one join (``single_record_batch``, the same bytes as the builder's).
+Pipeline per message: Avro batch -> gzip or zstd if configured and smaller -> per fragment
+AES-256-GCM with the 44-byte header as associated data -> envelope. Every datagram gets the next
+sequence number of the session; copies sent for redundancy are the same bytes (the caller sends
+``data`` N times).
 
 Guarantees: no datagram exceeds ``max_datagram_size``; sequence numbers never repeat within the
 session (exhaustion at 2**64 raises); ``completes`` on a datagram lists, per partition, the

@@ -145,8 +145,13 @@ class Pacer:
     def room(self) -> tuple[float, float]:
         """``(bytes, datagrams)`` that may leave together right after a ``delay`` that said 0:
         a run of datagrams (UDP GSO) whose sizes add up to no more than these is paced exactly
-        as if each had asked ``delay`` in turn, and is never larger than either burst."""
-        return self._bytes.room(), self._datagrams.room()
+        as if each had asked ``delay`` in turn, and is never larger than either burst. The
+        datagrams are whole ones (``delay`` lets one leave per whole token, within its
+        tolerance): 3.7 tokens let 3 leave at once, not 4."""
+        datagrams = self._datagrams.room()
+        if datagrams != math.inf:
+            datagrams = float(math.floor(datagrams + _EPSILON))
+        return self._bytes.room(), datagrams
 
     def take(self, size: int, now: float) -> None:
         """Account for a datagram of ``size`` bytes handed to the socket at ``now``."""
@@ -154,3 +159,11 @@ class Pacer:
             return
         self._bytes.take(size, now)
         self._datagrams.take(1, now)
+
+    def take_run(self, size: int, datagrams: int, now: float) -> None:
+        """Account for ``datagrams`` datagrams of ``size`` bytes in all handed over at ``now`` in
+        one call (a UDP GSO run): the same tokens as one ``take`` per datagram at ``now``."""
+        if self.unlimited:
+            return
+        self._bytes.take(size, now)
+        self._datagrams.take(datagrams, now)

@@ -34,10 +34,12 @@ for one UDP GSO call each; a run leaves only when the pacer would have let each 
 leave at once, so pacing holds per datagram (tests/property/test_send_scheduler.py).
 
 Accounting. The caller hands the datagram to the socket and calls ``transmitted`` (or does not,
-when the socket would block: the same datagram is offered again). Only when the *last* copy of a
-datagram left (or the kernel refused it: the link would have lost it) do the offsets it completes
-advance ``sent_high``: callers commit ``sent_high + 1`` and put ``sent_high`` in heartbeats, so
-neither ever runs ahead of what left the process.
+when the socket would block: the same datagram is offered again); a run from ``next_run`` is
+accounted by one ``transmitted_run``, which leaves the scheduler exactly as ``transmitted`` for
+each of its datagrams in turn would (tests/property/test_send_scheduler.py). Only when the *last*
+copy of a datagram left (or the kernel refused it: the link would have lost it) do the offsets it
+completes advance ``sent_high``: callers commit ``sent_high + 1`` and put ``sent_high`` in
+heartbeats, so neither ever runs ahead of what left the process.
 
 Backpressure. ``backlog_bytes`` counts every pending copy; above ``max_backlog_bytes`` the
 scheduler is ``congested`` (the caller pauses its Kafka partitions) until it falls to half.
@@ -350,19 +352,16 @@ class SendScheduler:
         target = first.target
         room_bytes, room_datagrams = self._pacer.room()
         limit = min(max_segments, len(data_lane), room_datagrams)
-        total = size
-        for item in islice(data_lane, 1, None):
+        if limit < 2:
+            return run
+        budget = min(max_bytes, room_bytes) - size  # bytes the rest of the run may add
+        append = run.append
+        for item in islice(data_lane, 1, int(limit)):
             n = len(item.data)
-            if (
-                len(run) >= limit
-                or n > size
-                or item.target != target
-                or total + n > max_bytes
-                or total + n > room_bytes
-            ):
+            if n > size or n > budget or item.target != target:
                 break
-            run.append(item)
-            total += n
+            append(item)
+            budget -= n
             if n < size:
                 break
         return run
@@ -432,6 +431,52 @@ class SendScheduler:
             self.congested = False
         if not self.backlog_bytes:
             self._held = False  # idle: the next wait starts a new burst, with no catch-up credit
+
+    def transmitted_run(self, run: list[Transmit], now: float, *, sent: bool = True) -> None:
+        """The whole ``run`` (from ``next_run``) was handed to the socket in one call, or the
+        kernel refused it (``sent=False``): ``transmitted`` for each datagram in turn, in one pass.
+
+        A run of two or more is fresh data with one copy each, taken from the head of the data
+        lane (``next_run``), so every datagram in it is its own last copy: its offsets and records
+        count at once, and the counters and the pacer move once per run, not per datagram.
+        """
+        count = len(run)
+        if count == 1 or self._copies != 1:
+            for item in run:
+                self.transmitted(item, now, sent=sent)
+            return
+        lane = self._fresh[_DATA]
+        popleft = lane.popleft
+        total = 0
+        records = 0
+        high = self.sent_high
+        for item in run:
+            popleft()
+            total += len(item.data)
+            if item.completes:
+                records += item.records
+                for topic, partition, offset in item.completes:
+                    tp = (topic, partition)
+                    if offset > high.get(tp, -1):
+                        high[tp] = offset
+            elif item.records:
+                records += item.records
+            item.copies_left = 0
+        if sent:
+            self._pacer.take_run(total, count, now)
+            self.datagrams_sent += count
+            self.bytes_sent += total
+        else:
+            self.datagrams_dropped += count
+        self.records_sent += records
+        last = run[-1].sequence
+        self.highest_sent = max(self.highest_sent, last)
+        self.backlog_bytes -= total
+        self._control_turn = True  # data left last
+        if self.congested and self.backlog_bytes <= self.max_backlog_bytes // 2:
+            self.congested = False
+        if not self.backlog_bytes:
+            self._held = False
 
 
 def _sequence(item: Transmit) -> int:

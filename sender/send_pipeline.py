@@ -387,7 +387,7 @@ class SendPipeline:
     def _send_runs(self) -> None:
         """``_send_some`` with UDP GSO: a run of datagrams per system call (``next_run``)."""
         scheduler, udp, clock = self.scheduler, self._udp, self._clock
-        next_run, transmitted = scheduler.next_run, scheduler.transmitted
+        next_run, transmitted_run = scheduler.next_run, scheduler.transmitted_run
         send_run, sent_result, blocked = udp.send_run, SendResult.SENT, SendResult.BLOCKED
         max_segments = udp.max_segments
         now = clock()
@@ -401,9 +401,9 @@ class SendPipeline:
                 self._waiting_writable = True
                 udp.wait_writable(self._loop, self._on_writable, target)
                 return
-            sent = result is sent_result
-            for item in run[:count]:
-                transmitted(item, now, sent=sent)
+            transmitted_run(
+                run if count == len(run) else run[:count], now, sent=result is sent_result
+            )
             max_segments = udp.max_segments  # 1 from now on if the route refused GSO
             now = clock()
         wake = scheduler.next_timer()

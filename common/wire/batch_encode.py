@@ -87,6 +87,46 @@ _HEADS: dict[tuple[str, int, int], bytes] = {}
 _MAX_HEADS: Final = 4096
 
 
+def group_head(wire_topic: str, partition: int, ts_type: int) -> bytes:
+    """The encoded ``topic, partition, timestamp type`` of a group (cached in ``_HEADS``)."""
+    head = _HEADS.get((wire_topic, partition, ts_type))
+    if head is None:
+        if len(_HEADS) >= _MAX_HEADS:
+            _HEADS.clear()
+        head = _HEADS[wire_topic, partition, ts_type] = (
+            string_bytes(wire_topic) + long_bytes(partition) + long_bytes(ts_type)
+        )
+    return head
+
+
+#: A group's count of one and the offset and timestamp columns of its one record (zero deltas),
+#: then the count of the keys column: what sits between the group head and the first key.
+_ONE_RECORD_DELTAS: Final = b"\x02\x00\x00\x02\x00\x00\x02"
+_END_AND_ONE: Final = b"\x00\x02"  # a column's end marker, then the next column's count of one
+
+
+def single_record_batch(  # noqa: PLR0917  the encoder's large-record path, positional
+    wire_topic: str,
+    partition: int,
+    ts_type: int,
+    offset: int,
+    timestamp: int,
+    kprefix: bytes,
+    key: bytes | None,
+    vprefix: bytes,
+    value: bytes | None,
+    headers_blob: bytes,
+) -> bytes:
+    """The batch of one record: exactly ``BatchBuilder`` with that record alone, ``encode()``d,
+    in one join (no builder, no group, the value copied once). ``kprefix``/``vprefix`` are the
+    union prefixes of :func:`bytes_item` (or ``NULL_ITEM``)."""
+    head = group_head(wire_topic, partition, ts_type) + encode_long(offset) + encode_long(timestamp)
+    return b"".join((
+        _ONE_GROUP, head, _ONE_RECORD_DELTAS, kprefix, key or b"", _END_AND_ONE, vprefix,
+        value or b"", _END_AND_ONE, headers_blob, _TWO_ENDS,
+    ))  # fmt: skip
+
+
 #: Avro longs are signed 64-bit: a timestamp delta outside [-2^63, 2^63) cannot be written.
 _LONG_BOUND = 1 << 63
 
@@ -126,13 +166,7 @@ class _Group:
         self.base_offset = offset
         self.base_ts = ts
         self.high = offset
-        head = _HEADS.get((wire_topic, partition, ts_type))
-        if head is None:
-            if len(_HEADS) >= _MAX_HEADS:
-                _HEADS.clear()
-            head = _HEADS[wire_topic, partition, ts_type] = (
-                string_bytes(wire_topic) + long_bytes(partition) + long_bytes(ts_type)
-            )
+        head = group_head(wire_topic, partition, ts_type)
         self.const_head = head
         self.head = head + encode_long(offset) + encode_long(ts)
         self.offset_high = self.ts_high = -1

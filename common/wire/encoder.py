@@ -3,10 +3,13 @@
 Theory of operation. Records accumulate in one record batch (columns per partition group) until
 the next record would not fit one datagram's capacity, or ``linger`` seconds passed since the
 first pending record (``poll``), or the caller flushes. Each batch becomes one message; a message
-longer than one datagram (a large record alone) is cut into fragments. Pipeline per message:
-Avro batch -> gzip or zstd if configured and smaller -> per fragment AES-256-GCM with the 44-byte
-header as associated data -> envelope. Every datagram gets the next sequence number of the
-session; copies sent for redundancy are the same bytes (the caller sends ``data`` N times).
+longer than one datagram (a large record alone) is cut into fragments. Without compression, a
+record whose key, value and headers fill a datagram's capacity on their own is sealed alone at
+once, its batch built in one join (``single_record_batch``, the same bytes as the builder's).
+Pipeline per message: Avro batch -> gzip or zstd if configured and smaller -> per fragment
+AES-256-GCM with the 44-byte header as associated data -> envelope. Every datagram gets the next
+sequence number of the session; copies sent for redundancy are the same bytes (the caller sends
+``data`` N times).
 
 Guarantees: no datagram exceeds ``max_datagram_size``; sequence numbers never repeat within the
 session (exhaustion at 2**64 raises); ``completes`` on a datagram lists, per partition, the
@@ -36,6 +39,7 @@ from common.wire.batch_encode import (
     BatchBuilder,
     bytes_item,
     encode_headers,
+    single_record_batch,
 )
 from common.wire.config import WireConfig, fragment_capacity
 from common.wire.control import (
@@ -328,6 +332,17 @@ class Encoder:
             raise LocalProtocolError(
                 f"record {topic}:{partition}:{offset} has a field out of range"
             )
+        if n >= self._target and not self._gzip and not self._runs:
+            # A record that fills a datagram on its own is sealed alone (what ``append`` then
+            # ``_seal`` do, after sealing what is pending): its batch in one join, no builder.
+            out = self._seal() if builder.records else []
+            self._deadline = None
+            self.records_sealed += 1
+            payload = single_record_batch(
+                self._topic_map.get(topic, topic), partition, timestamp_type, offset, timestamp,
+                kprefix, key, vprefix, value, headers_blob,
+            )  # fmt: skip
+            return out + self._message(KIND_RECORD_BATCH, payload, ((topic, partition, offset),))
         # A record that cannot fit even before its two delta bytes is not offered to ``append``
         # (which would refuse it): one call less per datagram, the same batches and bytes.
         if (builder.size + n <= self._target or not builder.records) and builder.append(

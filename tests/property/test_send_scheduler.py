@@ -5,11 +5,14 @@ stale (reassembly timeout) on a link that loses and reorders nothing. The simula
 wire ``Encoder`` and ``Decoder`` and the real ``Pacer`` with a fake clock, a source that always has
 records (a deep backlog: fed whenever the scheduler is not congested), heartbeats, linger, copies,
 copy spacing, several targets (one shared replay window, or one per target as with a worker per
-port) and a socket that sometimes would block. Every record must come out exactly once.
+port) and a socket that sometimes would block. Every record must come out exactly once. A GSO run
+is accounted once (``transmitted_run``), and every time that must leave the scheduler as one
+``transmitted`` per datagram would.
 """
 
 from __future__ import annotations
 
+import copy
 import os
 import random
 from dataclasses import dataclass
@@ -144,6 +147,16 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
             )
         )
 
+    def deliver(item: Transmit) -> None:
+        nonlocal repairs, sent_bytes
+        decoder = decoders[item.target if s.window_per_target else 0]
+        if is_repair(item.data):
+            repairs += 1  # the receiver's FEC layer takes these; the ordering is checked
+        else:
+            decoder.receive_datagram(item.data, now)
+        drain_events(decoder)
+        sent_bytes += len(item.data)
+
     steps = 0
     while True:
         steps += 1
@@ -174,7 +187,7 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
             if s.gso_segments:
                 run = scheduler.next_run(now, s.gso_segments, GSO_MAX_BYTES)
                 if run is not None:
-                    check_run(run, s, burst_bytes, burst_datagrams)
+                    check_run(run, s, burst_bytes, burst_datagrams, scheduler, now)
                     multi_runs += len(run) > 1
             else:
                 item = scheduler.next_transmit(now)
@@ -184,16 +197,18 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
             if s.blocking and rng.random() < s.blocking:
                 blocked = True  # a GSO run is blocked (and offered again) as a whole
                 break
-            for item in run:
-                worst_distance = max(worst_distance, scheduler.highest_sent - item.sequence)
-                decoder = decoders[item.target if s.window_per_target else 0]
-                if is_repair(item.data):
-                    repairs += 1  # the receiver's FEC layer takes these; the ordering is checked
-                else:
-                    decoder.receive_datagram(item.data, now)
-                drain_events(decoder)
-                scheduler.transmitted(item, now)
-                sent_bytes += len(item.data)
+            if s.gso_segments:  # one account per run, as the pipeline does (transmitted_run)
+                highest = scheduler.highest_sent
+                for item in run:
+                    worst_distance = max(worst_distance, highest - item.sequence)
+                    highest = max(highest, item.sequence)
+                    deliver(item)
+                check_run_accounting(scheduler, run, now)
+            else:
+                for item in run:
+                    worst_distance = max(worst_distance, scheduler.highest_sent - item.sequence)
+                    deliver(item)
+                    scheduler.transmitted(item, now)
             if s.rate_bytes:  # pacing holds per datagram, GSO or not (sender/pacing.py)
                 catch_up = s.rate_bytes * 0.25  # PacingConfig.catch_up_seconds
                 assert sent_bytes <= s.rate_bytes * now + burst_bytes + catch_up + 2 * DATAGRAM
@@ -225,10 +240,61 @@ def simulate(s: Setting, records: int = 300, *, margin: int | None = None) -> di
     }
 
 
-def check_run(run: list[Transmit], s: Setting, burst_bytes: float, burst_datagrams: float) -> None:
+def _state(scheduler: SendScheduler) -> dict[str, object]:
+    """Everything ``transmitted`` changes that anyone can observe, and the queues' order."""
+    pacer = scheduler._pacer
+    return {
+        "sent_high": dict(scheduler.sent_high),
+        "counters": (
+            scheduler.records_sent,
+            scheduler.datagrams_sent,
+            scheduler.bytes_sent,
+            scheduler.copies_sent,
+            scheduler.datagrams_dropped,
+            scheduler.highest_sent,
+            scheduler.backlog_bytes,
+        ),
+        "flags": (scheduler.congested, scheduler.idle, scheduler._held, scheduler._control_turn),
+        "pending": (scheduler.pending, scheduler.control_pending),
+        "lanes": [[(t.sequence, t.copies_left) for t in lane] for lane in scheduler._fresh],
+        "rounds": [[[t.sequence for t in r] for r in lane] for lane in scheduler._rounds],
+        "tokens": (round(pacer._bytes._tokens, 6), round(pacer._datagrams._tokens, 6)),
+    }
+
+
+def check_run_accounting(scheduler: SendScheduler, run: list[Transmit], now: float) -> None:
+    """Account ``run`` with ``transmitted_run``, and check that it leaves the scheduler as
+    ``transmitted`` for each datagram in turn would, sent or refused by the kernel."""
+    memo = {id(scheduler.fec): None}  # repairs are queued already; accounting never reads it
+    for sent in (False, True):
+        one_by_one, items = copy.deepcopy((scheduler, run), dict(memo))
+        for item in items:
+            one_by_one.transmitted(item, now, sent=sent)
+        if sent:
+            scheduler.transmitted_run(run, now)
+            assert _state(scheduler) == _state(one_by_one)
+        else:
+            at_once, items = copy.deepcopy((scheduler, run), dict(memo))
+            at_once.transmitted_run(items, now, sent=False)
+            assert _state(at_once) == _state(one_by_one)
+
+
+def check_run(
+    run: list[Transmit],
+    s: Setting,
+    burst_bytes: float,
+    burst_datagrams: float,
+    scheduler: SendScheduler,
+    now: float,
+) -> None:
     """What one UDP GSO call may carry: one target, one size (the last may be shorter), within
-    the kernel's limits and never more than the pacer's burst."""
+    the kernel's limits and never more than the pacer's burst; and every datagram in it would
+    have left at ``now`` on its own, asking a copy of the pacer in turn (pacing per datagram)."""
     assert 1 <= len(run) <= s.gso_segments
+    pacer = copy.deepcopy(scheduler._pacer)
+    for item in run:
+        assert pacer.delay(len(item.data), now) == 0.0
+        pacer.take(len(item.data), now)
     if len(run) == 1:
         return
     size = len(run[0].data)

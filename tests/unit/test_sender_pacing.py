@@ -134,3 +134,22 @@ def test_late_wakeups_while_backlogged_do_not_lower_the_average() -> None:
 
     assert abs(run(True) - 300_000) <= 0.02 * 300_000
     assert run(False) < 0.9 * 300_000
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_room_counts_the_whole_datagrams_that_leave_at_once(seed: int) -> None:
+    """``room()`` (what a UDP GSO run may carry) gives exactly the datagrams that ``delay`` then
+    ``take``, one at a time, let leave at the same instant: 3.7 tokens are 3 datagrams, not 4."""
+    rnd = random.Random(seed)
+    pacer = Pacer(PacingConfig(datagrams_per_s=rnd.choice([150.0, 2_000.0, 9_000.0])), 0.0)
+    now = 0.0
+    for _ in range(200):
+        now += rnd.random() * 0.003
+        if pacer.delay(1000, now) > 0:
+            continue
+        _, room = pacer.room()
+        assert room == int(room) >= 1
+        for _ in range(int(room)):
+            assert pacer.delay(1000, now) == 0.0
+            pacer.take(1000, now)
+        assert pacer.delay(1000, now) > 0

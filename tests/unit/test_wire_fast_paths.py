@@ -397,3 +397,87 @@ def test_the_fragment_fast_path_is_the_general_framing(
             )
         )
     assert [(d.data, d.sequence, d.completes) for d in out] == expected
+
+
+_maybe_bytes = st.one_of(
+    st.none(), st.binary(max_size=64), st.integers(4000, 20_000).map(lambda n: b"x" * n)
+)
+
+
+@given(
+    st.sampled_from(["t", "events.a", "é" * 100]),
+    st.booleans(),
+    st.integers(0, 2**31 - 1),
+    st.integers(0, 2),
+    st.integers(0, 2**63 - 1),
+    st.integers(-(2**63), 2**63 - 1),
+    _maybe_bytes,
+    _maybe_bytes,
+    st.lists(st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=20)), max_size=3),
+)
+def test_the_single_record_batch_is_the_builders(
+    topic: str,
+    renamed: bool,
+    partition: int,
+    ts_type: int,
+    offset: int,
+    timestamp: int,
+    key: bytes | None,
+    value: bytes | None,
+    headers: list[tuple[str, bytes | None]],
+) -> None:
+    """``single_record_batch`` (the encoder's path for a record that fills a datagram alone) ==
+    ``BatchBuilder`` with that one record, byte for byte, and what fastavro writes."""
+    topic_map = {topic: "far." + topic} if renamed else {}
+    builder = BatchBuilder(topic_map)
+    blob = batch_encode.encode_headers(headers)
+    assert builder.try_add(topic, partition, ts_type, offset, timestamp, key, value, blob, 0)
+    kprefix = batch_encode.NULL_ITEM[0] if key is None else batch_encode.bytes_item(len(key))[0]
+    vprefix = batch_encode.NULL_ITEM[0] if value is None else batch_encode.bytes_item(len(value))[0]
+    single = batch_encode.single_record_batch(
+        topic_map.get(topic, topic), partition, ts_type, offset, timestamp, kprefix, key,
+        vprefix, value, blob,
+    )  # fmt: skip
+    assert single == builder.encode()
+    assert len(single) == builder.size
+    [record] = _fastavro_records(single)
+    assert (record.offset, record.timestamp, record.key, record.value) == (
+        offset, timestamp, key, value,
+    )  # fmt: skip
+
+
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 2), st.sampled_from([0, 300, 1300, 1400, 1500, 3000, 25_000])),
+        min_size=1,
+        max_size=30,
+    ),
+    st.sampled_from([1200, 1472]),
+)
+def test_records_that_fill_a_datagram_alone_go_out_alone(
+    stream: list[tuple[int, int]], datagram: int
+) -> None:
+    """Mixed small and large records: a record whose encoded key, value and headers fill a
+    datagram's capacity is sealed in a batch of its own (after what was pending), every record
+    arrives once, and ``completes`` reaches each partition's last offset."""
+    key = Key.generate()
+    wire = WireConfig(max_datagram_size=datagram, max_record_size=30_000)
+    enc = Encoder(wire, KeyRing([key]), session_id=SESSION)
+    records = [
+        Record("t", p, 100 + i, 1_700_000_000_000 + i, 0, b"k", b"v" * size, ())
+        for i, (p, size) in enumerate(stream)
+    ]
+    out = encode_all(enc, records)
+    assert [d.sequence for d in out] == list(range(len(out)))
+    assert enc.records_sealed == len(records)
+    batches = feed(Decoder(wire, KeyRing([key])), out)
+    received = [r for b in batches for r in b.records]  # a batch groups them by partition
+    assert sorted(received, key=lambda r: r.offset) == records
+    for batch in batches:
+        big = [r for r in batch.records if 3 + len(r.value) >= enc.capacity]
+        assert not big or len(batch.records) == 1
+    highs: dict[int, int] = {}
+    for d in out:
+        for _, partition, offset in d.completes:
+            highs[partition] = max(highs.get(partition, -1), offset)
+    assert highs == {r.partition: r.offset for r in records}  # offsets grow: the last wins

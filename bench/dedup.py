@@ -23,6 +23,15 @@ Beside it, not part of it: the broker's CPU per million (``broker_cpu_s_per_mill
 bench started the broker) and the JIT's compile seconds inside the JVM's share
 (``jvm_jit_s_per_million``, from JMX). ``--clean-topics-exist`` creates each dedup's clean topics
 before it starts, as a deployment past its first batch has them.
+
+``--chains N`` (with ``--only runs``) measures copy chains (docs/sender.md "Chains"): N receivers
+each write every unit. The buckets dedup reads them as chains run on it, one raw topic per chain
+(``RAW_TOPICS`` lists N topics, each holding every unit once); the direct dedup reads ONE raw
+topic that every chain's receiver writes (each unit N times, chain ``c``'s copies ``c *
+CHAIN_LAG_UNITS`` units behind the first chain's, as receivers of chains a little out of step
+write them). Both read the same N copies of every record; ``*_clean_records_per_s`` is the rate
+of records delivered to the clean topic, ``*_cpu_s_per_million_clean`` the CPU per million of
+them.
 The clean and gap topics of the two measured dedups are compared record for record. Write tasks
 consume only the payload the stateful step hands them: ``write_payload_ratio`` is those bytes over
 the bytes of the records they turn into clean records or drop as duplicates (values, keys,
@@ -31,6 +40,7 @@ line: one JSON object.
 
     .venv/bin/python bench/dedup.py --records 1000000
     .venv/bin/python bench/dedup.py --records 1000000 --topics 32 --only runs
+    .venv/bin/python bench/dedup.py --records 500000 --only runs --state-layout both --chains 2
 """
 
 from __future__ import annotations
@@ -69,6 +79,8 @@ from runtime.maven import spark_connector_jars  # noqa: E402
 
 PARTITIONS = 8
 VALUE = b"v" * 200
+#: ``--chains``: how many units a chain's copies trail the previous chain's in the one raw topic
+CHAIN_LAG_UNITS = 64
 
 
 #: One unit of the raw topic: (source topic, source partition, first offset, last offset).
@@ -109,6 +121,18 @@ def plan(records: int, topics: int, run_records: int, seed: int = 1) -> list[Uni
     out: list[Unit] = []
     for i in range(max(len(q) for q in queues)):
         out.extend(q[i] for q in queues if i < len(q))
+    return out
+
+
+def copy_chains(units: list[Unit], chains: int) -> list[Unit]:
+    """The one raw topic every copy chain's receiver writes: each unit ``chains`` times, chain
+    ``c``'s copy ``c * CHAIN_LAG_UNITS`` units after the first chain's."""
+    out: list[Unit] = []
+    for i in range(len(units) + (chains - 1) * CHAIN_LAG_UNITS):
+        for c in range(chains):
+            j = i - c * CHAIN_LAG_UNITS
+            if 0 <= j < len(units):
+                out.append(units[j])
     return out
 
 
@@ -173,6 +197,7 @@ class CountingWriter(TransactionalBatchWriter):
     """Counts input rows of committed batches (stat rows) and the write tasks' times."""
 
     rows_in = 0
+    delivered = 0  # source records first seen (to the clean topic)
     fence_s = 0.0  # summed over tasks: fresh producer + init_transactions + marker read
     task_s = 0.0  # summed over tasks: the whole write task (fence, re-read, produce, commit)
     tasks = 0
@@ -182,9 +207,9 @@ class CountingWriter(TransactionalBatchWriter):
     def account(self, table, batch_id):
         stats = table.filter(pc.equal(table.column("kind"), "stat"))
         if stats.num_rows:
-            self.rows_in += sum(
-                pc.sum(stats.column(n)).as_py() or 0 for n in ("delivered", "duplicates")
-            )
+            delivered = pc.sum(stats.column("delivered")).as_py() or 0
+            self.delivered += delivered
+            self.rows_in += delivered + (pc.sum(stats.column("duplicates")).as_py() or 0)
         tasks = table.filter(pc.equal(table.column("kind"), "task"))
         self.fence_s += (pc.sum(tasks.column("fence_ms")).as_py() or 0) / 1000
         self.task_s += (pc.sum(tasks.column("write_ms")).as_py() or 0) / 1000
@@ -470,9 +495,18 @@ def main() -> int:
         help="create each dedup's clean topics before it starts (a deployment past batch 1)",
     )
     parser.add_argument(
+        "--chains",
+        type=int,
+        default=1,
+        help="copy chains (with --only runs): buckets reads one raw topic per chain, direct one "
+        "raw topic that every chain writes",
+    )
+    parser.add_argument(
         "--spark-conf", action="append", default=[], metavar="NAME=VALUE", help="Spark setting"
     )
     args = parser.parse_args()
+    if args.chains < 1 or (args.chains > 1 and args.only != "runs"):
+        parser.error("--chains takes a count >= 1, and more than 1 needs --only runs")
     global VALUE  # noqa: PLW0603  one setting for the whole run
     VALUE = b"v" * args.value_bytes
 
@@ -558,15 +592,24 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
     written = {}
     now = int(time.time() * 1000)
     for layout in sorted({*layouts, "records"}):
-        written[layout] = prefill(bootstrap, f"{tag}.{layout}", units, layout, now)
-    raw_records = {"records": written["records"], "runs": len(units)}
+        chained = copy_chains(units, args.chains) if layout == "runs" else units
+        written[layout] = prefill(bootstrap, f"{tag}.{layout}", chained, layout, now)
+    raw_records = {"records": written["records"], "runs": len(units) * args.chains}
+    if args.chains > 1 and args.state_layout != "direct":  # one raw topic per chain
+        for c in range(1, args.chains + 1):
+            prefill(bootstrap, f"{tag}.runs.c{c}", units, "runs", now)
     prefill_s = time.monotonic() - t0
     tmp = Path(tempfile.mkdtemp(prefix="bench-dedup-ck-"))
+
+    def raw_topics(layout: str, state_layout: str) -> str:
+        if layout == "runs" and args.chains > 1 and state_layout == "buckets":
+            return ",".join(f"{tag}.runs.c{c}" for c in range(1, args.chains + 1))
+        return f"{tag}.{layout}"
 
     def config(name: str, layout: str, state_layout: str = "buckets"):
         env = {
             "STATE_LAYOUT": state_layout,
-            "RAW_TOPICS": f"{tag}.{layout}",
+            "RAW_TOPICS": raw_topics(layout, state_layout),
             "BOOTSTRAP_SERVERS": bootstrap,
             "STATE_DIR_CONFIG": str(tmp / name),
             "CLEAN_TOPIC": f"{tag}.{name}.clean.{{topic}}",
@@ -609,6 +652,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         seconds, profile = run_query(spark, c, writer, written[layout])
         profile["write_payload_bytes"] = writer.payload_bytes
         profile["write_record_bytes"] = writer.record_bytes
+        profile["clean_records"] = writer.delivered
+        profile["clean_records_per_s"] = round(writer.delivered / seconds)
+        profile["cpu_s_per_million_clean"] = round(profile["cpu_s"] * 1e6 / writer.delivered, 1)
         results[name] = {"records_per_s": round(written[layout] / seconds), **profile}
         print(f"{name}: {seconds:.1f} s; {profile}", file=sys.stderr)
 
@@ -642,6 +688,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         "source_records": written[layouts[-1]],
         "raw_records": raw_records,
         "fan_in": args.topics,
+        "copy_chains": args.chains,
         "clean_topics_exist": args.clean_topics_exist,
         "state_partitions": config("x", "runs").effective_shuffle_partitions(),
         "run_records": args.run_records,
@@ -659,6 +706,8 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         r = results[name]
         out[f"{layout}_records_per_s"] = r["records_per_s"]
         out[f"{layout}_cpu_s_per_million"] = r["cpu_s_per_million"]
+        out[f"{layout}_clean_records_per_s"] = r["clean_records_per_s"]
+        out[f"{layout}_cpu_s_per_million_clean"] = r["cpu_s_per_million_clean"]
         out[f"{layout}_cpu_ratio_to_passthrough_warm"] = round(r["cpu_s_per_million"] / base, 3)
         if r["write_record_bytes"]:
             out[f"{layout}_write_payload_ratio"] = round(
@@ -678,6 +727,17 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             / (
                 results["dedup_runs"]["cpu_s_per_million"]
                 + results["dedup_runs_2"]["cpu_s_per_million"]
+            ),
+            3,
+        )
+        out["direct_clean_rate_ratio_to_buckets"] = round(
+            (
+                results["dedup_direct"]["clean_records_per_s"]
+                + results["dedup_direct_2"]["clean_records_per_s"]
+            )
+            / (
+                results["dedup_runs"]["clean_records_per_s"]
+                + results["dedup_runs_2"]["clean_records_per_s"]
             ),
             3,
         )

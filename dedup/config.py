@@ -59,7 +59,7 @@ class DedupConfig:
 
     raw_topics: tuple[str, ...]
     """Raw topic(s) the receiver(s) write, comma-separated; several are merged (one per chain,
-    docs/sender.md "Chains")."""
+    docs/sender.md "Chains"; chains whose receivers all write one raw topic name it alone)."""
     bootstrap_servers: str
     """Downstream Kafka bootstrap servers (host:port, comma-separated)."""
     state_dir_config: str
@@ -82,7 +82,8 @@ class DedupConfig:
     partition detects, writes and keeps its detectors in STATE_TOPIC, in the same transaction;
     no shuffle, no stateful operator; one raw topic, whose partition count is then fixed),
     buckets (Spark's stateful step, RocksDB state; any number of raw topics), or auto: direct
-    for one raw topic, buckets for several (chains) (docs/dedup.md "The direct layout")."""
+    for one raw topic (chains too, when every chain's receiver writes it), buckets for several
+    (docs/dedup.md "The direct layout")."""
     state_topic: str = "kafka-diode.dedup.state"
     """The direct layout's state topic (compacted, one partition per raw partition; created by
     the job)."""

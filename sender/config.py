@@ -81,8 +81,9 @@ class SenderConfig:
     """Seconds between checks of filter_file's modification time (0: only reload on SIGHUP)."""
     chain: str = ""
     """Chains (docs/sender.md, "Chains"): 'I/N' makes this sender chain I of N parallel
-    sender-to-receiver paths of the same topics (each with its own group_id, receiver and raw
-    topic; the dedup reads all raw topics). Empty: not chained."""
+    sender-to-receiver paths of the same topics (each with its own group_id and receiver; give
+    every chain's receiver the same raw topic, which the dedup reads on its direct layout).
+    Empty: not chained."""
     chain_mode: Literal["share", "copy"] = "share"
     """With chain set: share (this chain carries the offsets whose offset modulo N is I - 1:
     load spread over N paths) or copy (every chain carries every offset: redundancy)."""

@@ -1,15 +1,15 @@
 """The state layouts: how a checkpoint holds its detectors, decided once, when it is created.
 
-- **buckets** (``dedup/layouts/buckets.py``; a new checkpoint that reads several raw topics, share
-  chains among them, a Kafka source told to split or merge raw partitions, or
+- **buckets** (``dedup/layouts/buckets.py``; a new checkpoint that reads several raw topics (a
+  raw topic per chain among them), a Kafka source told to split or merge raw partitions, or
   ``STATE_LAYOUT=buckets``): Spark's stateful operator groups by bucket, ``BUCKETS_PER_PARTITION``
   per state partition, each holding the detectors of many source partitions
   (``dedup/detector_set.py``), in the RocksDB state store; one write task per state partition.
 - **direct** (``dedup/layouts/direct.py``; ``auto``'s choice for one raw topic read one task per
-  raw partition, or ``STATE_LAYOUT=direct``): no stateful operator; one task per raw partition
-  detects, writes and keeps its detectors in the state topic. The raw topic's partition count is
-  recorded: the receiver places a source partition by it (``common.raw_topic.raw_partition_of``),
-  so it may not change.
+  raw partition, chains whose receivers all write it included, or ``STATE_LAYOUT=direct``): no
+  stateful operator; one task per raw partition detects, writes and keeps its detectors in the
+  state topic. The raw topic's partition count is recorded: the receiver places a source
+  partition by it (``common.raw_topic.raw_partition_of``), so it may not change.
 
 A third, **partitions** (one Spark group per source partition; every checkpoint created before
 2026-11-28 has it, with or without a layout file), is retired: :func:`decide` refuses it with
@@ -223,8 +223,8 @@ def check_choice(choice: str, raw_topics: Sequence[str], kafka_source: Mapping[s
         raise ConfigError(
             "STATE_LAYOUT",
             f"direct reads one raw topic, and RAW_TOPICS names {len(raw_topics)} "
-            "(chains are merged by the buckets layout)",
-            "use STATE_LAYOUT=buckets for chains",
+            "(a raw topic per chain is merged by the buckets layout)",
+            "use STATE_LAYOUT=buckets, or let every chain's receiver write one raw topic",
         )
     split = sorted(k for k in kafka_source if k.lower() in SPLITTING_SOURCE_OPTIONS)
     if split:

@@ -8,9 +8,10 @@ partition, each holding many source partitions' detectors: ``dedup/detector_set.
 (``dedup/transaction.py``). Ticks and resets go to the control topic, which every state
 partition reads.
 
-Chains (several raw topics, one per receiver) need this layout: a source partition's input may
-come from any of them, and only a shuffle brings it to one detector (docs/dedup.md "State layout",
-"Chains and the direct layout").
+Chains with a raw topic per receiver need this layout: a source partition's input may come from
+any of those topics, and only a shuffle brings it to one detector. Chains whose receivers all
+write one raw topic run on the direct layout (docs/dedup.md "State layout", "Chains and the
+direct layout").
 """
 
 from __future__ import annotations

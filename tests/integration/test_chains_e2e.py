@@ -5,6 +5,10 @@ Each raw topic holds exactly its chain's share; the clean topic holds every reco
 only chain 1 runs on while more records arrive: its share of them crosses, chain 2's waits, and
 still no gap is reported: the dedup vouches for an offset only when its own chain's heartbeat
 covers it, so one chain running ahead never makes the other's pending records look lost.
+
+The chains can also write ONE raw topic, every receiver alike: then the dedup takes the direct
+layout, and still delivers every record once, share chains and copy chains alike
+(docs/dedup.md "State layout", "Chains and the direct layout").
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -194,4 +199,119 @@ def test_copy_chains_deliver_everything_although_one_link_loses_a_fifth(
     clean = consume_all(downstream_kafka, f"clean.{raws[0]}.{source}", expected_count=600)
     assert sorted(r.value for r in clean) == sorted(r.value for r in records)
     gaps = consume_all(downstream_kafka, f"gaps.{raws[0]}", timeout=10)
+    assert [json.loads(g.value) for g in gaps if g.value is not None] == []
+
+
+def _data_counts(broker: Any, raw: str) -> Counter[tuple[int, int]]:
+    """How often each source (partition, offset) is in ``raw`` (every copy counted)."""
+    out: Counter[tuple[int, int]] = Counter()
+    for r in consume_all(broker, raw, timeout=30, expand_runs=True):
+        if r.headers and r.headers[-1][0] == CONTROL_HEADER:
+            continue
+        parsed = parse_raw_key(r.key)
+        assert parsed is not None
+        out[(parsed[1], parsed[2])] += 1
+    return out
+
+
+@pytest.mark.parametrize("mode", ["share", "copy"])
+def test_two_chains_into_one_raw_topic_run_on_the_direct_layout_exactly_once(
+    mode: str, upstream_kafka: Any, downstream_kafka: Any, kafka_topic: Any, tmp_path: Path
+) -> None:
+    """Every chain's receiver writes ONE raw topic (source partition p in raw partition p mod 2,
+    so source partitions 0 and 2 share raw partition 0), and the dedup, with the default
+    STATE_LAYOUT (auto), takes the direct layout for it. Share chains: each offset crosses once,
+    and the detector tells the chains apart by their heartbeats (chain index and count). Copy
+    chains: every offset crosses on both, chain 1's link drops a fifth of its datagrams (the real
+    netem relay), so the one task of a raw partition sees whole and partial copies of a run from
+    two receivers. Either way the clean topic holds every record exactly once, and no gap is
+    reported."""
+    source = kafka_topic(upstream_kafka, partitions=3)
+    raw = kafka_topic(downstream_kafka, partitions=2)
+    records = [Record(key=b"k%d" % i, value=b"v%d" % i, partition=i % 3) for i in range(300)]
+    positions = set(produce_records(upstream_kafka, source, records))
+    key_file = tmp_path / "keys.json"
+    write_key_file(key_file)
+    for side in "ab":
+        (tmp_path / side).mkdir()
+    down = downstream_kafka.bootstrap
+    relay_port = free_port()
+    with (
+        ReceiverProcess(down, raw, tmp_path / "a", key_file=key_file) as a,
+        ReceiverProcess(down, raw, tmp_path / "b", key_file=key_file) as b,
+        (tmp_path / "relay.log").open("wb") as relay_log,
+    ):
+        relay = None
+        if mode == "copy":  # chain 1's link loses a fifth of its datagrams
+            relay = subprocess.Popen(
+                [sys.executable, "-m", "kafka_diode", "netem", "relay",
+                 "--listen", f"127.0.0.1:{relay_port}", "--forward", f"127.0.0.1:{a.port}",
+                 "--profile", "lossy-20", "--seed", "7"],
+                stdout=subprocess.DEVNULL, stderr=relay_log,
+            )  # fmt: skip
+
+        def sender(i: int, port: int) -> Any:
+            return start_sender(
+                upstream_kafka.bootstrap, port, source, f"{mode}-{i}-{source}", key_file,
+                tmp_path / f"sender-{i}.log",
+                "--chain", f"{i}/2", "--chain-mode", mode,
+                "--heartbeat-interval", "0.5", "--rate-bytes", "20000000",
+            )  # fmt: skip
+
+        senders = [sender(1, relay_port if relay else a.port), sender(2, b.port)]
+        try:
+            # share: the two chains carry every record between them; copy: the clean one does
+            counted = [a, b] if mode == "share" else [b]
+
+            def carried() -> float:
+                return sum(rx.metric("delivered_records_total") for rx in counted)
+
+            wait_until(
+                lambda: carried() >= len(positions),
+                120,
+                interval=0.5,
+                message="the chains carried every record",
+            )
+            wait_until(
+                lambda: min(a.metric("heartbeats_total"), b.metric("heartbeats_total")) >= 3,
+                60,
+                message="heartbeats of both chains, after their records",
+            )
+        finally:
+            for proc in senders:
+                proc.send_signal(signal.SIGTERM)
+            for proc in senders:
+                assert proc.wait(60) == 0
+            if relay is not None:
+                relay.send_signal(signal.SIGTERM)
+                relay.wait(30)
+        assert a.terminate() == 0
+        assert b.terminate() == 0
+
+    copies = _data_counts(downstream_kafka, raw)
+    assert set(copies) == positions
+    if mode == "share":
+        assert set(copies.values()) == {1}
+        beats = [
+            json.loads(r.value)
+            for r in consume_all(downstream_kafka, raw, timeout=30, expand_runs=True)
+            if r.headers and r.headers[-1][0] == CONTROL_HEADER
+        ]
+        chains = {(h["chain_index"], h["chain_count"], h["chain_share"]) for h in beats}
+        assert chains == {(1, 2, 1), (2, 2, 1)}  # one raw topic holds both chains' heartbeats
+    else:
+        assert max(copies.values()) == 2  # both chains' copies of a record, in one raw partition
+        assert len(positions) < sum(copies.values()) < 2 * len(positions)  # chain 1 lost some
+
+    env = job_env(down, raw, tmp_path, raw)  # STATE_LAYOUT unset: auto
+    dedup = run_dedup(env, "--until-idle", "8")
+    finish(dedup)
+    layout_file = Path(env["STATE_DIR_CONFIG"]) / "kafka-diode-state-layout.json"
+    assert json.loads(layout_file.read_text()) == {"layout": "direct", "raw_partitions": 2}
+    log = dedup.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
+    assert "state layout: direct" in log
+    assert "belong in other raw partitions" not in log
+    clean = consume_all(downstream_kafka, f"clean.{raw}.{source}")  # to the end: every copy
+    assert sorted(r.value for r in clean) == sorted(r.value for r in records)
+    gaps = consume_all(downstream_kafka, f"gaps.{raw}", timeout=10)
     assert [json.loads(g.value) for g in gaps if g.value is not None] == []

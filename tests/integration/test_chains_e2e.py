@@ -43,6 +43,27 @@ def _data(broker: Any, raw: str) -> set[tuple[int, int]]:
     return out
 
 
+def _lossy_relay(listen: int, forward: int, log: Any) -> subprocess.Popen[bytes]:
+    """A netem relay that loses a fifth of the datagrams from ``listen`` to ``forward``."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "kafka_diode", "netem", "relay",
+         "--listen", f"127.0.0.1:{listen}", "--forward", f"127.0.0.1:{forward}",
+         "--profile", "lossy-20", "--seed", "7"],
+        stdout=subprocess.DEVNULL, stderr=log,
+    )  # fmt: skip
+
+
+def _chain_sender(
+    bootstrap: str, port: int, source: str, key_file: Path, tmp_path: Path, i: int, mode: str
+) -> Any:
+    """Chain ``i`` of two (``mode``: share or copy), paced, into ``port``."""
+    return start_sender(
+        bootstrap, port, source, f"{mode}-{i}-{source}", key_file, tmp_path / f"sender-{i}.log",
+        "--chain", f"{i}/2", "--chain-mode", mode,
+        "--heartbeat-interval", "0.5", "--rate-bytes", "20000000",
+    )  # fmt: skip
+
+
 def test_two_share_chains_carry_half_each_and_the_dedup_merges_them_without_gaps(
     upstream_kafka: Any, downstream_kafka: Any, kafka_topic: Any, tmp_path: Path
 ) -> None:
@@ -155,20 +176,11 @@ def test_copy_chains_deliver_everything_although_one_link_loses_a_fifth(
         ReceiverProcess(down, raws[1], tmp_path / "b", key_file=key_file) as b,
         (tmp_path / "relay.log").open("wb") as relay_log,
     ):
-        relay = subprocess.Popen(
-            [sys.executable, "-m", "kafka_diode", "netem", "relay",
-             "--listen", f"127.0.0.1:{relay_port}", "--forward", f"127.0.0.1:{a.port}",
-             "--profile", "lossy-20", "--seed", "7"],
-            stdout=subprocess.DEVNULL, stderr=relay_log,
-        )  # fmt: skip
+        relay = _lossy_relay(relay_port, a.port, relay_log)
 
         def copy_sender(i: int, port: int) -> Any:
-            return start_sender(
-                upstream_kafka.bootstrap, port, source, f"copy-{i}-{source}", key_file,
-                tmp_path / f"sender-{i}.log",
-                "--chain", f"{i}/2", "--chain-mode", "copy",
-                "--heartbeat-interval", "0.5", "--rate-bytes", "20000000",
-            )  # fmt: skip
+            return _chain_sender(upstream_kafka.bootstrap, port, source, key_file, tmp_path, i,
+                                 "copy")  # fmt: skip
 
         senders = [copy_sender(1, relay_port), copy_sender(2, b.port)]
         try:
@@ -243,20 +255,11 @@ def test_two_chains_into_one_raw_topic_run_on_the_direct_layout_exactly_once(
     ):
         relay = None
         if mode == "copy":  # chain 1's link loses a fifth of its datagrams
-            relay = subprocess.Popen(
-                [sys.executable, "-m", "kafka_diode", "netem", "relay",
-                 "--listen", f"127.0.0.1:{relay_port}", "--forward", f"127.0.0.1:{a.port}",
-                 "--profile", "lossy-20", "--seed", "7"],
-                stdout=subprocess.DEVNULL, stderr=relay_log,
-            )  # fmt: skip
+            relay = _lossy_relay(relay_port, a.port, relay_log)
 
         def sender(i: int, port: int) -> Any:
-            return start_sender(
-                upstream_kafka.bootstrap, port, source, f"{mode}-{i}-{source}", key_file,
-                tmp_path / f"sender-{i}.log",
-                "--chain", f"{i}/2", "--chain-mode", mode,
-                "--heartbeat-interval", "0.5", "--rate-bytes", "20000000",
-            )  # fmt: skip
+            return _chain_sender(upstream_kafka.bootstrap, port, source, key_file, tmp_path, i,
+                                 mode)  # fmt: skip
 
         senders = [sender(1, relay_port if relay else a.port), sender(2, b.port)]
         try:

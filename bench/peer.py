@@ -45,7 +45,8 @@ RSS; records lost (backlog records never seen in the clean topic); datagrams dro
 receiving socket (``/proc/net/udp`` drops of the receiver's port, read before it stops) and, for
 the peer, the losses its own statistics report (``SO_RXQ_OVFL_TOTAL``, ``enableRxqOvfl=true``);
 the 1-minute load average before and after. For our dedup also: its CPU split between its JVM and
-its Python processes (``dedup_jvm_cpu_s_per_m``, ``dedup_python_cpu_s_per_m``), its CPU-s per GB
+its own Python process and Spark's Python workers (``dedup_jvm_cpu_s_per_m``,
+``dedup_driver_cpu_s_per_m``, ``dedup_workers_cpu_s_per_m``), its CPU-s per GB
 of values delivered (``dedup_cpu_s_per_gb_delivered``, the unit of ``bench/dedup.py``'s
 single-batch figure) and the micro-batches it committed meanwhile (``dedup_batches``, from its
 ``/metrics``). ``--pace-mbps`` paces our sender (its ``rate_bytes``), as a diode link is run;
@@ -546,16 +547,20 @@ def _cpu_all(procs: Mapping[str, ManagedProcess], brokers: Mapping[str, int]) ->
 
 def cpu_by_program(pgid: int) -> dict[str, float]:
     """CPU seconds of group ``pgid`` and its descendants split by program: ``jvm`` (Spark's
-    driver and executor) and ``python`` (the dedup's driver process, Spark's Python daemon and
-    its workers; reaped workers count in their daemon's ``cutime``)."""
-    out = {"jvm": 0.0, "python": 0.0}
+    driver and executor), ``driver`` (the group's leader: the dedup's own Python process) and
+    ``workers`` (Spark's Python daemon and workers; reaped workers count in their daemon's
+    ``cutime``)."""
+    out = {"jvm": 0.0, "driver": 0.0, "workers": 0.0}
     for path, fields in _group_members(pgid):
         try:
             comm = Path(path, "comm").read_text().strip()
-            cpu = sum(int(x) for x in fields[11:15]) / CLK_TCK
+            # the leader's reaped children are the JVM (alive while measured): its own time only
+            own = fields[11:13] if int(Path(path).name) == pgid else fields[11:15]
+            cpu = sum(int(x) for x in own) / CLK_TCK
         except (OSError, IndexError, ValueError):
             continue
-        out["jvm" if comm == "java" else "python"] += cpu
+        kind = "jvm" if comm == "java" else "driver" if int(Path(path).name) == pgid else "workers"
+        out[kind] += cpu
     return out
 
 
@@ -650,7 +655,8 @@ def measure(
         "downstream_broker_cpu_s_per_m": per_m.get("downstream"),
         # our dedup: its JVM against its Python processes, and its committed micro-batches
         "dedup_jvm_cpu_s_per_m": per_m.get("dedup_jvm"),
-        "dedup_python_cpu_s_per_m": per_m.get("dedup_python"),
+        "dedup_driver_cpu_s_per_m": per_m.get("dedup_driver"),
+        "dedup_workers_cpu_s_per_m": per_m.get("dedup_workers"),
         # CPU-s per GB of values that reached the clean topic (the single-batch figure's unit)
         "dedup_cpu_s_per_gb_delivered": (per_m["dedup"] * n / 1e6)
         / (clean.count * ctx.value_bytes / 1e9)

@@ -38,9 +38,19 @@ the bytes of the records they turn into clean records or drop as duplicates (val
 headers, as the run encodes them). Needs a broker: ``--bootstrap`` (default: start one). Last
 line: one JSON object.
 
+``--paced-mbps R`` (with ``--only runs --state-layout direct``) measures the dedup **live** against
+its single batch in the same session, so with the same JIT: besides each single-batch query, a
+direct dedup with its own trigger (``PERSIST_INTERVAL_MS``' default) over an empty raw topic into
+which another process writes the same runs at R MB/s of values, as a receiver writes what a paced
+link brings (that writer's CPU is not counted); alternated single, live, live, single. It reports
+CPU-s per GB of values for each (``single_batch_cpu_s_per_gb``, ``paced_cpu_s_per_gb``), the live
+run's committed batches and ``paced_to_single_batch_cpu_ratio``.
+
     .venv/bin/python bench/dedup.py --records 1000000
     .venv/bin/python bench/dedup.py --records 1000000 --topics 32 --only runs
     .venv/bin/python bench/dedup.py --records 500000 --only runs --state-layout both --chains 2
+    .venv/bin/python bench/dedup.py --records 60000 --value-bytes 10000 --run-records 6 \
+        --only runs --state-layout direct --paced-mbps 10
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ import json  # noqa: E402
 import os  # noqa: E402
 import random  # noqa: E402
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
 from collections import Counter  # noqa: E402
@@ -70,7 +81,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from common.raw_run import RunBuilder  # noqa: E402
 from dedup import job  # noqa: E402
 from dedup.batch_driver import TransactionalBatchWriter  # noqa: E402
-from dedup.config import from_sources  # noqa: E402
+from dedup.config import DedupConfig, from_sources  # noqa: E402
 from dedup.runner import idle_ticker, writer_settings  # noqa: E402
 from dedup.writer_settings import WriterSettings  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
@@ -136,14 +147,30 @@ def copy_chains(units: list[Unit], chains: int) -> list[Unit]:
     return out
 
 
-def prefill(bootstrap: str, topic: str, units: list[Unit], layout: str, now: int) -> int:
-    """Write ``units`` as ``layout`` (records: v1, runs: v2) raw records, source timestamps from
-    ``now`` (ms; the same for both layouts, so their clean topics compare record for record);
-    returns the number of source records written (copies included)."""
+def create_raw_topic(bootstrap: str, topic: str) -> None:
+    """The raw topic, ``PARTITIONS`` partitions, admitting the largest run."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     config = {"max.message.bytes": str(64 << 20)}
     for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)]).values():
         future.result(30)
+
+
+def prefill(
+    bootstrap: str,
+    topic: str,
+    units: list[Unit],
+    layout: str,
+    now: int,
+    pace_bytes_per_s: float = 0.0,
+    create: bool = True,
+) -> int:
+    """Write ``units`` as ``layout`` (records: v1, runs: v2) raw records, source timestamps from
+    ``now`` (ms; the same for both layouts, so their clean topics compare record for record);
+    returns the number of source records written (copies included). ``pace_bytes_per_s``: no
+    faster than that many bytes of raw values a second, as a paced link brings them (runs the
+    receiver writes as they arrive: ``--paced-mbps``)."""
+    if create:
+        create_raw_topic(bootstrap, topic)
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -156,6 +183,8 @@ def prefill(bootstrap: str, topic: str, units: list[Unit], layout: str, now: int
     )
     session = b"ab" * 16
     written = 0
+    paced_bytes = 0
+    paced_from = time.monotonic()
 
     def produce(*args: object, **kwargs: object) -> None:
         while True:
@@ -181,9 +210,16 @@ def prefill(bootstrap: str, topic: str, units: list[Unit], layout: str, now: int
             run = RunBuilder(src, partition, 1, first, now + first)
             for offset in range(first, last + 1):
                 run.append(offset, now + offset, b"key-%d" % offset, VALUE, ())
+            value = run.encode()
+            if pace_bytes_per_s:
+                paced_bytes += len(value)
+                ahead = paced_bytes / pace_bytes_per_s - (time.monotonic() - paced_from)
+                if ahead > 0:
+                    producer.poll(0)
+                    time.sleep(ahead)  # the pace of the link, not a synchronisation
             produce(
                 topic,
-                run.encode(),
+                value,
                 run.key().encode(),
                 partition % PARTITIONS,
                 headers=[("diode.session", session.hex().encode())],
@@ -240,7 +276,7 @@ def tree_members() -> list[tuple[int, str, list[str]]]:
         walk = pid
         while walk not in (0, 1, me) and walk in stats:
             walk = int(stats[walk][1][1])
-        if walk == me and not _is_broker(pid):
+        if walk == me and not _is_broker(pid) and not _is_paced_writer(pid):
             members.append((pid, comm, fields))
     return members
 
@@ -311,6 +347,46 @@ def broker_cpu_s() -> float:
     return total
 
 
+#: The command-line flag of the paced writer's process (``--paced-mbps``): it plays the receiver,
+#: so its CPU is not the dedup's.
+PACED_WRITER = "--paced-writer"
+
+
+def _is_paced_writer(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return PACED_WRITER.encode() in f.read()
+    except OSError:
+        return False
+
+
+def start_paced_writer(bootstrap: str, topic: str, args: argparse.Namespace, now: int):
+    """A process that writes the bench's runs into ``topic`` at ``--paced-mbps`` (as the
+    receiver writes what a paced link brings), the same units as the prefilled topics."""
+    spec = {
+        "bootstrap": bootstrap,
+        "topic": topic,
+        "records": args.records,
+        "topics": args.topics,
+        "run_records": args.run_records,
+        "value_bytes": args.value_bytes,
+        "now": now,
+        "pace": args.paced_mbps * 1e6,
+    }
+    return subprocess.Popen([sys.executable, __file__, PACED_WRITER, json.dumps(spec)])
+
+
+def paced_writer(spec: dict) -> int:
+    """The paced writer's process (``start_paced_writer``)."""
+    global VALUE  # noqa: PLW0603  one setting for the whole process
+    VALUE = b"v" * spec["value_bytes"]
+    units = plan(spec["records"], spec["topics"], spec["run_records"])
+    prefill(
+        spec["bootstrap"], spec["topic"], units, "runs", spec["now"], spec["pace"], create=False
+    )
+    return 0
+
+
 def _is_broker(pid: int) -> bool:
     """The Kafka broker this bench may have started is not part of the measured job."""
     try:
@@ -336,14 +412,19 @@ def steady(progresses) -> dict:
     }
 
 
-def run_query(spark, config, writer, total: int, transform=None) -> tuple[float, dict]:
-    """Seconds to read ``total`` rows, and where the micro-batches' time went (query progress)."""
+def run_query(
+    spark, config, writer, total: int, transform=None, started: Callable[[], None] | None = None
+) -> tuple[float, dict]:
+    """Seconds to read ``total`` rows, and where the micro-batches' time went (query progress);
+    ``started`` runs once the query has started (a paced writer of its raw topic)."""
     split_before = tree_cpu()
     cpu_before = sum(split_before.values())
     side = side_costs(spark, total)
     driver_before = time.process_time()
     start = time.monotonic()
     query = job.start_query(spark, config, writer, transform=transform)
+    if started is not None:
+        started()
     try:
         while writer.rows_in < total:
             if not query.isActive:
@@ -469,6 +550,8 @@ def run_sink_passthrough(
 
 
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == PACED_WRITER:
+        return paced_writer(json.loads(sys.argv[2]))
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--records", type=int, default=1_000_000, help="source records")
     parser.add_argument("--topics", type=int, default=1, help="source topics (the fan-in)")
@@ -495,18 +578,35 @@ def main() -> int:
         help="create each dedup's clean topics before it starts (a deployment past batch 1)",
     )
     parser.add_argument(
+        "--spark-conf", action="append", default=[], metavar="NAME=VALUE", help="Spark setting"
+    )
+    parser.add_argument(
+        "--paced-mbps",
+        type=float,
+        default=0.0,
+        help="also run the direct dedup live: its raw topic written at this many MB/s while it "
+        "runs with its own trigger (PERSIST_INTERVAL_MS), against the single batch, alternated",
+    )
+    parser.add_argument(
+        "--paced-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --paced-mbps: also a live run with this dedup setting (repeatable), e.g. "
+        "KAFKA_SOURCE_MINOFFSETSPERTRIGGER=1600, alternated with the others",
+    )
+    parser.add_argument(
         "--chains",
         type=int,
         default=1,
         help="copy chains (with --only runs): buckets reads one raw topic per chain, direct one "
         "raw topic that every chain writes",
     )
-    parser.add_argument(
-        "--spark-conf", action="append", default=[], metavar="NAME=VALUE", help="Spark setting"
-    )
     args = parser.parse_args()
     if args.chains < 1 or (args.chains > 1 and args.only != "runs"):
         parser.error("--chains takes a count >= 1, and more than 1 needs --only runs")
+    if args.paced_mbps and (args.only != "runs" or args.state_layout != "direct"):
+        parser.error("--paced-mbps needs --only runs --state-layout direct")
     global VALUE  # noqa: PLW0603  one setting for the whole run
     VALUE = b"v" * args.value_bytes
 
@@ -606,7 +706,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             return ",".join(f"{tag}.runs.c{c}" for c in range(1, args.chains + 1))
         return f"{tag}.{layout}"
 
-    def config(name: str, layout: str, state_layout: str = "buckets"):
+    def config(
+        name: str, layout: str, state_layout: str = "buckets", trigger_ms: int = 0, extra=()
+    ):
         env = {
             "STATE_LAYOUT": state_layout,
             "RAW_TOPICS": raw_topics(layout, state_layout),
@@ -619,10 +721,11 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             "NEW_TOPIC_PARTITIONS": str(PARTITIONS),
             "SPARK_MASTER": "local[2]",
             "SHUFFLE_PARTITIONS": str(args.state_partitions),
-            "PERSIST_INTERVAL_MS": "0",
+            "PERSIST_INTERVAL_MS": str(trigger_ms),
         }
         # the dedup's Kafka client settings, as `kafka-diode dedup` takes them (KAFKA_CONF_*)
         env.update({k: v for k, v in os.environ.items() if k.startswith("KAFKA_CONF_")})
+        env.update(kv.split("=", 1) for kv in extra)
         if args.max_offsets_per_trigger:
             env["MAX_OFFSETS_PER_TRIGGER"] = str(args.max_offsets_per_trigger)
         elif layout == "records":
@@ -641,7 +744,14 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         print(f"{name}: {seconds:.1f} s; {profile}", file=sys.stderr)
 
     def dedup(name: str, layout: str, state_layout: str = "buckets") -> None:
-        c = config(name, layout, state_layout)
+        paced = layout in {"paced", "paced_tuned"}
+        extra = args.paced_env if layout == "paced_tuned" else ()
+        if paced:  # its own raw topic, written while the query runs with its own trigger
+            layout = f"{name}.raw"
+            create_raw_topic(bootstrap, f"{tag}.{layout}")
+            written[layout] = written["runs"]
+        trigger_ms = DedupConfig.__dataclass_fields__["persist_interval_ms"].default
+        c = config(name, layout, state_layout, trigger_ms if paced else 0, extra)
         if args.clean_topics_exist:
             specs = [
                 kafka.TopicSpec(name=f"{tag}.{name}.clean.src{t}", partitions=PARTITIONS)
@@ -649,7 +759,21 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             ]  # created, and their leaders waited for, as the dedup does it
             kafka.create_missing_topics({"bootstrap.servers": bootstrap}, specs, timeout=60)
         writer = CountingWriter(writer_settings(c, WriterSettings))
-        seconds, profile = run_query(spark, c, writer, written[layout])
+        writers: list[subprocess.Popen] = []
+        started = None
+        if paced:
+
+            def started() -> None:
+                writers.append(start_paced_writer(bootstrap, f"{tag}.{layout}", args, now))
+
+        try:
+            seconds, profile = run_query(spark, c, writer, written[layout], started=started)
+        finally:
+            for proc in writers:
+                if proc.wait(60) != 0:
+                    raise RuntimeError(f"the paced writer exited with {proc.returncode}")
+        profile["batches_committed"] = writer.committed_batches
+        profile["cpu_s_per_gb"] = round(profile["cpu_s"] / (written[layout] * len(VALUE) / 1e9), 2)
         profile["write_payload_bytes"] = writer.payload_bytes
         profile["write_record_bytes"] = writer.record_bytes
         profile["clean_records"] = writer.delivered
@@ -671,7 +795,11 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             else [("records", "records", "buckets")]
         )
     ]
-    if args.state_layout == "both":
+    if args.paced_mbps:
+        queries.append(("dedup_paced", "paced", "direct"))
+        if args.paced_env:
+            queries.append(("dedup_paced_tuned", "paced_tuned", "direct"))
+    if args.state_layout == "both" or args.paced_mbps:
         queries += [(f"{name}_2", raw, state) for name, raw, state in reversed(queries)]
     try:
         passthrough("passthrough_cold")
@@ -713,6 +841,28 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             out[f"{layout}_write_payload_ratio"] = round(
                 r["write_payload_bytes"] / r["write_record_bytes"], 3
             )
+    if args.paced_mbps:
+        # the live arrival against the single batch, same session (the same JIT), alternated
+        single = [results[n]["cpu_s_per_gb"] for n in ("dedup_direct", "dedup_direct_2")]
+        live = [results[n]["cpu_s_per_gb"] for n in ("dedup_paced", "dedup_paced_2")]
+        out["paced_mbps"] = args.paced_mbps
+        out["single_batch_cpu_s_per_gb"] = single
+        out["paced_cpu_s_per_gb"] = live
+        out["paced_batches"] = [
+            results[n]["batches_committed"] for n in ("dedup_paced", "dedup_paced_2")
+        ]
+        out["paced_to_single_batch_cpu_ratio"] = round(sum(live) / sum(single), 3)
+        if args.paced_env:
+            tuned = [
+                results[n]["cpu_s_per_gb"] for n in ("dedup_paced_tuned", "dedup_paced_tuned_2")
+            ]
+            out["paced_tuned_env"] = args.paced_env
+            out["paced_tuned_cpu_s_per_gb"] = tuned
+            out["paced_tuned_batches"] = [
+                results[n]["batches_committed"]
+                for n in ("dedup_paced_tuned", "dedup_paced_tuned_2")
+            ]
+            out["paced_tuned_to_single_batch_cpu_ratio"] = round(sum(tuned) / sum(single), 3)
     out["passthrough_warm_cpu_s_per_million"] = base
     out["passthrough_cold_cpu_s_per_million"] = results["passthrough_cold"]["cpu_s_per_million"]
     if args.state_layout == "both":

@@ -44,7 +44,13 @@ of the receiver and dedup over their whole life (start-up and warm-up included);
 RSS; records lost (backlog records never seen in the clean topic); datagrams dropped at the
 receiving socket (``/proc/net/udp`` drops of the receiver's port, read before it stops) and, for
 the peer, the losses its own statistics report (``SO_RXQ_OVFL_TOTAL``, ``enableRxqOvfl=true``);
-the 1-minute load average before and after.
+the 1-minute load average before and after. For our dedup also: its CPU split between its JVM and
+its own Python process and Spark's Python workers (``dedup_jvm_cpu_s_per_m``,
+``dedup_driver_cpu_s_per_m``, ``dedup_workers_cpu_s_per_m``), its CPU-s per GB
+of values delivered (``dedup_cpu_s_per_gb_delivered``, the unit of ``bench/dedup.py``'s
+single-batch figure) and the micro-batches it committed meanwhile (``dedup_batches``, from its
+``/metrics``). ``--pace-mbps`` paces our sender (its ``rate_bytes``), as a diode link is run;
+``--dedup-env NAME=VALUE`` sets one of our dedup's settings, to compare them run by run.
 
     .venv/bin/python bench/peer.py /tmp/air-gap                     # ours, peer, ours, peer
     .venv/bin/python bench/peer.py /tmp/air-gap --value-bytes 10000  # 10 KB records, MB/s
@@ -91,9 +97,10 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 from cryptography.x509.oid import NameOID
 
-from bench.e2e import group_usage, machine, pid_usage, text_pool
+from bench.e2e import CLK_TCK, _group_members, group_usage, machine, pid_usage, text_pool
 from common.raw_run import parse_run_key
 from common.raw_topic import CONTROL_HEADER, parse_raw_key
+from kafka_diode.demo import scrape
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from kafka_diode.pipeline import Pipeline, PipelineSpec
 from kafka_diode.processes import ManagedProcess, ProcessGroup, wait_until
@@ -515,6 +522,10 @@ class RunContext:
     """Our dedup's PERSIST_INTERVAL_MS (its trigger interval; the default 1000)."""
     spark_master: str = "local[2]"
     """Our dedup's SPARK_MASTER (task slots: one task per raw partition in the direct layout)."""
+    rate_bytes: float = 0.0
+    """Our sender's pace in bytes/s (``--rate-bytes``; 0: unpaced)."""
+    dedup_env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of our dedup (``--dedup-env NAME=VALUE``: its settings, one at a time)."""
 
 
 def _cpu(proc: ManagedProcess) -> tuple[float, int]:
@@ -527,7 +538,38 @@ def _cpu(proc: ManagedProcess) -> tuple[float, int]:
 def _cpu_all(procs: Mapping[str, ManagedProcess], brokers: Mapping[str, int]) -> dict[str, float]:
     out = {name: _cpu(proc)[0] for name, proc in procs.items()}
     out.update({b: pid_usage(pid)[0] for b, pid in brokers.items()})
+    dedup = procs.get("dedup")
+    if dedup is not None and dedup.proc is not None:
+        for kind, cpu in cpu_by_program(dedup.proc.pid).items():
+            out[f"dedup_{kind}"] = cpu
     return out
+
+
+def cpu_by_program(pgid: int) -> dict[str, float]:
+    """CPU seconds of group ``pgid`` and its descendants split by program: ``jvm`` (Spark's
+    driver and executor), ``driver`` (the group's leader: the dedup's own Python process) and
+    ``workers`` (Spark's Python daemon and workers; reaped workers count in their daemon's
+    ``cutime``)."""
+    out = {"jvm": 0.0, "driver": 0.0, "workers": 0.0}
+    for path, fields in _group_members(pgid):
+        try:
+            comm = Path(path, "comm").read_text().strip()
+            # the leader's reaped children are the JVM (alive while measured): its own time only
+            own = fields[11:13] if int(Path(path).name) == pgid else fields[11:15]
+            cpu = sum(int(x) for x in own) / CLK_TCK
+        except (OSError, IndexError, ValueError):
+            continue
+        kind = "jvm" if comm == "java" else "driver" if int(Path(path).name) == pgid else "workers"
+        out[kind] += cpu
+    return out
+
+
+def dedup_metric(port: int | None, family: str) -> float | None:
+    """A counter of our dedup's ``/metrics`` (``kafka_diode_dedup_<family>_total``), or None."""
+    if not port:
+        return None
+    samples = scrape(port).get(f"kafka_diode_dedup_{family}", [])
+    return sum(value for _, value in samples) if samples else None
 
 
 def _check(procs: Iterable[ManagedProcess], counters: Iterable[Counter]) -> None:
@@ -547,11 +589,11 @@ def measure(
     raw: RawCounter,
     clean: CleanCounter,
     receiver_port: int,
+    dedup_metrics_port: int | None = None,
 ) -> dict[str, Any]:
     """Release the backlog (start the sender) and measure until it is through (module doc)."""
-    names = ("receiver", "dedup")
-    cpu0 = {n: _cpu(procs[n])[0] for n in names}
-    cpu0.update({b: pid_usage(pid)[0] for b, pid in ctx.broker_pids.items()})
+    cpu0 = {k: v for k, v in _cpu_all(procs, ctx.broker_pids).items() if k != "sender"}
+    batches0 = dedup_metric(dedup_metrics_port, "batches")
     drops0 = udp_drops(receiver_port)
     load0 = os.getloadavg()[0]
     release = time.time()
@@ -577,6 +619,7 @@ def measure(
     end = time.time()
     n = ctx.records
     usage = {name: _cpu(proc) for name, proc in procs.items()}
+    batches1 = dedup_metric(dedup_metrics_port, "batches")
     samples.append((time.time(), _cpu_all(procs, ctx.broker_pids)))
     done = max(clean.last_new, raw.last_new)
     cpu1 = next(cpu for t, cpu in samples if t >= done)
@@ -610,6 +653,16 @@ def measure(
         / max(clean.count, 1),
         "upstream_broker_cpu_s_per_m": per_m.get("upstream"),
         "downstream_broker_cpu_s_per_m": per_m.get("downstream"),
+        # our dedup: its JVM against its Python processes, and its committed micro-batches
+        "dedup_jvm_cpu_s_per_m": per_m.get("dedup_jvm"),
+        "dedup_driver_cpu_s_per_m": per_m.get("dedup_driver"),
+        "dedup_workers_cpu_s_per_m": per_m.get("dedup_workers"),
+        # CPU-s per GB of values that reached the clean topic (the single-batch figure's unit)
+        "dedup_cpu_s_per_gb_delivered": (per_m["dedup"] * n / 1e6)
+        / (clean.count * ctx.value_bytes / 1e9)
+        if clean.count
+        else None,
+        "dedup_batches": None if batches0 is None or batches1 is None else batches1 - batches0,
         "receiver_cpu_s_per_m_whole_life": cpu1["receiver"] / n * 1e6,
         "dedup_cpu_s_per_m_whole_life": cpu1["dedup"] / n * 1e6,
         "dedup_peak_rss_mb": usage["dedup"][1] / 1e6,
@@ -634,7 +687,8 @@ def run_ours(ctx: RunContext, index: int) -> dict[str, Any]:
     spec = PipelineSpec(records=ctx.records, topics=("bench",), partitions=ctx.partitions,
                         value_size=ctx.value_bytes, profile=None, run_dedup=True,
                         persist_interval_ms=ctx.persist_interval_ms,
-                        spark_master=ctx.spark_master)  # fmt: skip
+                        spark_master=ctx.spark_master, rate_bytes=ctx.rate_bytes,
+                        extra_env=ctx.dedup_env)  # fmt: skip
     pipe = Pipeline(spec, ctx.work / f"run{index}-ours",
                     upstream=ctx.bootstraps[0], downstream=ctx.bootstraps[1])  # fmt: skip
     source = pipe.ep.source_topics[0]
@@ -659,13 +713,15 @@ def run_ours(ctx: RunContext, index: int) -> dict[str, Any]:
                                     size=ctx.value_bytes, prefix="b",
                                     partitions=ctx.partitions)  # fmt: skip
             res = measure(ctx, procs=procs, start_sender=procs["sender"].start, raw=raw,
-                          clean=clean, receiver_port=pipe.ep.receiver_port)  # fmt: skip
+                          clean=clean, receiver_port=pipe.ep.receiver_port,
+                          dedup_metrics_port=pipe.ep.metrics.get("dedup"))  # fmt: skip
         finally:
             raw.stop()
             clean.stop()
     res.update({"system": "ours", "fill_s": fill_s,
                 "settings": {"PERSIST_INTERVAL_MS": ctx.persist_interval_ms,
-                             "SPARK_MASTER": ctx.spark_master},
+                             "SPARK_MASTER": ctx.spark_master, "rate_bytes": ctx.rate_bytes,
+                             **dict(ctx.dedup_env)},
                 "topics": {"source": source,
                 "raw": pipe.ep.raw_topic, "clean": clean_topic}})  # fmt: skip
     return res
@@ -868,6 +924,13 @@ def main(argv: list[str] | None = None) -> int:
         default="local[2]",
         help="our dedup's SPARK_MASTER (local[3]: a slot per raw partition)",
     )
+    ap.add_argument(
+        "--pace-mbps", type=float, default=0.0, help="our sender's pace, MB/s (0: unpaced)"
+    )
+    ap.add_argument(
+        "--dedup-env", action="append", default=[], metavar="NAME=VALUE",
+        help="a setting of our dedup (repeatable), e.g. MAX_OFFSETS_PER_TRIGGER=2000",
+    )  # fmt: skip
     ap.add_argument("--stall", type=float, default=60.0, help="give up after S s without progress")
     ap.add_argument("--skip-build", action="store_true", help="reuse binaries already built")
     ap.add_argument("--work-dir", type=Path, default=None,
@@ -916,7 +979,9 @@ def main(argv: list[str] | None = None) -> int:
             bootstraps.append(broker.bootstrap)
         ctx = RunContext((bootstraps[0], bootstraps[1]), pids, records, args.value_bytes,
                          args.partitions, args.stall, work, args.warmup,
-                         args.persist_interval_ms, args.spark_master)  # fmt: skip
+                         args.persist_interval_ms, args.spark_master,
+                         args.pace_mbps * 1e6,
+                         tuple(tuple(kv.split("=", 1)) for kv in args.dedup_env))  # fmt: skip
         for i, system in enumerate(order, 1):
             log(f"run {i}/{len(order)}: {system} (load {os.getloadavg()[0]:.1f})")
             try:

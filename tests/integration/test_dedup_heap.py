@@ -5,6 +5,11 @@ deduped by ``kafka-diode dedup`` with its own defaults (``local[2]``, Spark's 1 
 ``MAX_OFFSETS_PER_TRIGGER``): every record reaches the clean topic once. With the receiver's
 earlier default (1 MB runs) the same backlog made batches of ~1.5 GB, Arrow could not allocate a
 group's buffers (``OutOfMemoryException``) and the JVM exited (docs/benchmarks.md "Dedup").
+
+And ~400 MB of records of 2 to 16 MiB (each a run of one, up to the receiver's default
+``max_record_size``), all of it in the first micro-batch: ``MAX_OFFSETS_PER_TRIGGER`` bounds a
+batch in records, not bytes, and the direct layout's 512 MB heap holds no batch whole (a task
+streams its raw partition's records in Arrow batches of at most 4 MiB or one record).
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from collections import Counter
 import pytest
 
 from common.raw_run import RunBuilder
+from dedup.config import DedupConfig
 from receiver.config import DEFAULT_RUN_MAX_BYTES
 from tests.integration.test_dedup import (
     BASE_TS,
@@ -30,6 +36,7 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 VALUE_BYTES = 1000
 RECORDS_PER_PARTITION = 500_000
 PARTITIONS = 3
+MAX_RECORD_SIZE = DedupConfig.__dataclass_fields__["max_record_size"].default
 
 
 def runs(partition: int) -> list[Record]:
@@ -51,9 +58,9 @@ def runs(partition: int) -> list[Record]:
     return out
 
 
-def _record(run: RunBuilder, partition: int) -> Record:
+def _record(run: RunBuilder, partition: int, limit: int = DEFAULT_RUN_MAX_BYTES) -> Record:
     value = run.encode()
-    assert len(value) <= DEFAULT_RUN_MAX_BYTES
+    assert len(value) <= limit
     return Record(
         key=run.key().encode(),
         value=value,
@@ -81,3 +88,51 @@ def test_a_backlog_of_1kb_records_passes_the_default_heap(
     assert len(seen) == total
     assert max(seen.values()) == 1
     assert {(p, o) for p, o in seen if o >= RECORDS_PER_PARTITION} == set()
+
+
+#: Record sizes of the large-record backlog, cycled: several MB up to the largest record a
+#: receiver writes by default (``max_record_size`` 16 MiB, less the run's framing).
+LARGE_SIZES = (2 << 20, 6 << 20, 11 << 20, (16 << 20) - 4096)
+LARGE_PER_PARTITION = 12
+
+
+def large_runs(partition: int) -> list[Record]:
+    """One partition's backlog of large records: each a run of one (larger than run_max_bytes)."""
+    out: list[Record] = []
+    for offset in range(LARGE_PER_PARTITION):
+        size = LARGE_SIZES[(offset + partition) % len(LARGE_SIZES)]
+        run = RunBuilder(SOURCE, partition, 1, offset, BASE_TS + offset)
+        value = b"%d:%d:" % (partition, offset)
+        run.append(
+            offset, BASE_TS + offset, b"k%d" % offset, value + b"x" * (size - len(value)), ()
+        )
+        out.append(_record(run, partition, limit=MAX_RECORD_SIZE + (1 << 16)))
+    return out
+
+
+def test_a_backlog_of_records_up_to_max_record_size_passes_the_default_heap(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    """~400 MB of records of 2-16 MiB, all in the first batch by the offset limit alone
+    (``MAX_OFFSETS_PER_TRIGGER`` 10,000), through the direct layout's 512 MB heap."""
+    raw = kafka_topic(downstream_kafka, partitions=PARTITIONS)
+    big = {"message.max.bytes": 64 << 20, "linger.ms": 0}
+    for partition in range(PARTITIONS):
+        produce_records(downstream_kafka, raw, large_runs(partition), timeout=300, config=big)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
+    env |= {"WINDOW_SIZE": "65536", "MAX_WINDOWS": "16", "PERSIST_INTERVAL_MS": "1000"}
+    finish(run_dedup(env, "--until-idle", "10"), timeout=900)
+
+    total = PARTITIONS * LARGE_PER_PARTITION
+    clean = consume_all(
+        downstream_kafka, f"clean.{raw}.{SOURCE}", expected_count=total, timeout=300,
+        config={"fetch.max.bytes": 64 << 20, "receive.message.max.bytes": 80 << 20},
+    )  # fmt: skip
+    seen = Counter(r.value[: r.value.index(b":", r.value.index(b":") + 1)] for r in clean)
+    assert len(seen) == total
+    assert max(seen.values()) == 1
+    assert sorted(len(r.value) for r in clean) == sorted(
+        LARGE_SIZES[(o + p) % len(LARGE_SIZES)]
+        for p in range(PARTITIONS)
+        for o in range(LARGE_PER_PARTITION)
+    )

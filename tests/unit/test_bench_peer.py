@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 
 from bench.peer import (
     WarmupCount,
+    cpu_by_program,
     is_control,
     ratios,
     render_properties,
@@ -92,3 +97,26 @@ def test_warmup_counts_distinct_records_and_ends_on_all_or_half_then_quiet() -> 
     assert warm.done(6, now=100.1 + WarmupCount.QUIET_S)
     # fewer than half never ends the wait, however quiet
     assert not warm.done(7, now=1e9)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads /proc")
+def test_cpu_by_program_tells_the_leader_from_its_python_children() -> None:
+    """The dedup's split: its own process (the group's leader) apart from the workers it starts."""
+    child = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    leader = subprocess.Popen(
+        [sys.executable, "-c", f"import subprocess, sys, time\n"
+         f"subprocess.Popen([sys.executable, '-c', {child!r}])\ntime.sleep(60)"],
+        start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        split = cpu_by_program(leader.pid)
+        while split["workers"] < 0.25 and time.monotonic() < deadline:
+            split = cpu_by_program(leader.pid)
+        assert set(split) == {"jvm", "driver", "workers"}
+        assert split["workers"] >= 0.25
+        assert split["jvm"] == 0.0
+        assert split["driver"] < split["workers"]
+    finally:
+        leader.kill()
+        leader.wait()

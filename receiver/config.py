@@ -96,12 +96,12 @@ class ReceiverConfig:
     """UDP receive offload where the kernel has it (Linux 5.0+): one read returns a run of
     datagrams of one flow (a sender's GSO run on loopback, what the NIC coalesced), and the
     datagrams of a large record that came in one run are decoded in one call; a datagram that
-    arrives alone is read as before. On, records of 10 KB cost the receiver about a quarter less
-    CPU per byte and records of 100 KB about a third; but every read then carries ancillary data,
+    arrives alone is read as before. On, records of 10 KB and 100 KB cost the receiver about half
+    the CPU per byte they cost with it off; but every read then carries ancillary data,
     so a flood of single datagrams (hostile or malformed input) is drained 10-20 percent slower
     per CPU second. Off by default so that the flood drain keeps its speed; turn it on for links
-    that carry large records from a trusted sender (docs/benchmarks.md, "A GRO read decoded
-    whole" and "Hostile flood, GRO on and off")."""
+    that carry large records from a trusted sender (docs/benchmarks.md, "Transport per
+    byte" and "Hostile flood, GRO on and off")."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """Event loop implementation: uvloop (fast) or the standard asyncio loop."""
     key_file: Path | None = None

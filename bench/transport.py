@@ -23,7 +23,7 @@ the ``lost`` column shows and which does not change its CPU per decoded byte muc
 ``--profile sender|receiver`` runs cProfile in that child and prints its top functions.
 
     .venv/bin/python bench/transport.py [--sizes 200,1000,10000,100000] [--modes off,on]
-        [--megabytes 40] [--rounds 3] [--rate-bytes 0] [--profile receiver]
+        [--megabytes 40] [--rounds 3] [--rate-bytes 0] [--profile receiver] [--datagram-size 8952]
 
 Prints a table, then one JSON object as the last line.
 """
@@ -82,13 +82,19 @@ def _profile_text(prof: cProfile.Profile | None) -> str:
 
 
 def receiver_main(
-    conn: Any, gro: bool, key: bytes, expected: int, profile: str | None, coalesced: bool
+    conn: Any,
+    gro: bool,
+    key: bytes,
+    expected: int,
+    profile: str | None,
+    coalesced: bool,
+    wire: WireConfig,
 ) -> None:
     """Child: receive and decode until ``expected`` records arrived or the link went quiet;
     ``coalesced``: a GRO read's fragmented messages decoded whole, as the receiver does
     (``Receiver._on_coalesced``)."""
     ring = KeyRing([Key.from_material(key)])
-    decoder = Decoder(WireConfig(), ring)
+    decoder = Decoder(wire, ring)
     runs = RunCoalescer(8 * 1024 * 1024, 0.05)
     finished: list[Any] = []
     state = {"records": 0, "value_bytes": 0, "datagrams": 0, "first": 0.0, "last": 0.0}
@@ -178,7 +184,7 @@ def receiver_main(
 
 def sender_main(
     conn: Any, port: int, gso: bool, key: bytes, size: int, count: int, batch: int,
-    rate: float, profile: str | None,
+    rate: float, profile: str | None, wire: WireConfig,
 ) -> None:  # fmt: skip
     """Child: send ``count`` records of ``size`` bytes through the real send path."""
     ring = KeyRing([Key.from_material(key)])
@@ -197,7 +203,7 @@ def sender_main(
             else:
                 released.set()
 
-        encoder = Encoder(WireConfig(), ring, session_id=os.urandom(16))
+        encoder = Encoder(wire, ring, session_id=os.urandom(16))
         pipeline = SendPipeline(
             encoder=encoder,
             pacer=Pacer(PacingConfig(bytes_per_s=rate), time.monotonic()),
@@ -245,14 +251,26 @@ def run_case(ctx: Any, size: int, mode: str, args: argparse.Namespace) -> dict[s
     key = Key.generate().material
     rx_parent, rx_child = ctx.Pipe()
     tx_parent, tx_child = ctx.Pipe()
+    wire = WireConfig(max_datagram_size=args.datagram_size)
     rx = ctx.Process(
-        target=receiver_main, args=(rx_child, on, key, count, args.profile, mode == "on")
+        target=receiver_main, args=(rx_child, on, key, count, args.profile, mode == "on", wire)
     )
     rx.start()
     port = rx_parent.recv()
     tx = ctx.Process(
         target=sender_main,
-        args=(tx_child, port, on, key, size, count, args.batch, args.rate_bytes, args.profile),
+        args=(
+            tx_child,
+            port,
+            on,
+            key,
+            size,
+            count,
+            args.batch,
+            args.rate_bytes,
+            args.profile,
+            wire,
+        ),
     )
     tx.start()
     sent = tx_parent.recv()
@@ -294,6 +312,12 @@ def main() -> int:
         "--rate-bytes", type=float, default=0.0, help="sender pacing, B/s (0: none)"
     )
     parser.add_argument("--profile", choices=["sender", "receiver"], default=None)
+    parser.add_argument(
+        "--datagram-size",
+        type=int,
+        default=WireConfig().max_datagram_size,
+        help="max_datagram_size of both sides (8952: a jumbo-frame link)",
+    )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
@@ -343,6 +367,7 @@ def main() -> int:
         "modes": modes,
         "megabytes": args.megabytes,
         "rounds": args.rounds,
+        "datagram_size": args.datagram_size,
         "rate_bytes": args.rate_bytes,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
         "load_average": [round(x, 1) for x in os.getloadavg()],

@@ -380,11 +380,13 @@ class Decoder:
         if end - last <= _FRAGMENT_OVERHEAD:
             return 0  # a fragment is missing (still to come, or lost)
         stop = min(last + segment, end)
-        chunk = segment - _FRAGMENT_OVERHEAD
-        last_chunk = stop - last - _FRAGMENT_OVERHEAD
-        length = _length_prefix(chunk + TAG_SIZE)
-        last_length = _length_prefix(last_chunk + TAG_SIZE)
-        if (count - 1) * chunk + last_chunk != total or length is None or last_length is None:
+        length = _length_prefix(segment)
+        last_length = _length_prefix(stop - last)
+        if length is None or last_length is None:
+            return 0
+        chunk = segment - HEADER_SIZE - len(length) - TAG_SIZE
+        last_chunk = stop - last - HEADER_SIZE - len(last_length) - TAG_SIZE
+        if (count - 1) * chunk + last_chunk != total:
             return 0
         window = self._replay.windows.get(session_id)
         cache_key = (key_id, session_id)
@@ -411,15 +413,15 @@ class Decoder:
         try:
             for index in range(count):
                 final = index == count - 1
-                if data[at : at + 46] != (
-                    head
-                    + pack(sequence + index, key_id, index, count, total)
-                    + (last_length if final else length)
+                prefix = last_length if final else length
+                payload = at + HEADER_SIZE + len(prefix)
+                if data[at:payload] != (
+                    head + pack(sequence + index, key_id, index, count, total) + prefix
                 ):
                     return 0
                 decrypt_into(
                     salt + data[at + 24 : at + 32],
-                    view[at + 46 : stop if final else at + segment],
+                    view[payload : stop if final else at + segment],
                     view[at : at + HEADER_SIZE],
                     into[index * chunk : total if final else (index + 1) * chunk],
                 )
@@ -623,10 +625,18 @@ class Decoder:
             )
 
 
-def _length_prefix(length: int) -> bytes | None:
-    """The two-byte Avro long ``length`` has in front of a payload of 64 to 8191 bytes (the form
-    the fast paths accept), or None for any other length."""
-    if not 64 <= length <= 8191:
-        return None
-    doubled = length << 1
-    return bytes(((doubled & 0x7F) | 0x80, doubled >> 7))
+def _length_prefix(size: int) -> bytes | None:
+    """The Avro long in front of the payload of a datagram of ``size`` bytes, in the form the
+    encoder writes (two bytes for payloads of 64 to 8191 bytes, three up to 1,048,575: datagrams
+    of jumbo-frame links), or None for a size no such datagram has."""
+    for width in (2, 3):
+        doubled = (size - HEADER_SIZE - width) << 1  # zigzag of a length >= 0
+        if doubled >> 7 * width or not doubled >> 7 * (width - 1):
+            continue  # needs more bytes, or fewer (a payload under 64 bytes has one)
+        out = bytearray()
+        for _ in range(width - 1):
+            out.append((doubled & 0x7F) | 0x80)
+            doubled >>= 7
+        out.append(doubled)
+        return bytes(out)
+    return None

@@ -7,7 +7,8 @@ every datagram on its own, must end alike: the same events in the same order, th
 reason, the same counters, the same replay windows (so what comes next is judged alike) and the
 same messages waiting in the reassembler. The link here is hostile: datagrams lost, repeated,
 swapped, truncated, bit-flipped, from a session the key ring does not know, under a replaced key,
-and reads cut anywhere GRO may cut them (equal sizes, the last one shorter or equal).
+and reads cut anywhere GRO may cut them (equal sizes, the last one shorter or equal); datagrams
+of up to 8952 bytes (a jumbo-frame link: payload lengths of three bytes).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -68,7 +70,7 @@ def _state(decoder: Decoder) -> Any:
 def links(draw: st.DrawFn) -> tuple[WireConfig, list[tuple[bytes, int]], bool]:
     """Datagrams of two sessions as a hostile link delivers them, cut into GRO-shaped reads."""
     config = WireConfig(
-        max_datagram_size=draw(st.sampled_from([256, 600, 1452])),
+        max_datagram_size=draw(st.sampled_from([256, 600, 1452, 8952])),
         replay_window=draw(st.sampled_from([64, 4096])),
         max_reassemblies=draw(st.sampled_from([1, 2, 64])),
         max_message_size=1 << 16,
@@ -78,7 +80,7 @@ def links(draw: st.DrawFn) -> tuple[WireConfig, list[tuple[bytes, int]], bool]:
     for session in range(draw(st.integers(1, 2))):
         encoder = Encoder(config, KeyRing([KEY]), session_id=bytes([session + 1]) * 16)
         for offset in range(draw(st.integers(1, 6))):
-            size = draw(st.sampled_from([10, 200, 900, 3000, 9000]))
+            size = draw(st.sampled_from([10, 200, 900, 3000, 9000, 20000]))
             value = os.urandom(size)
             datagrams += [d.data for d in encoder.add("t", 0, offset, 1, 0, b"k", value, (), 0.0)]
             if draw(st.booleans()):
@@ -136,24 +138,30 @@ def test_a_coalesced_read_decodes_as_its_datagrams_one_by_one(
         assert _state(coalesced) == _state(one_by_one)
 
 
-def test_a_large_record_in_one_read_takes_the_coalesced_path() -> None:
-    """The path is taken at all: a 10 KB record's eight datagrams in one read are one call."""
-    config = WireConfig()
+@pytest.mark.parametrize(
+    ("datagram_size", "value_size", "fragments"), [(1452, 10_000, 8), (8952, 20_000, 3)]
+)
+def test_a_large_record_in_one_read_takes_the_coalesced_path(
+    datagram_size: int, value_size: int, fragments: int
+) -> None:
+    """The path is taken at all: a large record's datagrams in one read are one call (with
+    jumbo datagrams too, whose payload lengths take three bytes)."""
+    config = WireConfig(max_datagram_size=datagram_size)
     encoder = Encoder(config, KeyRing([KEY]), session_id=b"s" * 16)
     first = [d.data for d in encoder.add("t", 0, 0, 1, 0, b"k", b"a" * 100, (), 0.0)]
     first += [d.data for d in encoder.flush()]
-    value = os.urandom(10_000)
-    fragments = [d.data for d in encoder.add("t", 0, 1, 1, 0, b"k", value, (), 0.0)]
-    fragments += [d.data for d in encoder.flush()]
-    assert len(fragments) == 8
+    value = os.urandom(value_size)
+    datagrams = [d.data for d in encoder.add("t", 0, 1, 1, 0, b"k", value, (), 0.0)]
+    datagrams += [d.data for d in encoder.flush()]
+    assert len(datagrams) == fragments
     decoder = Decoder(config, KeyRing([KEY]))
     decoder.receive_datagram(first[0], 0.0)  # the session is known: its window and cipher exist
-    data = b"".join(fragments)
-    assert decoder.receive_coalesced(data, 0, len(fragments[0]), 0.0) == len(data)
+    data = b"".join(datagrams)
+    assert decoder.receive_coalesced(data, 0, len(datagrams[0]), 0.0) == len(data)
     events = _events(decoder)
     assert [e[0] for e in events] == ["batch", "batch"]
     assert [r.value for r in events[1][4]] == [value]
-    assert decoder.datagrams == 9
-    assert decoder.authenticated == 9
+    assert decoder.datagrams == decoder.authenticated == fragments + 1
+    assert decoder.coalesced_messages == 1
     # the same read again: every sequence is in the window now, so the path declines it
-    assert decoder.receive_coalesced(data, 0, len(fragments[0]), 0.0) == 0
+    assert decoder.receive_coalesced(data, 0, len(datagrams[0]), 0.0) == 0

@@ -427,10 +427,7 @@ class SendScheduler:
                 tp = (topic, partition)
                 if offset > high.get(tp, -1):
                     high[tp] = offset
-        if self.congested and self.backlog_bytes <= self.max_backlog_bytes // 2:
-            self.congested = False
-        if not self.backlog_bytes:
-            self._held = False  # idle: the next wait starts a new burst, with no catch-up credit
+        self._after_leaving()
 
     def transmitted_run(self, run: list[Transmit], now: float, *, sent: bool = True) -> None:
         """The whole ``run`` (from ``next_run``) was handed to the socket in one call, or the
@@ -453,14 +450,11 @@ class SendScheduler:
         for item in run:
             popleft()
             total += len(item.data)
-            if item.completes:
-                records += item.records
-                for topic, partition, offset in item.completes:
-                    tp = (topic, partition)
-                    if offset > high.get(tp, -1):
-                        high[tp] = offset
-            elif item.records:
-                records += item.records
+            records += item.records
+            for topic, partition, offset in item.completes:
+                tp = (topic, partition)
+                if offset > high.get(tp, -1):
+                    high[tp] = offset
             item.copies_left = 0
         if sent:
             self._pacer.take_run(total, count, now)
@@ -473,10 +467,14 @@ class SendScheduler:
         self.highest_sent = max(self.highest_sent, last)
         self.backlog_bytes -= total
         self._control_turn = True  # data left last
+        self._after_leaving()
+
+    def _after_leaving(self) -> None:
+        """Backpressure and the burst after datagrams left the backlog."""
         if self.congested and self.backlog_bytes <= self.max_backlog_bytes // 2:
             self.congested = False
         if not self.backlog_bytes:
-            self._held = False
+            self._held = False  # idle: the next wait starts a new burst, with no catch-up credit
 
 
 def _sequence(item: Transmit) -> int:

@@ -78,9 +78,7 @@ class Reassembler:
         if partial is None:
             if total > self._max_bytes:
                 raise RemoteProtocolError(DropReason.TOO_LARGE, f"message of {total} bytes")
-            while self._partials and (
-                len(self._partials) >= self._max_count or self._bytes + total > self._max_bytes
-            ):
+            while self._partials and not self._fits(total):
                 old_id, old = self._partials.popitem(last=False)
                 self._bytes -= old.total
                 self.evicted.append(old_id)
@@ -119,11 +117,11 @@ class Reassembler:
         """Whether a new message of ``total`` bytes would be kept without evicting another (the
         coalesced path, ``Decoder.receive_coalesced``, takes only such messages, so that it
         never skips an eviction the fragment-by-fragment path would have made)."""
-        return (
-            total <= self._max_bytes
-            and len(self._partials) < self._max_count
-            and self._bytes + total <= self._max_bytes
-        )
+        return total <= self._max_bytes and self._fits(total)
+
+    def _fits(self, total: int) -> bool:
+        """Whether the partial messages held leave room for one more of ``total`` bytes."""
+        return len(self._partials) < self._max_count and self._bytes + total <= self._max_bytes
 
     def _discard(self, mid: MessageId) -> None:
         partial = self._partials.pop(mid, None)

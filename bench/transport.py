@@ -50,7 +50,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import uvloop
 
-from common.wire import Decoder, Encoder, Key, KeyRing, RecordBatch, WireConfig
+from common.wire import (
+    Decoder,
+    Encoder,
+    Key,
+    KeyRing,
+    RecordBatch,
+    WireConfig,
+    coalesced_segment,
+)
 from receiver.runs import RunCoalescer
 from receiver.transport import SocketDrainer, open_udp_socket
 from sender.pacing import Pacer, PacingConfig
@@ -154,6 +162,7 @@ def receiver_main(
             max_per_wakeup=512,
             on_error=lambda exc: None,
             on_coalesced=on_coalesced if coalesced else None,
+            segment_of=coalesced_segment,
         )
         drainer.start(loop)
         conn.send(sock.getsockname()[1])

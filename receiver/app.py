@@ -49,6 +49,7 @@ from common.wire import (
     RecordBatch,
     ResendMarker,
     Withheld,
+    coalesced_segment,
 )
 from common.wire.decoder import Decoder
 from common.wire.fec import FecDecoder, FecLimits, is_repair
@@ -261,6 +262,7 @@ class Receiver:
                 max_per_wakeup=cfg.max_datagrams_per_wakeup,
                 on_error=self._on_socket_error,
                 on_coalesced=self._on_coalesced,
+                segment_of=coalesced_segment,
             )
         )
 

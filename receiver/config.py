@@ -92,16 +92,16 @@ class ReceiverConfig:
     """Requested SO_RCVBUF per socket; as root SO_RCVBUFFORCE bypasses net.core.rmem_max."""
     max_datagrams_per_wakeup: int = 512
     """Datagrams read from one socket per readiness event before yielding to the event loop."""
-    udp_gro: bool = False
+    udp_gro: bool = True
     """UDP receive offload where the kernel has it (Linux 5.0+): one read returns a run of
     datagrams of one flow (a sender's GSO run on loopback, what the NIC coalesced), and the
     datagrams of a large record that came in one run are decoded in one call; a datagram that
-    arrives alone is read as before. On, records of 10 KB and 100 KB cost the receiver about half
-    the CPU per byte they cost with it off; but every read then carries ancillary data,
-    so a flood of single datagrams (hostile or malformed input) is drained 10-20 percent slower
-    per CPU second. Off by default so that the flood drain keeps its speed; turn it on for links
-    that carry large records from a trusted sender (docs/benchmarks.md, "Transport per
-    byte" and "Hostile flood, GRO on and off")."""
+    arrives alone is read as before. Records of 10 KB and 100 KB cost the receiver about half the
+    CPU per byte they cost with it off, and a flood of single datagrams (hostile or malformed
+    input) is drained as fast either way: reads are split by the datagrams' own length, the
+    kernel is asked once per wakeup (docs/benchmarks.md, "Transport per byte" and "Hostile flood,
+    GRO on and off"). Off: one datagram per read, for kernels or middleboxes where coalescing
+    is unwanted."""
     event_loop: Literal["uvloop", "asyncio"] = "uvloop"
     """Event loop implementation: uvloop (fast) or the standard asyncio loop."""
     key_file: Path | None = None

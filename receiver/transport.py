@@ -15,23 +15,28 @@ fallback read once a second, so a counter is exported even when nothing arrives 
 UDP GRO (``gro=True``, Linux 5.0+ where ``UDP_GRO`` is accepted): the kernel may hand over several
 datagrams of one flow as one buffer, all of the size it reports in a ``UDP_GRO`` control message
 (level ``SOL_UDP`` = 17, option 104) except the last, which may be shorter; on loopback that is
-what a sender's GSO run becomes, on a NIC what the driver's GRO coalesced. Every read then uses
-``recvmsg_into``; a coalesced buffer goes whole to ``on_coalesced`` (the receiver decodes the
-fragments of a large message in one call, ``Decoder.receive_coalesced``), consecutive reads of one
-segment size joined while the run may go on (``SocketDrainer._join``: a message of more than one
-GSO run), or, without ``on_coalesced``, is split at that size into the datagrams the sender sent,
-each handed over on its own; a buffer without the control message is one datagram.
-``max_per_wakeup`` counts datagrams either way.
+what a sender's GSO run becomes, on a NIC what the driver's GRO coalesced. A coalesced buffer goes
+whole to ``on_coalesced`` (the receiver decodes the fragments of a large message in one call,
+``Decoder.receive_coalesced``), consecutive reads of one segment size joined while the run may go
+on (``SocketDrainer._join``: a message of more than one GSO run), or, without ``on_coalesced``, is
+split at that size into the datagrams the sender sent, each handed over on its own; a buffer of
+one datagram is handed over as it is. ``max_per_wakeup`` counts datagrams either way.
 
-GRO is not switched with the traffic. A ``recvmsg_into`` costs ~0.8-1.3 us more than a
-``recv_into`` here (CPython builds the sender's address and the ancillary list), which a hostile
-flood of single datagrams, never coalesced, pays for nothing (``bench/receiver.py --flood ...
---flood-gro on,off``: docs/benchmarks.md). Switching GRO off at the socket while nothing is
-coalesced would save it, but cannot be done safely: the kernel reports a buffer's segment size only
-if GRO is on when it is *read*, so a run coalesced just before the switch (or still in the kernel's
-receive path during it, which no check from user space can rule out) would be read as one
+Where the segment size comes from. Only a ``recvmsg_into`` returns the control message, and it
+costs ~0.8-1.3 us more than a ``recv_into`` here (CPython builds the sender's address and the
+ancillary list on every call), which a hostile flood of single datagrams, never coalesced, would
+pay on every read. So the first read of a wakeup is a ``recvmsg_into`` (it samples the drop
+counter too, as without GRO) and the others are ``recv_into`` calls whose segment size
+``segment_of`` reads from the bytes: every datagram says its own length (``coalesced_segment``
+in common/wire/envelope.py: the header, the payload's length, the payload), and a second
+datagram's magic must follow it. A legitimate run splits exactly where the kernel's size would
+have split it; bytes that do not frame so are one datagram, judged (and counted) once by the
+decoder. A forged buffer that does frame as two datagrams is read as two, as if they had been
+sent apart, which an attacker could do anyway. Without ``segment_of`` every read asks the kernel.
+
+GRO is not switched with the traffic: the kernel reports a coalesced buffer's segment size only
+if GRO is on when it is *read*, so a run coalesced just before a switch would be read as one
 concatenated datagram and lost (tests/property/test_gso_gro.py pins the kernel's behaviour).
-Where floods matter more than large records, ``udp_gro = false``.
 """
 
 from __future__ import annotations
@@ -170,10 +175,14 @@ class SocketDrainer:
         on_error: Callable[[OSError], None],
         gro: bool | None = None,
         on_coalesced: Callable[[bytes, int], None] | None = None,
+        segment_of: Callable[[memoryview, int], int] | None = None,
     ) -> None:
         """``gro``: read coalesced buffers (None: whether the socket has UDP GRO on);
         ``on_coalesced(data, segment)``, if given, takes such a buffer whole (its datagrams are
-        ``segment`` bytes each but the last) instead of ``on_datagram`` per datagram."""
+        ``segment`` bytes each but the last) instead of ``on_datagram`` per datagram;
+        ``segment_of(buffer, nbytes)``, if given, says the segment size of a read from what it
+        holds (0: one datagram; ``common.wire.coalesced_segment``), so that a GRO socket's reads
+        after the first of a wakeup are plain ``recv_into`` calls (see the module docstring)."""
         self._sock = sock
         self._on_datagram = on_datagram
         self._on_coalesced = on_coalesced
@@ -193,6 +202,7 @@ class SocketDrainer:
         """Whether reads may return coalesced datagrams (UDP GRO), split here."""
         self.coalesced = 0
         """Reads that returned two or more datagrams at once (UDP GRO)."""
+        self._segment_of = segment_of
         self._held: list[bytes] = []  # coalesced reads joined into one run (``_join``)
         self._held_segment = 0
         self._held_bytes = 0
@@ -254,19 +264,26 @@ class SocketDrainer:
         """``_drain`` for a GRO socket: every read says the segment size of what it returned."""
         sock, view, deliver = self._sock, self._view, self._on_datagram
         recvmsg_into, bufs, limit = sock.recvmsg_into, [self._buf], self._max
+        recv_into, segment_of = sock.recv_into, self._segment_of
         joined = self._on_coalesced is not None
         held = self._held  # the run ``_join`` keeps (emptied in place by ``_flush``)
         read = 0
+        ask_kernel = True  # the first read of a wakeup samples the drop counter
         try:
             while read < limit:
-                nbytes, ancdata, _, _ = recvmsg_into(bufs, _GRO_CMSG_SPACE)
-                segment = 0
-                for level, kind, data in ancdata:
-                    if level == SOL_UDP and kind == UDP_GRO and len(data) >= 4:
-                        segment = _I32.unpack_from(data)[0]
-                    elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
-                        drops = _U32.unpack_from(data)[0]
-                        self.kernel_drops = max(self.kernel_drops, drops)
+                if ask_kernel:
+                    nbytes, ancdata, _, _ = recvmsg_into(bufs, _GRO_CMSG_SPACE)
+                    segment = 0
+                    for level, kind, data in ancdata:
+                        if level == SOL_UDP and kind == UDP_GRO and len(data) >= 4:
+                            segment = _I32.unpack_from(data)[0]
+                        elif level == socket.SOL_SOCKET and kind == SO_RXQ_OVFL and len(data) >= 4:
+                            drops = _U32.unpack_from(data)[0]
+                            self.kernel_drops = max(self.kernel_drops, drops)
+                    ask_kernel = segment_of is None
+                else:
+                    nbytes = recv_into(view)
+                    segment = segment_of(view, nbytes)  # type: ignore[misc]  # ask_kernel if None
                 if 0 < segment < nbytes:
                     self.coalesced += 1
                     read += -(-nbytes // segment)

@@ -9,6 +9,7 @@ from common.errors import RecordTooLarge
 from common.wire.config import WireConfig, fragment_capacity
 from common.wire.decoder import Decoder
 from common.wire.encoder import Encoder, OutgoingDatagram, SequenceExhaustedError
+from common.wire.envelope import coalesced_segment
 from common.wire.events import (
     Dropped,
     DropReason,
@@ -40,6 +41,7 @@ __all__ = [
     "SequenceExhaustedError",
     "WireConfig",
     "Withheld",
+    "coalesced_segment",
     "derive_key",
     "format_key_id",
     "fragment_capacity",

@@ -165,3 +165,33 @@ def frame(header: bytes, payload: bytes) -> bytes:
     n = len(payload)
     prefix = SMALL_LONGS[n] if n < (1 << 14) else encode_long(n)
     return b"".join((header, prefix, payload))
+
+
+def coalesced_segment(data: bytes | bytearray | memoryview, nbytes: int) -> int:
+    """The size of the first datagram in ``data[:nbytes]`` when another one follows it, else 0.
+
+    A UDP GRO read may hold several datagrams of one flow: each that size but the last, which may
+    be shorter. The kernel says the size in a ``UDP_GRO`` control message, which only a
+    ``recvmsg`` returns, at ~1 us more per read than a ``recv_into`` (receiver/transport.py); a
+    datagram says its own size too (the header, the Avro length of the payload, the payload),
+    so a read taken with ``recv_into`` is split here instead. 0 means one datagram: a datagram
+    alone, or bytes that do not frame as a datagram followed by another (the decoder judges them
+    whole and counts their drop once).
+    """
+    if nbytes <= HEADER_SIZE + 2:
+        return 0
+    b = data[HEADER_SIZE]
+    if b < 0x80:
+        size = HEADER_SIZE + 1 + (b >> 1)
+    else:
+        c = data[HEADER_SIZE + 1]
+        if c < 0x80:
+            size = HEADER_SIZE + 2 + (((b & 0x7F) | (c << 7)) >> 1)
+        else:
+            d = data[HEADER_SIZE + 2]
+            if d >= 0x80:  # four or more length bytes: no datagram is that long
+                return 0
+            size = HEADER_SIZE + 3 + (((b & 0x7F) | ((c & 0x7F) << 7) | (d << 14)) >> 1)
+    if b & 1 or size >= nbytes or data[:4] != MAGIC or data[size : size + 4] != MAGIC:
+        return 0  # a negative length, one datagram, or not the start of two
+    return size

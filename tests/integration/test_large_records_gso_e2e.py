@@ -1,7 +1,7 @@
 """Large records through UDP GSO and GRO with real brokers, under sustained load.
 
 The sender's default (``udp_gso`` on) with 10 KB and 100 KB records, into a receiver with its
-default (``udp_gro`` off: one datagram per read) and with GRO on, at 1452-byte datagrams and at a
+default (``udp_gro`` on) and with GRO off (one datagram per read), at 1452-byte datagrams and at a
 jumbo-frame link's 8952 (payload lengths of three bytes): a backlog of ~50 MB waits
 upstream before the sender starts (deeper than four replay windows in datagrams), the sender
 empties it paced (``--rate-bytes``), one GSO ``sendmsg`` per run of fragments; the receiver reads

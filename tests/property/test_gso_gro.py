@@ -18,7 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.wire import Decoder, Encoder, Key, KeyRing, RecordBatch, WireConfig
+from common.wire import Decoder, Encoder, Key, KeyRing, RecordBatch, WireConfig, coalesced_segment
+from common.wire.envelope import HEADER_SIZE, MAGIC, encode_long
 from receiver import transport
 from receiver.transport import SocketDrainer, open_udp_socket
 from sender.transport import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, SendResult, UdpSender, gso_supported
@@ -32,14 +33,27 @@ def _kernel_has_gso() -> bool:
 pytestmark = pytest.mark.skipif(not _kernel_has_gso(), reason="no UDP GSO in this kernel")
 
 
+#: The segment sizes ``link``'s ``segment_of`` found (reads split by the datagrams' length).
+split_by_length: list[int] = []
+
+
 @contextmanager
 def link(
-    *, gro: bool, joined: list[tuple[int, int]] | None = None
+    *, gro: bool, joined: list[tuple[int, int]] | None = None, framed: bool = False
 ) -> Iterator[tuple[UdpSender, SocketDrainer, list[bytes]]]:
     """``joined``: take coalesced reads whole (``on_coalesced``), noting (datagrams, segment)
-    of each buffer handed over, and split them here."""
+    of each buffer handed over, and split them here; ``framed``: the datagrams are framed as
+    the wire frames them, and reads after a wakeup's first are split by what they hold
+    (``segment_of``), not by the kernel's word."""
     sock, _ = open_udp_socket("127.0.0.1", 0, reuse_port=False, rcvbuf=32 << 20, gro=gro)
     got: list[bytes] = []
+    split_by_length.clear()
+
+    def segment_of(view: memoryview, nbytes: int) -> int:
+        segment = coalesced_segment(view, nbytes)
+        if segment:
+            split_by_length.append(segment)
+        return segment
 
     def whole(data: bytes, segment: int) -> None:
         assert joined is not None
@@ -54,6 +68,7 @@ def link(
         max_per_wakeup=1 << 16,
         on_error=pytest.fail,
         on_coalesced=None if joined is None else whole,
+        segment_of=segment_of if framed else None,
     )
     assert drainer.gro is gro
     udp = UdpSender([("127.0.0.1", drainer.port)], gso=True)
@@ -65,29 +80,53 @@ def link(
         drainer.close()
 
 
+def framed(size: int, fill: bytes) -> bytes:
+    """A datagram of ``size`` bytes framed as the wire frames one: the magic, the rest of a
+    44-byte header, the payload's Avro length, the payload (``fill`` repeated)."""
+    for prefix in (1, 2, 3):
+        payload = size - HEADER_SIZE - prefix
+        length = encode_long(payload)
+        if len(length) == prefix:
+            body = (fill * payload)[:payload]
+            return MAGIC + fill[:1] * (HEADER_SIZE - len(MAGIC)) + length + body
+    raise AssertionError(size)
+
+
+#: The smallest datagram ``framed`` makes: header, one length byte, a payload of one byte.
+MIN_FRAMED = HEADER_SIZE + 2
+
+
 @st.composite
-def runs(draw: st.DrawFn) -> list[list[bytes]]:
-    """Runs as ``send_run`` takes them: one size, the last possibly shorter; singles among them."""
+def runs(draw: st.DrawFn, *, wire: bool = False) -> list[list[bytes]]:
+    """Runs as ``send_run`` takes them: one size, the last possibly shorter; singles among them
+    (``wire``: each datagram framed as the wire frames one)."""
     out: list[list[bytes]] = []
+    low = MIN_FRAMED if wire else 1
     for _ in range(draw(st.integers(1, 6))):
-        size = draw(st.integers(1, 1472))
+        size = draw(st.integers(low, 1472))
         count = draw(st.integers(1, min(GSO_MAX_SEGMENTS, GSO_MAX_BYTES // size)))
-        last = draw(st.integers(1, size))
+        last = draw(st.integers(low, size))
         tag = len(out).to_bytes(1, "big")
-        run = [(tag + i.to_bytes(2, "big") * size)[:size] for i in range(count - 1)]
-        run.append((tag + b"L" * last)[:last])
+        if wire:
+            run = [framed(size, tag + i.to_bytes(2, "big")) for i in range(count - 1)]
+            run.append(framed(last, tag + b"L"))
+        else:
+            run = [(tag + i.to_bytes(2, "big") * size)[:size] for i in range(count - 1)]
+            run.append((tag + b"L" * last)[:last])
         out.append(run)
     return out
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(runs(), st.booleans(), st.booleans(), st.booleans())
+@given(st.data(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
 def test_the_datagrams_sent_in_runs_arrive_as_sent(
-    sent: list[list[bytes]], gro: bool, whole: bool, at_once: bool
+    data: st.DataObject, gro: bool, whole: bool, at_once: bool, wire: bool
 ) -> None:
     """... datagram by datagram, or coalesced reads taken whole (``on_coalesced``), consecutive
-    reads joined while a run may go on; drained after each run or once after all of them."""
-    with link(gro=gro, joined=[] if whole else None) as (udp, drainer, got):
+    reads joined while a run may go on; drained after each run or once after all of them; the
+    segment size from the kernel, or (``wire``) from what the datagrams say of their length."""
+    sent = data.draw(runs(wire=wire))
+    with link(gro=gro, joined=[] if whole else None, framed=wire) as (udp, drainer, got):
         for run in sent:
             assert udp.send_run(run) == (len(run), SendResult.SENT)
             if not at_once:
@@ -136,9 +175,13 @@ def test_without_gso_a_run_goes_one_datagram_per_call() -> None:
         assert got == [b"a" * 10]
 
 
+@pytest.mark.parametrize("by_length", [False, True], ids=["kernel-segment", "datagram-length"])
 @pytest.mark.parametrize("value_bytes", [200, 9000, 100_000])
-def test_the_wire_path_over_gso_and_gro_delivers_every_record(value_bytes: int) -> None:
-    """Encoder -> UdpSender runs (GSO) -> SocketDrainer (GRO) -> Decoder: the records, once."""
+def test_the_wire_path_over_gso_and_gro_delivers_every_record(
+    value_bytes: int, by_length: bool
+) -> None:
+    """Encoder -> UdpSender runs (GSO) -> SocketDrainer (GRO) -> Decoder: the records, once;
+    coalesced reads split at the kernel's segment size or at the datagrams' own length."""
     ring = KeyRing([Key.generate()])
     wire = WireConfig()
     encoder = Encoder(wire, ring, session_id=os.urandom(16))
@@ -148,7 +191,7 @@ def test_the_wire_path_over_gso_and_gro_delivers_every_record(value_bytes: int) 
     for offset, value in enumerate(values):
         datagrams += encoder.add("t", 0, offset, 1, 0, b"k", value, (), 0.0)
     datagrams += encoder.flush()
-    with link(gro=True) as (udp, drainer, got):
+    with link(gro=True, framed=by_length) as (udp, drainer, got):
         i = 0
         while i < len(datagrams):  # runs as the pipeline makes them: one size, last shorter
             size = len(datagrams[i].data)
@@ -163,10 +206,13 @@ def test_the_wire_path_over_gso_and_gro_delivers_every_record(value_bytes: int) 
             count, result = udp.send_run(run)
             assert result is SendResult.SENT
             i += count
-            drainer._drain()
+            if not by_length:
+                drainer._drain()  # each wakeup's one read asks the kernel for the segment
+        drainer._drain()  # by_length: every read after the first split by the datagrams' length
         assert got == [d.data for d in datagrams]
         if value_bytes > 1400:
             assert drainer.coalesced > 0
+            assert bool(split_by_length) is by_length
     for data in got:
         decoder.receive_datagram(data, 0.0)
     received = []

@@ -238,8 +238,10 @@ def test_clean_and_gap_topics_are_exact(
     assert layout_file["layout"] == layout
 
 
-# the buckets case (its ticks go to the control topic) runs with the slow tests, for CI's time
-@pytest.mark.parametrize("layout", [pytest.param("buckets", marks=pytest.mark.slow), "direct"])
+# slow (57 s, 40 of them idle): CI keeps the settling rule's unit tests
+# (tests/unit/test_idle_tick.py)
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["buckets", "direct"])
 def test_a_settled_dedup_ticks_rarely_and_still_reports_every_gap(
     downstream_kafka, kafka_topic, tmp_path, layout
 ) -> None:
@@ -402,6 +404,9 @@ def test_a_raw_topic_with_v1_records_then_v2_runs_is_carried_exactly_once(
     assert open_offsets == {(1, 1), (1, 3), (1, 5), (1, 7), *((2, o) for o in range(11))}
 
 
+# slow (55 s): CI keeps where the command writes the reset (tests/integration/
+# test_dedup_reset_cli.py) and what a reset does to the state (tests/unit/test_dedup_job.py)
+@pytest.mark.slow
 def test_a_reset_in_the_direct_layout_clears_its_source_partitions_state(
     downstream_kafka, kafka_topic, tmp_path
 ) -> None:

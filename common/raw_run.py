@@ -223,6 +223,34 @@ class RunBuilder:
         first, base = self.first, self.base_ts
         start = offsets[0] - first
         n = len(offsets)
+        if n == 1:  # a record that filled a datagram alone: no joins, the value copied once
+            key, value = keys[0], values[0]
+            od = _long(start)
+            td = _long(timestamps[0] - base)
+            kp = _NULL if key is None else bytes_item(len(key))[0]
+            vp = _NULL if value is None else bytes_item(len(value))[0]
+            grown = len(od) + len(td) + len(kp) + len(vp) + 1
+            if key:
+                grown += len(key)
+            if value:
+                grown += len(value)
+            if self.size + grown > max_size:
+                return False
+            if self.count == 1:
+                self.stride = 1
+            self._od += od
+            self._td += td
+            self._keys += kp
+            if key:
+                self._keys += key
+            self._values += vp
+            if value:
+                self._values += value
+            self._headers += _END
+            self.count += 1
+            self.last = offsets[0]
+            self.size += grown
+            return True
         if start + n <= _SMALL:  # consecutive small deltas: one slice of the table
             od = b"".join(SMALL_LONGS[start : start + n])
         else:

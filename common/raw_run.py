@@ -223,42 +223,22 @@ class RunBuilder:
         first, base = self.first, self.base_ts
         start = offsets[0] - first
         n = len(offsets)
+        key = value = b""  # one record's key and value, appended after their prefixes
         if n == 1:  # a record that filled a datagram alone: no joins, the value copied once
-            key, value = keys[0], values[0]
             od = _long(start)
             td = _long(timestamps[0] - base)
-            kp = _NULL if key is None else bytes_item(len(key))[0]
-            vp = _NULL if value is None else bytes_item(len(value))[0]
-            grown = len(od) + len(td) + len(kp) + len(vp) + 1
-            if key:
-                grown += len(key)
-            if value:
-                grown += len(value)
-            if self.size + grown > max_size:
-                return False
-            if self.count == 1:
-                self.stride = 1
-            self._od += od
-            self._td += td
-            self._keys += kp
-            if key:
-                self._keys += key
-            self._values += vp
-            if value:
-                self._values += value
-            self._headers += _END
-            self.count += 1
-            self.last = offsets[0]
-            self.size += grown
-            return True
-        if start + n <= _SMALL:  # consecutive small deltas: one slice of the table
-            od = b"".join(SMALL_LONGS[start : start + n])
+            key, value = keys[0] or b"", values[0] or b""
+            kb = _NULL if keys[0] is None else bytes_item(len(key))[0]
+            vb = _NULL if values[0] is None else bytes_item(len(value))[0]
         else:
-            od = b"".join([_long(offset - first) for offset in offsets])
-        td = b"".join([_long(timestamp - base) for timestamp in timestamps])
-        kb = b"".join([_NULL if k is None else bytes_item(len(k))[0] + k for k in keys])
-        vb = b"".join([_NULL if v is None else bytes_item(len(v))[0] + v for v in values])
-        grown = len(od) + len(td) + len(kb) + len(vb) + n
+            if start + n <= _SMALL:  # consecutive small deltas: one slice of the table
+                od = b"".join(SMALL_LONGS[start : start + n])
+            else:
+                od = b"".join([_long(offset - first) for offset in offsets])
+            td = b"".join([_long(timestamp - base) for timestamp in timestamps])
+            kb = b"".join([_NULL if k is None else bytes_item(len(k))[0] + k for k in keys])
+            vb = b"".join([_NULL if v is None else bytes_item(len(v))[0] + v for v in values])
+        grown = len(od) + len(td) + len(kb) + len(key) + len(vb) + len(value) + n
         if self.size + grown > max_size:
             return False
         if self.count == 1:
@@ -266,7 +246,11 @@ class RunBuilder:
         self._od += od
         self._td += td
         self._keys += kb
+        if key:
+            self._keys += key
         self._values += vb
+        if value:
+            self._values += value
         self._headers += _END * n
         self.count += n
         self.last = offsets[-1]

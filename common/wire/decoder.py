@@ -428,13 +428,20 @@ class Decoder:
                 at += segment
         except InvalidTag:
             return 0  # the one-by-one path counts which datagram failed
-        # authentic and new: the window takes every sequence, as it would one by one
-        for seq in range(sequence, sequence + count):
-            if seq == window.highest + 1:
-                window.seen[seq % window.size] = 1
-                window.highest = seq
+        # authentic and new: the window takes every sequence, as it would one by one: the last
+        # slides it (clearing what it skips), then the others' flags are set in one or two slices
+        window.update(sequence + count - 1)
+        ring = window.size
+        if count - 1 >= ring:
+            window.seen[:] = b"\x01" * ring
+        else:
+            first = sequence % ring
+            after = first + count - 1
+            if after <= ring:
+                window.seen[first:after] = b"\x01" * (count - 1)
             else:
-                window.update(seq)
+                window.seen[first:] = b"\x01" * (ring - first)
+                window.seen[: after - ring] = b"\x01" * (after - ring)
         self._replay.windows.move_to_end(session_id)
         self._ciphers.move_to_end(cache_key)
         self.datagrams += count

@@ -239,3 +239,25 @@ def test_a_buffer_coalesced_under_gro_loses_its_segment_size_once_gro_is_off() -
         drainer._sock.setsockopt(transport.SOL_UDP, transport.UDP_GRO, 0)
         drainer._drain_gro()
         assert got == [b"".join(run)]
+
+
+def test_with_gro_the_kernel_counts_a_dropped_run_as_one_drop() -> None:
+    """What ``socket_kernel_drops_total`` means with GRO on (docs/metrics.md): the kernel queues
+    a coalesced run as one buffer and, when the socket's buffer is full, drops and counts it as
+    one, so the counter counts runs, not datagrams. It is never 0 while datagrams are lost."""
+    run = [bytes([i]) * 1000 for i in range(10)]
+    sock, _ = open_udp_socket("127.0.0.1", 0, reuse_port=False, rcvbuf=100_000, gro=True)
+    got: list[bytes] = []
+    drainer = SocketDrainer(sock, got.append, lambda: None, max_per_wakeup=1 << 16, on_error=print)
+    udp = UdpSender([("127.0.0.1", drainer.port)], gso=True)
+    try:
+        for _ in range(100):  # 1,000 datagrams of 1,000 bytes into a ~100 KB buffer
+            assert udp.send_run(run) == (10, SendResult.SENT)
+        drainer._drain()
+        lost = 1000 - len(got)
+        drops = drainer.refresh_kernel_drops()
+    finally:
+        udp.close()
+        drainer.close()
+    assert lost > 0
+    assert drops * len(run) == lost  # whole runs lost, each counted once

@@ -38,7 +38,8 @@ class BatchWork(Protocol):
         """Whether ``batch`` has anything to publish (called for every Arrow batch)."""
 
     def fence(self) -> tuple[Producer, int]:
-        """A producer that fenced every older attempt, and the batch committed last (-1: none)."""
+        """A producer that fenced every older attempt, in a new transaction, and the batch
+        committed last (-1: none)."""
 
     def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:
         """Produce what ``batch`` publishes, counting it in ``result``."""
@@ -106,11 +107,12 @@ def commit_batch(
                         work.name,
                         committed,
                     )
+                    work.ended(False, not abort(producer, work.name))
+                    producer = None
                     if work.drain_skipped:
                         for rest in pending:
                             work.publishes(rest)
                     return BatchResult(batch_id, skipped=True, fenced=True)
-                producer.begin_transaction()
             work.produce(producer, batch, result)
         if producer is None:
             result.skipped = True

@@ -266,6 +266,7 @@ class _StatefulWork:
         writer = self.writer
         if writer._producer is None:
             writer._producer = writer._start()
+        writer._producer.begin_transaction()
         return writer._producer, writer._last_committed
 
     def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:

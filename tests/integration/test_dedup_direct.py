@@ -31,11 +31,12 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
+from confluent_kafka.admin import AdminClient, NewPartitions
 
 from common.errors import ServiceError
 from common.raw_run import RunBuilder
 from common.raw_topic import TICK
-from dedup import kept_producers, runner, state_reader
+from dedup import kept_producers, runner, state_reader, transaction
 from dedup.config import from_sources
 from dedup.detect import DetectParams
 from dedup.direct_state import STATE_RECORD_LIMIT, state_key
@@ -44,7 +45,7 @@ from dedup.fence import init_producer
 from dedup.state_reader import read_state
 from dedup.writer_settings import TaskSpec, WriterSettings
 from runtime import kafka
-from tests.kafka_helpers import consume_all, create_topic, wait_committed
+from tests.kafka_helpers import consume_all, create_topic, wait_committed, wait_until
 
 pytestmark = [pytest.mark.kafka]
 
@@ -498,3 +499,34 @@ def test_a_kept_producer_fenced_after_its_probe_is_dropped_and_the_retry_commits
     state = read_state(settings, state_key(query, raw, 0), 0)
     assert state is not None
     assert state.batch_id == 1
+
+
+def test_partitions_added_to_a_clean_topic_are_used_once_its_count_is_learned_again(
+    downstream_kafka, monkeypatch
+) -> None:
+    """A process keeps a clean topic's partition count for ``PARTITION_COUNT_TTL_S``: partitions
+    added meanwhile are used from the first task that learns the count again (source partition
+    5 moves from clean partition 5 mod 4 to 5 mod 8)."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    topic = settings.clean_topic.replace("{topic}", SOURCE)
+    monkeypatch.setattr(transaction, "PARTITION_COUNT_TTL_S", 3600.0)
+    first = DirectPartition(spec(settings, query, 0), raw, 0)
+    assert first.run([runs(raw, 0, [(5, 0, 9)])], lambda _: None).records == 10
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_partitions([NewPartitions(topic, 8)])[topic].result(30)
+    wait_until(
+        lambda: len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 8,
+        message="8 partitions listed",
+    )
+    # within the time the count is kept: the partition of the records before
+    kept = DirectPartition(spec(settings, query, 1), raw, 0)
+    assert kept.run([runs(raw, 0, [(5, 10, 19)])], lambda _: None).records == 10
+    monkeypatch.setattr(transaction, "PARTITION_COUNT_TTL_S", 0.0)
+    learned = DirectPartition(spec(settings, query, 2), raw, 0)
+    assert learned.run([runs(raw, 0, [(5, 20, 29)])], lambda _: None).records == 10
+    wait_committed(bootstrap, topic)
+    placed = {
+        int(r.key[1:]): r.partition for r in consume_all(bootstrap, topic, timeout=20) if r.key
+    }
+    assert placed == dict.fromkeys(range(20), 1) | dict.fromkeys(range(20, 30), 5)

@@ -38,8 +38,7 @@ class BatchWork(Protocol):
         """Whether ``batch`` has anything to publish (called for every Arrow batch)."""
 
     def fence(self) -> tuple[Producer, int]:
-        """A producer that fenced every older attempt, in a new transaction, and the batch
-        committed last (-1: none)."""
+        """A producer that fenced every older attempt, and the batch committed last (-1: none)."""
 
     def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:
         """Produce what ``batch`` publishes, counting it in ``result``."""
@@ -78,16 +77,7 @@ def commit_batch(
        aborts its open transaction, or completes it if its commit had begun. Only then does it
        read ``p``'s last committed batch ``M`` (``read_committed``): ``N <= M`` means the batch
        was committed before Spark heard of it, and the attempt skips it. A fenced zombie can no
-       longer commit. The direct layout's attempt may instead take the producer its Python
-       worker kept after that producer's last transaction **committed**
-       (``dedup/kept_producers.py``), and proves it is still the newest of its id before the
-       read: it opens its transaction with a probe record, which the coordinator accepts only
-       from the current epoch and only once the previous transaction of the id is complete.
-       A newer attempt's ``init_transactions`` bumps the epoch, so a kept producer it fenced
-       fails its probe (dropped; the attempt starts a new producer that fences as above) or,
-       fenced after the probe, fails its next transactional call: the attempt is aborted, the
-       producer dropped, and Spark retries the task with a new producer. Any error drops the
-       producer. ``M`` always comes from Kafka, never from what a worker kept.
+       longer commit.
     4. Spark writes ``N`` to its commit log only after every task succeeded; a batch missing
        there is re-run with the same offsets, and step 3 decides per part. The buckets layout
        replays it from the same state version (the same output); the direct layout's state is
@@ -116,12 +106,11 @@ def commit_batch(
                         work.name,
                         committed,
                     )
-                    work.ended(False, not abort(producer, work.name))
-                    producer = None
                     if work.drain_skipped:
                         for rest in pending:
                             work.publishes(rest)
                     return BatchResult(batch_id, skipped=True, fenced=True)
+                producer.begin_transaction()
             work.produce(producer, batch, result)
         if producer is None:
             result.skipped = True

@@ -34,12 +34,12 @@ from confluent_kafka import Producer
 
 from common.errors import ServiceError
 from common.raw_topic import raw_partition_of
-from dedup import kept_producers
 from dedup.classify_python import classify_batch
 from dedup.commit import commit_batch, produce_waiting
 from dedup.detect import LiveBucket, Output
 from dedup.detector_set import DetectorSet
 from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
+from dedup.fence import init_producer
 from dedup.rows import (
     KIND_GAP,
     KIND_MALFORMED,
@@ -130,19 +130,10 @@ class DirectPartition:
 
     def fence(self) -> tuple[Producer, int]:
         started = time.monotonic()
-        # a kept producer proves itself current (its probe) before the state is read
-        producer = kept_producers.open_transaction(
-            self.settings,
-            self.transactional_id,
-            kept_producers.Probe(self.settings.state_topic, self.raw_partition, self.key),
-            message_bytes=STATE_RECORD_LIMIT,
+        producer = init_producer(
+            self.settings, self.transactional_id, message_bytes=STATE_RECORD_LIMIT
         )
-        try:
-            committed = read_state(self.settings, self.key, self.raw_partition)
-        except BaseException:
-            kept_producers.drop(producer)
-            raise
-        self._producer = producer
+        committed = read_state(self.settings, self.key, self.raw_partition)
         self.fence_ms = round((time.monotonic() - started) * 1000)
         # parsed once each, saved once at the end (not per Arrow batch)
         self._live = LiveBucket(
@@ -151,6 +142,7 @@ class DirectPartition:
             self.spec.now_ms,
             DIRECT_STATE_BYTES,
         )
+        self._producer = producer
         return producer, committed.batch_id if committed is not None else -1
 
     def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:
@@ -185,19 +177,9 @@ class DirectPartition:
         )
 
     def ended(self, committed: bool, abort_failed: bool) -> None:
-        producer, self._producer = self._producer, None
-        if producer is not None:
-            if committed:
-                # the state record's delivery report, if the commit left it queued
-                producer.poll(0)
-                kept_producers.keep(
-                    self.settings,
-                    self.transactional_id,
-                    producer,
-                    message_bytes=STATE_RECORD_LIMIT,
-                )
-            else:  # an error, or a skip: only a committed transaction's producer is kept
-                kept_producers.drop(producer)
+        if committed and self._producer is not None:
+            # the state record's delivery report, if the commit left it queued
+            self._producer.poll(0)
         if committed and self._written and self._written[0] >= 0:
             # the partition then ends after the record and this transaction's commit marker
             remember(self.settings, self.key, self.raw_partition, self._written[0] + 2, self._state)

@@ -14,7 +14,6 @@ import contextlib
 import gc
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -40,17 +39,6 @@ from dedup.rows import KIND_GAP, KIND_RUN, KIND_STAT, unpack_selection
 from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult, WriterSettings
 
 log = logging.getLogger(__name__)
-
-#: Seconds a process uses a clean topic's partition count before it asks the broker again. A
-#: write task looked it up at its first record (a metadata request on the task's critical path,
-#: every batch); partitions added to a clean topic are used within this time (docs/topics.md
-#: "Clean topic").
-PARTITION_COUNT_TTL_S = 10.0
-#: (bootstrap servers, clean topic) -> (partition count, monotonic time it was learned), per
-#: process (a Python worker runs task after task); bounded like the checked topics.
-_counts: dict[tuple[str, str], tuple[int, float]] = {}
-_counts_lock = threading.Lock()
-MAX_COUNTED_TOPICS = 4096
 
 #: Trailing header of a clean record written with the dedup's time: the source timestamp (ms,
 #: ASCII decimal) its clean topic would have refused (docs/topics.md "Timestamps").
@@ -150,7 +138,7 @@ class PartitionWriter:
     def _learn_partition_counts(self, producer: Producer, topics: list[str]) -> None:
         """The partition counts of the clean topics not known yet, from one metadata request
         (a task of a raw partition that carries many source topics paid one per topic)."""
-        missing = [t for t in topics if t not in self._partitions and not self._recent(t)]
+        missing = [t for t in topics if t not in self._partitions]
         if len(missing) < 2:
             return  # _partition_count asks for the one topic
         # every topic's metadata: asking for names would let a broker auto-create them; the
@@ -159,29 +147,10 @@ class PartitionWriter:
         for topic in missing:
             found = meta.get(topic)
             if found is not None and found.error is None and found.partitions:
-                self._learned(topic, len(found.partitions))
-
-    def _recent(self, topic: str) -> bool:
-        """Whether this process learned ``topic``'s partition count lately (then this writer
-        uses it: ``PARTITION_COUNT_TTL_S``)."""
-        with _counts_lock:
-            known = _counts.get((self.settings.bootstrap_servers, topic))
-        if known is None or time.monotonic() - known[1] >= PARTITION_COUNT_TTL_S:
-            return False
-        self._partitions[topic] = known[0]
-        return True
-
-    def _learned(self, topic: str, count: int) -> None:
-        self._partitions[topic] = count
-        with _counts_lock:
-            if len(_counts) >= MAX_COUNTED_TOPICS:
-                _counts.clear()  # bounded; a topic forgotten costs one metadata request
-            _counts[self.settings.bootstrap_servers, topic] = (count, time.monotonic())
+                self._partitions[topic] = len(found.partitions)
 
     def _partition_count(self, producer: Producer, topic: str) -> int:
         count = self._partitions.get(topic)
-        if count is None and self._recent(topic):
-            count = self._partitions[topic]
         if count is None:
             if topic not in self._windows:
                 # created (if missing) before any metadata request, then checked
@@ -190,7 +159,7 @@ class PartitionWriter:
             if meta is None or meta.error is not None or not meta.partitions:
                 raise ServiceError(f"clean topic {topic!r} has no partitions; create it first")
             count = len(meta.partitions)
-            self._learned(topic, count)
+            self._partitions[topic] = count
         return count
 
     def clean_name(self, source_topic: str) -> str:
@@ -297,7 +266,6 @@ class _StatefulWork:
         writer = self.writer
         if writer._producer is None:
             writer._producer = writer._start()
-        writer._producer.begin_transaction()
         return writer._producer, writer._last_committed
 
     def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:

@@ -13,10 +13,6 @@ What one raw partition's task can go through (docs/dedup.md "The direct layout")
 4. A Python worker keeps the state record it committed (``dedup/state_reader.py``) and uses it
    only while the state partition has not moved since: a worker whose raw partition another
    worker ran meanwhile reads the newer record.
-5. A Python worker keeps its producer after a commit (``dedup/kept_producers.py``): the next
-   batch of the raw partition reuses it; one that another attempt fenced meanwhile fails its
-   probe and gives way to a new producer; one fenced after its probe fails its commit, is
-   dropped, and the retry commits the batch once.
 """
 
 from __future__ import annotations
@@ -31,21 +27,19 @@ from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
-from confluent_kafka.admin import AdminClient, NewPartitions
 
 from common.errors import ServiceError
 from common.raw_run import RunBuilder
 from common.raw_topic import TICK
-from dedup import kept_producers, runner, state_reader, transaction
+from dedup import runner, state_reader
 from dedup.config import from_sources
 from dedup.detect import DetectParams
-from dedup.direct_state import STATE_RECORD_LIMIT, state_key
-from dedup.direct_task import DirectPartition, transactional_id
-from dedup.fence import init_producer
+from dedup.direct_state import state_key
+from dedup.direct_task import DirectPartition
 from dedup.state_reader import read_state
 from dedup.writer_settings import TaskSpec, WriterSettings
 from runtime import kafka
-from tests.kafka_helpers import consume_all, create_topic, wait_committed, wait_until
+from tests.kafka_helpers import consume_all, create_topic
 
 pytestmark = [pytest.mark.kafka]
 
@@ -63,9 +57,7 @@ PARAMS = DetectParams(
 @pytest.fixture(autouse=True, scope="module")
 def _close_kept_consumers() -> Iterator[None]:
     yield
-    # the tasks ran in this process: its consumers and producers outlive no broker
-    state_reader.close()
-    kept_producers.close()
+    state_reader.close()  # the tasks ran in this process: its consumers outlive no broker
 
 
 def setup(bootstrap: str, raw_partitions: int = 1) -> tuple[WriterSettings, str, str]:
@@ -117,8 +109,6 @@ def spec(settings: WriterSettings, query: str, batch_id: int) -> TaskSpec:
 
 def clean(bootstrap: str, settings: WriterSettings) -> Counter[tuple[int, int]]:
     topic = settings.clean_topic.replace("{topic}", SOURCE)
-    wait_committed(bootstrap, topic)
-    wait_committed(bootstrap, settings.state_topic)
     records = consume_all(bootstrap, topic, timeout=20)
     return Counter((int(r.value.split(b"-")[0][1:]), r.timestamp - TS) for r in records)
 
@@ -221,7 +211,6 @@ def test_a_kept_state_is_used_while_its_partition_has_not_moved(
         assert nxt.run([runs(raw, 0, [(0, 5, 14)])], lambda _: None).records == 5
     # forgotten (as after a failed task), it is read again
     state_reader.forget(settings, key, 0)
-    wait_committed(bootstrap, settings.state_topic)
     state = read_state(settings, key, 0)
     assert state is not None
     assert state.batch_id == 1
@@ -251,7 +240,6 @@ def test_a_kept_consumer_that_cannot_reach_its_broker_gives_way_to_a_new_one(
     state_reader._consumers.pop(name, None)
     state_reader._consumers[name] = stale
     state_reader.forget(settings, state_key(query, raw, 0), 0)
-    wait_committed(bootstrap, settings.state_topic)
     state = read_state(settings, state_key(query, raw, 0), 0)
     assert state is not None
     assert state.batch_id == 0
@@ -267,7 +255,6 @@ def test_raw_partitions_have_their_own_state_and_fence(downstream_kafka) -> None
     # batch 1 of raw partition 1 only: raw partition 0 keeps its state of batch 0
     task = DirectPartition(spec(settings, query, 1), raw, 1)
     assert task.run([runs(raw, 1, [(1, 0, 14)])], lambda _: None).records == 5
-    wait_committed(bootstrap, settings.state_topic)
     states = {p: read_state(settings, state_key(query, raw, p), p) for p in (0, 1)}
     assert {p: s.batch_id for p, s in states.items() if s is not None} == {0: 0, 1: 1}
     assert sorted(states[0].detectors) == [(SOURCE, 0), (SOURCE, 2)]  # type: ignore[union-attr]
@@ -412,121 +399,3 @@ def test_a_record_in_the_wrong_raw_partition_is_malformed_not_a_second_detector(
     state = read_state(settings, state_key(query, raw, 0), 0)
     assert state is not None
     assert sorted(state.detectors) == [(SOURCE, 0), (SOURCE, 2)]
-
-
-def kept_producer(settings: WriterSettings, raw: str, partition: int) -> object:
-    """The producer this process (the "worker") keeps for ``raw``'s partition, or None."""
-    name = kept_producers.name_of(
-        settings, transactional_id(settings.transactional_id, raw, partition), STATE_RECORD_LIMIT
-    )
-    return kept_producers._kept.get(name)
-
-
-def test_the_next_batch_of_a_raw_partition_reuses_the_kept_producer(downstream_kafka) -> None:
-    bootstrap = downstream_kafka.bootstrap
-    settings, query, raw = setup(bootstrap)
-    first = DirectPartition(spec(settings, query, 0), raw, 0)
-    assert first.run([runs(raw, 0, [(0, 0, 9)])], lambda _: None).records == 10
-    producer = kept_producer(settings, raw, 0)
-    assert producer is not None
-    before = dataclasses.replace(kept_producers.counts)
-    nxt = DirectPartition(spec(settings, query, 1), raw, 0)
-    assert nxt.run([runs(raw, 0, [(0, 5, 14)])], lambda _: None).records == 5
-    assert kept_producers.counts.reused == before.reused + 1
-    assert kept_producers.counts.started == before.started
-    assert kept_producer(settings, raw, 0) is producer
-    assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(15)})
-
-
-def test_a_kept_producer_fenced_by_another_worker_gives_way_to_a_new_one(
-    downstream_kafka,
-) -> None:
-    """Worker A keeps its producer after batch 0; worker B runs batch 1 with a new producer,
-    which fences A's; A's next batch finds its producer fenced by the probe, before reading its
-    state, and writes with a new one."""
-    bootstrap = downstream_kafka.bootstrap
-    settings, query, raw = setup(bootstrap)
-    first = DirectPartition(spec(settings, query, 0), raw, 0)
-    assert first.run([runs(raw, 0, [(0, 0, 9)])], lambda _: None).records == 10
-    worker_a = dict(kept_producers._kept)
-    kept_producers._kept.clear()  # worker B keeps nothing
-    second = DirectPartition(spec(settings, query, 1), raw, 0)
-    assert second.run([runs(raw, 0, [(0, 10, 19)])], lambda _: None).records == 10
-    kept_producers.close()
-    kept_producers._kept.update(worker_a)
-    before = dataclasses.replace(kept_producers.counts)
-    third = DirectPartition(spec(settings, query, 2), raw, 0)
-    assert third.run([runs(raw, 0, [(0, 0, 24)])], lambda _: None).records == 5
-    assert kept_producers.counts.stale == before.stale + 1
-    assert kept_producers.counts.started == before.started + 1
-    assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(25)})
-    state = read_state(settings, state_key(query, raw, 0), 0)
-    assert state is not None
-    assert state.batch_id == 2
-
-
-def test_a_kept_producer_fenced_after_its_probe_is_dropped_and_the_retry_commits_once(
-    downstream_kafka,
-) -> None:
-    """A kept producer passes its probe; then another producer with its ``transactional.id``
-    fences it and commits. Its commit fails, the worker drops it, and the retry writes the batch
-    exactly once."""
-    bootstrap = downstream_kafka.bootstrap
-    settings, query, raw = setup(bootstrap)
-    first = DirectPartition(spec(settings, query, 0), raw, 0)
-    assert first.run([runs(raw, 0, [(0, 0, 9)])], lambda _: None).records == 10
-    kept = kept_producer(settings, raw, 0)
-    assert kept is not None
-    txn_id = transactional_id(settings.transactional_id, raw, 0)
-
-    def fenced_input() -> Iterator[pa.RecordBatch]:
-        yield runs(raw, 0, [(0, 10, 19)])
-        # the kept producer has produced its records: another producer fences it and commits
-        other = init_producer(settings, txn_id, message_bytes=STATE_RECORD_LIMIT)
-        other.begin_transaction()
-        other.commit_transaction(30)
-
-    before = dataclasses.replace(kept_producers.counts)
-    zombie = DirectPartition(spec(settings, query, 1), raw, 0)
-    with pytest.raises(ServiceError, match="aborted"):
-        zombie.run(fenced_input(), lambda _: None)
-    assert kept_producers.counts.reused == before.reused + 1
-    assert kept_producer(settings, raw, 0) is None
-    retry = DirectPartition(spec(settings, query, 1), raw, 0)
-    assert retry.run([runs(raw, 0, [(0, 10, 19)])], lambda _: None).records == 10
-    assert kept_producers.counts.started == before.started + 1
-    assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(20)})
-    state = read_state(settings, state_key(query, raw, 0), 0)
-    assert state is not None
-    assert state.batch_id == 1
-
-
-def test_partitions_added_to_a_clean_topic_are_used_once_its_count_is_learned_again(
-    downstream_kafka, monkeypatch
-) -> None:
-    """A process keeps a clean topic's partition count for ``PARTITION_COUNT_TTL_S``: partitions
-    added meanwhile are used from the first task that learns the count again (source partition
-    5 moves from clean partition 5 mod 4 to 5 mod 8)."""
-    bootstrap = downstream_kafka.bootstrap
-    settings, query, raw = setup(bootstrap)
-    topic = settings.clean_topic.replace("{topic}", SOURCE)
-    monkeypatch.setattr(transaction, "PARTITION_COUNT_TTL_S", 3600.0)
-    first = DirectPartition(spec(settings, query, 0), raw, 0)
-    assert first.run([runs(raw, 0, [(5, 0, 9)])], lambda _: None).records == 10
-    admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_partitions([NewPartitions(topic, 8)])[topic].result(30)
-    wait_until(
-        lambda: len(admin.list_topics(topic, timeout=10).topics[topic].partitions) == 8,
-        message="8 partitions listed",
-    )
-    # within the time the count is kept: the partition of the records before
-    kept = DirectPartition(spec(settings, query, 1), raw, 0)
-    assert kept.run([runs(raw, 0, [(5, 10, 19)])], lambda _: None).records == 10
-    monkeypatch.setattr(transaction, "PARTITION_COUNT_TTL_S", 0.0)
-    learned = DirectPartition(spec(settings, query, 2), raw, 0)
-    assert learned.run([runs(raw, 0, [(5, 20, 29)])], lambda _: None).records == 10
-    wait_committed(bootstrap, topic)
-    placed = {
-        int(r.key[1:]): r.partition for r in consume_all(bootstrap, topic, timeout=20) if r.key
-    }
-    assert placed == dict.fromkeys(range(20), 1) | dict.fromkeys(range(20, 30), 5)

@@ -246,6 +246,39 @@ def _high_watermark(consumer: Consumer, topic: str, partition: int, deadline: fl
         time.sleep(0.2)  # polling the leader election under a deadline
 
 
+def wait_committed(target: Bootstrap, topic: str, timeout: float = 30.0) -> None:
+    """Wait until no transaction is open in any partition of ``topic``: its last stable offsets
+    reach its high watermarks. ``commit_transaction`` returns before the coordinator has written
+    the commit markers into every partition, and a ``read_committed`` reader stops short of them
+    until then; with no writer left, this is the moment every commit is visible."""
+    bootstrap = bootstrap_of(target)
+    ends = {
+        level: Consumer(
+            {
+                "bootstrap.servers": bootstrap,
+                "group.id": random_name("ends"),
+                "isolation.level": level,
+            }
+        )
+        for level in ("read_committed", "read_uncommitted")
+    }
+    try:
+        meta = ends["read_committed"].list_topics(topic, timeout=10.0).topics[topic]
+        where = [TopicPartition(topic, p) for p in sorted(meta.partitions)]
+
+        def settled() -> bool:
+            return all(
+                ends["read_committed"].get_watermark_offsets(tp, timeout=10.0)[1]
+                == ends["read_uncommitted"].get_watermark_offsets(tp, timeout=10.0)[1]
+                for tp in where
+            )
+
+        wait_until(settled, timeout, message=f"no open transaction in {topic}")
+    finally:
+        for consumer in ends.values():
+            consumer.close()
+
+
 def consume_all(
     target: Bootstrap,
     topic: str,

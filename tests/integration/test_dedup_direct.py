@@ -39,7 +39,7 @@ from dedup.direct_task import DirectPartition
 from dedup.state_reader import read_state
 from dedup.writer_settings import TaskSpec, WriterSettings
 from runtime import kafka
-from tests.kafka_helpers import consume_all, create_topic
+from tests.kafka_helpers import consume_all, create_topic, wait_committed
 
 pytestmark = [pytest.mark.kafka]
 
@@ -109,6 +109,8 @@ def spec(settings: WriterSettings, query: str, batch_id: int) -> TaskSpec:
 
 def clean(bootstrap: str, settings: WriterSettings) -> Counter[tuple[int, int]]:
     topic = settings.clean_topic.replace("{topic}", SOURCE)
+    wait_committed(bootstrap, topic)
+    wait_committed(bootstrap, settings.state_topic)
     records = consume_all(bootstrap, topic, timeout=20)
     return Counter((int(r.value.split(b"-")[0][1:]), r.timestamp - TS) for r in records)
 
@@ -211,6 +213,7 @@ def test_a_kept_state_is_used_while_its_partition_has_not_moved(
         assert nxt.run([runs(raw, 0, [(0, 5, 14)])], lambda _: None).records == 5
     # forgotten (as after a failed task), it is read again
     state_reader.forget(settings, key, 0)
+    wait_committed(bootstrap, settings.state_topic)
     state = read_state(settings, key, 0)
     assert state is not None
     assert state.batch_id == 1
@@ -240,6 +243,7 @@ def test_a_kept_consumer_that_cannot_reach_its_broker_gives_way_to_a_new_one(
     state_reader._consumers.pop(name, None)
     state_reader._consumers[name] = stale
     state_reader.forget(settings, state_key(query, raw, 0), 0)
+    wait_committed(bootstrap, settings.state_topic)
     state = read_state(settings, state_key(query, raw, 0), 0)
     assert state is not None
     assert state.batch_id == 0
@@ -255,6 +259,7 @@ def test_raw_partitions_have_their_own_state_and_fence(downstream_kafka) -> None
     # batch 1 of raw partition 1 only: raw partition 0 keeps its state of batch 0
     task = DirectPartition(spec(settings, query, 1), raw, 1)
     assert task.run([runs(raw, 1, [(1, 0, 14)])], lambda _: None).records == 5
+    wait_committed(bootstrap, settings.state_topic)
     states = {p: read_state(settings, state_key(query, raw, p), p) for p in (0, 1)}
     assert {p: s.batch_id for p, s in states.items() if s is not None} == {0: 0, 1: 1}
     assert sorted(states[0].detectors) == [(SOURCE, 0), (SOURCE, 2)]  # type: ignore[union-attr]

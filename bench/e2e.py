@@ -70,6 +70,8 @@ from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-def
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from common.errors import RemoteProtocolError
+from common.wire.batch_decode import decode_record_groups
 from kafka_diode.demo import scrape
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
 from kafka_diode.local_kafka.cluster import LocalCluster
@@ -457,6 +459,7 @@ class EndConsumer(threading.Thread):
         self.consumer.assign(
             [TopicPartition(topic, p, OFFSET_BEGINNING) for p in sorted(meta.partitions)]
         )
+        self.runs = not committed  # the raw topic: records come in runs
         self.count = count
         self.seen = bytearray(count)
         self.unique = 0
@@ -466,6 +469,32 @@ class EndConsumer(threading.Thread):
         self.last_time = 0.0
         self.stop_event = threading.Event()
 
+    def _note_run(self, value: bytes | None, now: float) -> None:
+        """A raw record: a run of source records (common/raw_run.py), each with its headers and
+        upstream timestamp; anything else (a control record) carries no ``bench.seq``."""
+        try:
+            groups, _ = decode_record_groups(value or b"")
+        except RemoteProtocolError:
+            return
+        for group in groups:
+            for ts, headers in zip(group.timestamps, group.headers, strict=True):
+                self._note(next((v for k, v in headers if k == SEQ), None), ts, now)
+
+    def _note(self, seq: bytes | None, ts: int, now: float) -> None:
+        if seq is None:
+            return
+        if seq[:1] == b"w":
+            self.warmup += 1
+            return
+        i = int(seq)
+        if 0 <= i < self.count and not self.seen[i]:
+            self.seen[i] = 1
+            self.unique += 1
+            self.latencies_ms.append(now * 1000.0 - ts)
+            self.last_time = now
+        else:
+            self.duplicates += 1
+
     def run(self) -> None:
         try:
             while not self.stop_event.is_set():
@@ -474,27 +503,15 @@ class EndConsumer(threading.Thread):
                 for msg in batch:
                     if msg.error() is not None:
                         continue
+                    if self.runs:
+                        self._note_run(msg.value(), now)
+                        continue
                     seq = None
-                    ts = msg.timestamp()[1]
                     raw = msg.headers() or []
                     for k, v in raw.items() if isinstance(raw, dict) else raw:
-                        if k == SEQ:
+                        if k == SEQ and isinstance(v, bytes):
                             seq = v
-                        elif k == "diode.timestamp" and v is not None:
-                            ts = int(v)  # raw topic: the upstream timestamp travels as a header
-                    if seq is None:
-                        continue
-                    if seq[:1] == b"w":
-                        self.warmup += 1
-                        continue
-                    i = int(seq)
-                    if 0 <= i < self.count and not self.seen[i]:
-                        self.seen[i] = 1
-                        self.unique += 1
-                        self.latencies_ms.append(now * 1000.0 - ts)
-                        self.last_time = now
-                    else:
-                        self.duplicates += 1
+                    self._note(seq, msg.timestamp()[1], now)
         finally:
             self.consumer.close()
 

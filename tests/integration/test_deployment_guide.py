@@ -27,6 +27,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -254,7 +255,11 @@ def follow_the_guide(root: Path, broker: LocalBroker | LocalCluster, brokers: in
         new.append(NewTopic(t.name, t.partitions, replication, config=config))
     for future in admin.create_topics(new, operation_timeout=60).values():
         future.result(timeout=120)
-    metadata = admin.list_topics(timeout=30).topics
+    # a created topic reaches the metadata a moment after create_topics returns: wait for all
+    deadline = time.monotonic() + 60
+    while not names <= set(metadata := admin.list_topics(timeout=30).topics):
+        assert time.monotonic() < deadline, f"topics not in the metadata: {names - set(metadata)}"
+        time.sleep(0.2)  # polling a condition with a deadline
     described = admin.describe_configs([ConfigResource("topic", t.name) for t in topics])
     for t in topics:
         partitions = metadata[t.name].partitions

@@ -16,6 +16,9 @@ off at ``burst``, or the average would fall below ``rate`` whenever the loop is 
 of a redundant datagram is paced like any other datagram. A run of datagrams handed to the kernel
 in one call (UDP GSO) is paced per datagram: it may leave only when every datagram in it would
 have left at once on its own, without debt (``room``), so a run is never larger than the burst.
+A wait is never shorter than ``MIN_WAIT`` (or either burst, if that is shorter):
+a paced sender wakes about every two milliseconds and sends what the rate allowed in it, instead of
+waking once per datagram.
 
 Pure (docs/design.md, "A sans-IO core"): the caller passes ``now`` (seconds, monotonic); nothing
 here sleeps or reads a clock, so tests drive it with a fake clock.
@@ -29,6 +32,10 @@ from dataclasses import dataclass
 from common.errors import ConfigError
 
 _EPSILON = 1e-6
+MIN_WAIT = 0.002
+"""Shortest wait ``Pacer.delay`` asks for (seconds), unless a burst is shorter: waking
+per datagram costs a timer per datagram, and event loops round timers to whole milliseconds
+(uvloop rounds 36 µs down to 0: the sender would spin a core between datagrams)."""
 
 
 class TokenBucket:
@@ -75,6 +82,10 @@ class TokenBucket:
             return math.inf
         return min(self._tokens, self.burst)
 
+    def burst_time(self) -> float:
+        """Seconds of rate the burst holds (``inf`` when unlimited)."""
+        return math.inf if self.rate == 0 else self.burst / self.rate
+
     def take(self, amount: float, now: float) -> None:
         """Take ``amount`` tokens (the bucket may go into debt; see the module docstring)."""
         if self.rate == 0:
@@ -116,7 +127,7 @@ class PacingConfig:
 class Pacer:
     """Both buckets together: a datagram leaves only when both allow it."""
 
-    __slots__ = ("_bytes", "_catch_up", "_datagrams", "unlimited")
+    __slots__ = ("_bytes", "_catch_up", "_datagrams", "_min_wait", "unlimited")
 
     def __init__(self, config: PacingConfig, now: float) -> None:
         byte_burst = max(float(config.max_datagram_size), config.bytes_per_s * config.burst_seconds)
@@ -124,6 +135,9 @@ class Pacer:
         self._bytes = TokenBucket(config.bytes_per_s, byte_burst, now)
         self._datagrams = TokenBucket(config.datagrams_per_s, dgram_burst, now)
         self._catch_up = config.catch_up_seconds
+        # A wait no longer than either burst loses no tokens to the cap while backlogged: what
+        # refills in it is at most what the bucket that sets the pace was emptied of.
+        self._min_wait = min(MIN_WAIT, self._bytes.burst_time(), self._datagrams.burst_time())
         self.unlimited = config.bytes_per_s == 0 and config.datagrams_per_s == 0
         """True when no limit is set: callers may skip the bookkeeping entirely."""
 
@@ -137,10 +151,15 @@ class Pacer:
         if self.unlimited:
             return 0.0
         catch_up = self._catch_up if backlogged else 0.0
-        return max(
+        wait = max(
             self._bytes.delay(size, now, catch_up=catch_up),
             self._datagrams.delay(1, now, catch_up=catch_up),
         )
+        if 0.0 < wait < self._min_wait:
+            # Wake for a batch of datagrams, not one: the tokens that gather meanwhile leave
+            # together (a GSO run), within the burst, so the average and the burst are unchanged.
+            return self._min_wait
+        return wait
 
     def room(self) -> tuple[float, float]:
         """``(bytes, datagrams)`` that may leave together right after a ``delay`` that said 0:

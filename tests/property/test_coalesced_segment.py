@@ -11,7 +11,7 @@ split only where a second datagram's magic follows a length-framed first one.
 
 from __future__ import annotations
 
-import os
+import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -33,11 +33,14 @@ def datagrams(draw: st.DrawFn) -> list[bytes]:
         compression=draw(st.sampled_from(["none", "zstd"])),
         allow_cleartext=not keyed,
     )
-    encoder = Encoder(wire, ring, session_id=os.urandom(16))
+    # Bytes from a drawn seed, not os.urandom: zstd may shrink random bytes by a few, and the
+    # datagram lengths bound later draws, which hypothesis requires to replay identically.
+    rng = random.Random(draw(st.integers(0, 2**32)))
+    encoder = Encoder(wire, ring, session_id=rng.randbytes(16))
     out: list[OutgoingDatagram] = []
     values = draw(st.lists(st.integers(0, 200_000), min_size=1, max_size=6))
     for offset, n in enumerate(values):
-        value = os.urandom(n) if draw(st.booleans()) else b"text " * (n // 5)
+        value = rng.randbytes(n) if draw(st.booleans()) else b"text " * (n // 5)
         out += encoder.add("topic", offset % 3, offset, 0, 1, b"key", value, (), 0.0)
         if draw(st.booleans()):
             out += encoder.withhold("topic", 7, offset, 0.0)

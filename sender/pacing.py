@@ -16,9 +16,8 @@ off at ``burst``, or the average would fall below ``rate`` whenever the loop is 
 of a redundant datagram is paced like any other datagram. A run of datagrams handed to the kernel
 in one call (UDP GSO) is paced per datagram: it may leave only when every datagram in it would
 have left at once on its own, without debt (``room``), so a run is never larger than the burst.
-A wait is never shorter than ``MIN_WAIT`` (or either burst, if that is shorter):
-a paced sender wakes about every two milliseconds and sends what the rate allowed in it, instead of
-waking once per datagram.
+A wait is never shorter than ``MIN_WAIT`` (or either burst, if that is shorter): a paced sender
+wakes about every two milliseconds and sends what the rate allowed in it, not once per datagram.
 
 Pure (docs/design.md, "A sans-IO core"): the caller passes ``now`` (seconds, monotonic); nothing
 here sleeps or reads a clock, so tests drive it with a fake clock.

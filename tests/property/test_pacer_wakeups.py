@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from sender.pacing import MIN_WAIT, Pacer, PacingConfig
@@ -44,8 +44,7 @@ def test_waits_are_long_and_the_rate_and_bursts_hold(
     late: float,
     seed: int,
 ) -> None:
-    if bytes_per_s == 0 and datagrams_per_s == 0:
-        return
+    assume(bytes_per_s or datagrams_per_s)  # unlimited: no waits at all
     config = PacingConfig(
         bytes_per_s=bytes_per_s,
         datagrams_per_s=datagrams_per_s,

@@ -296,6 +296,14 @@ class ListAction(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         given = [values] if isinstance(values, str) or values is None else list(values)
+        if not given:
+            # argparse (3.11) takes a value of exactly "--" (``--topics=--``) for the end of the
+            # options and hands over nothing: refuse rather than drop an item silently
+            raise argparse.ArgumentError(
+                self,
+                'a value of exactly "--" is read as the end of the options; give that item in '
+                "the configuration file or the environment",
+            )
         items: list[Any] = []
         for value in given:
             text = "" if value is None else str(value)

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from common import settings
@@ -209,6 +209,8 @@ def test_the_loader_keeps_repeats_and_flags_replace_lower_layers(
 ) -> None:
     import argparse  # noqa: PLC0415
 
+    # a flag value of exactly "--" is refused (the next test)
+    assume("--" not in (",".join(first), ",".join(second)))
     parser = argparse.ArgumentParser(allow_abbrev=False)
     settings.add_flags(parser, _Lists)
     env = {"X_ITEMS": ",".join(env_items)} if env_items else {}
@@ -227,6 +229,23 @@ def test_the_loader_keeps_repeats_and_flags_replace_lower_layers(
         _Lists, file_values={"items": file_items}, env=env, env_prefix="X_", flags={}
     )
     assert unflagged.items == tuple(env_items or file_items)
+
+
+def test_a_list_flag_of_exactly_two_dashes_is_refused_not_dropped(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """argparse reads ``--items=--`` as the end of the options and hands over no value: the
+    item would vanish, so the command line stops with a message instead."""
+    import argparse  # noqa: PLC0415
+
+    parser = argparse.ArgumentParser(allow_abbrev=False)
+    settings.add_flags(parser, _Lists)
+    try:
+        parsed = parser.parse_args(["--items=a", "--items=--"])
+    except SystemExit:
+        assert 'exactly "--"' in capsys.readouterr().err
+    else:  # an argparse that hands the value over keeps it
+        assert parsed.items == ["a", "--"]
 
 
 # -- dedup environment typos ------------------------------------------------------------------

@@ -284,13 +284,17 @@ def tree_members() -> list[tuple[int, str, list[str]]]:
 def tree_cpu() -> dict[str, float]:
     """CPU seconds (user + system) of ``tree_members``, by kind: ``driver`` (this Python
     process), ``jvm`` (Spark's JVM: driver and executor in local mode), ``workers`` (Python
-    workers: the stateful step and the write tasks). Robust to other load."""
+    workers: the stateful step and the write tasks), ``reaped`` (short-lived processes they
+    started and waited for, such as the ``readlink`` and ``chmod`` that Hadoop's local file
+    system runs per checkpoint file). Robust to other load."""
     tick = os.sysconf("SC_CLK_TCK")
     me = os.getpid()
-    out = {"driver": 0.0, "jvm": 0.0, "workers": 0.0}
+    out = {"driver": 0.0, "jvm": 0.0, "workers": 0.0, "reaped": 0.0}
     for pid, comm, fields in tree_members():
         kind = "driver" if pid == me else "jvm" if comm == "java" else "workers"
         out[kind] += (int(fields[11]) + int(fields[12])) / tick
+        if pid != me:  # the driver's children are members, counted above while they live
+            out["reaped"] += (int(fields[13]) + int(fields[14])) / tick
     return out
 
 
@@ -732,7 +736,12 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             env["MAX_OFFSETS_PER_TRIGGER"] = "200000"  # v1's default before runs
         return from_sources(env, {"spark_conf": args.spark_conf} if args.spark_conf else {})
 
-    spark = job.build_session(config("x", "runs"), [str(p) for p in spark_connector_jars()])
+    # the session's settings are the layout's (a direct checkpoint's file manager), as the
+    # dedup's own for that layout; ``both`` takes Spark's defaults
+    session_layout = args.state_layout if args.state_layout != "both" else "buckets"
+    spark = job.build_session(
+        config("x", "runs", session_layout), [str(p) for p in spark_connector_jars()]
+    )
     results: dict[str, dict] = {}
 
     def passthrough(name: str) -> None:

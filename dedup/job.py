@@ -36,7 +36,7 @@ from dedup import spark_compat
 from dedup.clean_topics import create_dedup_topics
 from dedup.config import DedupConfig
 from dedup.detect import DetectParams
-from dedup.layouts import checkpoint_layout, implementation, session_layout
+from dedup.layouts import LayoutImpl, checkpoint_layout, implementation, session_layout
 from dedup.writer_settings import KAFKA_TIMEOUT_S
 from runtime import kafka
 
@@ -74,16 +74,21 @@ JVM_ENV = {"MALLOC_ARENA_MAX": "2"}
 CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 
 
-def checkpoint_conf() -> dict[str, str]:
+CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+
+
+def checkpoint_conf(layout: LayoutImpl) -> dict[str, str]:
     """Spark settings for how the state is committed (driver and executors).
 
     RocksDB commits a changelog per batch instead of uploading a snapshot of each state
     partition (a snapshot every few batches, in the background); Spark reads either form and
-    switches an existing checkpoint in both directions. The checkpoint file manager stays
-    Spark's: the ``FileSystem``-based one avoids ``FileContext``'s ``readlink`` processes but
-    made a 32-topic backlog 19 % dearer (docs/benchmarks.md "Dedup").
+    switches an existing checkpoint in both directions. The checkpoint file manager is the
+    layout's (``LayoutImpl.CHECKPOINT_FILE_MANAGER``).
     """
-    return {CHANGELOG_CHECKPOINTING: "true"}
+    conf = {CHANGELOG_CHECKPOINTING: "true"}
+    if layout.CHECKPOINT_FILE_MANAGER:
+        conf[CHECKPOINT_FILE_MANAGER] = layout.CHECKPOINT_FILE_MANAGER
+    return conf
 
 
 # -- session and query -----------------------------------------------------------------------
@@ -127,7 +132,7 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         # interval instead of one per trigger, each with a fixed cost (docs/dedup-internals.md
         # "How it works")
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-        **checkpoint_conf(),
+        **checkpoint_conf(layout),
     }
     if launched_here:
         # under spark-submit the driver's JVM runs already and spark-defaults.conf is the

@@ -133,6 +133,8 @@ class LayoutImpl(Protocol):
     DRIVER_MEMORY: str
     #: the raw topic must exist before a new checkpoint's first start (``dedup/runner.py`` waits)
     NEEDS_RAW_TOPIC: bool
+    #: Spark's ``checkpointFileManagerClass`` for a local checkpoint ("": Spark's own)
+    CHECKPOINT_FILE_MANAGER: str
 
     def source_topics(self, config: DedupConfig) -> tuple[str, ...]:
         """The topics the query's Kafka source subscribes to."""

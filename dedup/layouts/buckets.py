@@ -43,6 +43,10 @@ ARROW_MAX_BYTES_PER_BATCH: Final = 16 << 20
 DRIVER_MEMORY: Final = ""
 #: the raw topic may come later (the query subscribes to it by name)
 NEEDS_RAW_TOPIC: Final = False
+#: Spark's own (Hadoop's ``FileContext``): the ``FileSystem``-based manager, which this layout's
+#: RocksDB files go through as well, made a 32-topic backlog 19 % dearer (13.1 against 10.9
+#: CPU-s per M records, why was not found).
+CHECKPOINT_FILE_MANAGER: Final = ""
 
 
 def plan(

@@ -46,6 +46,16 @@ ARROW_MAX_BYTES_PER_BATCH: Final = 4 << 20
 DRIVER_MEMORY: Final = "512m"
 #: the raw topic must exist before a new checkpoint's first start (its count is recorded)
 NEEDS_RAW_TOPIC: Final = True
+#: Spark's checkpoint file manager over Hadoop's ``FileSystem`` API, not ``FileContext``: for a
+#: local path without Hadoop's native library (pyspark ships none) ``FileContext`` starts a
+#: ``readlink`` process per path of every rename, 16 per batch for the offset and commit logs,
+#: ~55 ms of CPU per micro-batch outside the JVM (docs/benchmarks.md "Dedup"). A direct
+#: checkpoint is local (``session_layout``) and holds only those logs (its state is in Kafka);
+#: on a local disk neither manager's rename is atomic (each checks that the file is new first),
+#: and the effectively-once argument rests on the fence, not on it (``dedup/commit.py``).
+CHECKPOINT_FILE_MANAGER: Final = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
 
 #: The state topic (created by the job): a record holds a raw partition's whole container of
 #: detectors, and compaction keeps each key's last; segments roll every 10 minutes so that the

@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
-from dedup.job import CHANGELOG_CHECKPOINTING, checkpoint_conf
+from dedup.job import CHANGELOG_CHECKPOINTING, CHECKPOINT_FILE_MANAGER, checkpoint_conf
+from dedup.layouts import buckets, direct
 
 
-def test_the_state_commits_as_changelogs_and_spark_keeps_its_file_manager() -> None:
-    conf = checkpoint_conf()
+def test_a_buckets_checkpoint_commits_changelogs_through_sparks_own_file_manager() -> None:
+    conf = checkpoint_conf(buckets)
     assert conf[CHANGELOG_CHECKPOINTING] == "true"
-    # docs/benchmarks.md "Dedup": the FileSystem-based manager made a
-    # 32-topic backlog 19 % dearer
-    assert "spark.sql.streaming.checkpointFileManagerClass" not in conf
+    # docs/benchmarks.md "Dedup": the FileSystem-based manager made a 32-topic backlog of
+    # this layout 19 % dearer
+    assert CHECKPOINT_FILE_MANAGER not in conf
+
+
+def test_a_direct_checkpoint_writes_its_logs_without_readlink_processes() -> None:
+    conf = checkpoint_conf(direct)
+    assert conf[CHECKPOINT_FILE_MANAGER].endswith(".FileSystemBasedCheckpointFileManager")

@@ -7,7 +7,8 @@ Two child processes per case, each timing only its own CPU (user + system, ``tim
   -> ``UdpSender`` on uvloop, fed in bursts of ``--batch`` records (as a consumer batch would be),
   values pre-generated random bytes (incompressible) and 16-byte keys;
 - **receiver**: the real receive path without Kafka: ``open_udp_socket`` + ``SocketDrainer`` ->
-  ``Decoder`` -> ``RunCoalescer`` (the raw layout v2 run values the raw producer would be given).
+  ``Decoder`` (and ``FecDecoder`` keeping the authentic sources) -> ``RunCoalescer`` (the
+  raw layout v2 run values the raw producer would be given).
 
 Per record size (``--sizes``, default 200 B, 1 KB, 10 KB, 100 KB) and per mode (``--modes``: ``off``
 = one datagram per system call on both sides, ``on`` = UDP GSO on the sender and UDP GRO on the
@@ -59,6 +60,7 @@ from common.wire import (
     WireConfig,
     coalesced_segment,
 )
+from common.wire.fec import FecDecoder, FecLimits
 from receiver.runs import RunCoalescer
 from receiver.transport import SocketDrainer, open_udp_socket
 from sender.pacing import Pacer, PacingConfig
@@ -103,6 +105,10 @@ def receiver_main(
     (``Receiver._on_coalesced``)."""
     ring = KeyRing([Key.from_material(key)])
     decoder = Decoder(wire, ring)
+    # every authentic source is kept for FEC, whether the sender sends repairs or not
+    fec = FecDecoder(
+        FecLimits(replay_window=wire.replay_window, max_sessions=wire.max_sessions), ring
+    )
     runs = RunCoalescer(8 * 1024 * 1024, 0.05)
     finished: list[Any] = []
     state = {"records": 0, "value_bytes": 0, "datagrams": 0, "first": 0.0, "last": 0.0}
@@ -121,7 +127,10 @@ def receiver_main(
                 state["first"] = time.monotonic()
             state["datagrams"] += 1
             now = loop.time()
+            authenticated = decoder.authenticated
             decoder.receive_datagram(data, now)
+            if decoder.authenticated != authenticated:
+                fec.add_source(data, now)
             events(now)
 
         def on_coalesced(data: bytes, segment: int) -> None:
@@ -134,6 +143,7 @@ def receiver_main(
                 used = decoder.receive_coalesced(data, start, segment, now)
                 if not used:
                     break
+                fec.add_sources(data, start, start + used, segment, now)
                 state["datagrams"] += -(-used // segment)
                 start += used
                 events(now)

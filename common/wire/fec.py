@@ -570,10 +570,14 @@ class FecDecoder:
         self._replay = ReplayGuard(window=limits.replay_window, max_sessions=limits.max_sessions)
         self._aeads: OrderedDict[tuple[int, bytes], tuple[Key, AESGCM]] = OrderedDict()
         self._decoders = _Decoders()
-        #: Recent authenticated sources by envelope bytes 8..31 (session id || sequence): one
-        #: slice and one dict store per datagram, the receiver's whole cost without FEC.
+        #: Recent authenticated sources by envelope bytes 8..31 (session id || sequence), in
+        #: arrival order in ``_order``. Reads handed in since a block last looked (``_reads``:
+        #: arrival time, buffer, start, stop, datagram size) join them only when a block looks
+        #: (``_index``): without FEC a read costs one append, not a slice and two stores per
+        #: datagram (~1.4 us, a fifth of the receiver's CPU per byte at 10 KB records).
         self._sources: dict[bytes, bytes] = {}
         self._order: deque[tuple[float, bytes, int]] = deque()
+        self._reads: deque[tuple[float, bytes, int, int, int]] = deque()
         self._source_bytes = 0
         self._pending: OrderedDict[tuple[bytes, int], _Pending] = OrderedDict()
         self._pending_bytes = 0
@@ -644,21 +648,10 @@ class FecDecoder:
         n = len(data)
         if n < _MIN_DATAGRAM:
             return []
-        key = data[8:32]
-        sources = self._sources
-        if key in sources:
-            return []
-        sources[key] = data
-        order = self._order
-        order.append((now, key, n))
-        self._source_bytes += n
-        if (
-            self._source_bytes > self._limits.max_source_bytes
-            or order[0][0] < now - self._limits.block_timeout
-        ):
-            self._trim_sources(now)
+        self._keep(data, 0, n, n, now)
         if self._waiting:
-            block_key = self._waiting.get(key)
+            self._index()
+            block_key = self._waiting.get(data[8:32])
             if block_key is not None:
                 block = self._pending.get(block_key)
                 if block is not None:
@@ -674,6 +667,10 @@ class FecDecoder:
     def add_sources(self, data: bytes, start: int, stop: int, step: int, now: float) -> list[bytes]:
         """``add_source`` for each datagram of ``step`` bytes (the last may be shorter) in
         ``data[start:stop]``, a coalesced read the decoder authenticated whole."""
+        if not self._waiting:  # no block can rebuild now: the read is kept whole
+            if stop > start:
+                self._keep(data, start, stop, step, now)
+            return []
         rebuilt: list[bytes] = []
         for at in range(start, stop, step):
             more = self.add_source(data[at : min(at + step, stop)], now)
@@ -681,14 +678,46 @@ class FecDecoder:
                 rebuilt += more
         return rebuilt
 
+    def _keep(self, data: bytes, start: int, stop: int, step: int, now: float) -> None:
+        """Keep the datagrams of ``step`` bytes in ``data[start:stop]`` for ``_index``."""
+        self._reads.append((now, data, start, stop, step))
+        self._source_bytes += stop - start
+        oldest = self._order[0][0] if self._order else self._reads[0][0]
+        if (
+            self._source_bytes > self._limits.max_source_bytes
+            or oldest < now - self._limits.block_timeout
+        ):
+            self._trim_sources(now)
+
+    def _index(self) -> None:
+        """Every kept read's datagrams into ``_sources`` (a repeat of a source kept already, or
+        a datagram too short to be one, is let go and its bytes uncounted)."""
+        reads, sources, order = self._reads, self._sources, self._order
+        while reads:
+            now, data, start, stop, step = reads.popleft()
+            for at in range(start, stop, step):
+                end = min(at + step, stop)
+                n = end - at
+                key = data[at + 8 : at + 32]
+                if n < _MIN_DATAGRAM or key in sources:
+                    self._source_bytes -= n
+                    continue
+                sources[key] = data if n == len(data) else data[at:end]
+                order.append((now, key, n))
+
     def _trim_sources(self, now: float) -> None:
-        order, sources = self._order, self._sources
+        """Forget the oldest sources while over ``max_source_bytes`` or older than the block
+        timeout: indexed ones first, then whole reads (all newer than any indexed one)."""
+        order, sources, reads = self._order, self._sources, self._reads
         too_old = now - self._limits.block_timeout
         limit = self._limits.max_source_bytes
         while order and (self._source_bytes > limit or order[0][0] < too_old):
             _, key, size = order.popleft()
             self._source_bytes -= size
             sources.pop(key, None)
+        while reads and (self._source_bytes > limit or reads[0][0] < too_old):
+            _, _, start, stop, _ = reads.popleft()
+            self._source_bytes -= stop - start
 
     # -- repairs ---------------------------------------------------------------------------
 
@@ -712,6 +741,7 @@ class FecDecoder:
         """Forget a block that cannot be rebuilt (timed out, evicted, or inconsistent)."""
         self._forget(block)
         self.blocks_unrecoverable += 1
+        self._index()
         have = self._sources
         missing = sum(k not in have for k in block.keys)
         self._observe(block, missing, failed=True)
@@ -849,6 +879,7 @@ class FecDecoder:
 
     def _attempt(self, block: _Pending) -> list[bytes]:
         session = block.key[0]
+        self._index()
         have = self._sources
         keys = block.keys
         missing = [i for i, key in enumerate(keys) if key not in have]

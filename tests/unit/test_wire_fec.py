@@ -395,6 +395,36 @@ def test_interleaved_repairs_go_out_interleaved_and_never_wait_past_the_latency(
     assert fec.next_deadline() is None
 
 
+def test_sources_kept_a_read_at_a_time_rebuild_what_the_repairs_allow() -> None:
+    """The receiver hands its GRO reads over whole (``add_sources``), and they are indexed only
+    when a block looks: a block whose repairs come after its sources still finds them and
+    rebuilds the one source lost, exactly as with the sources handed over one by one."""
+    sources, wire = encode_with_repairs(fec_config(), RECORDS)
+    lost = sources[5]
+    outcomes = []
+    for whole in (True, False):
+        fec = FecDecoder(FecLimits(block_timeout=10.0), ring())
+        rebuilt: list[bytes] = []
+        run: list[bytes] = []
+        for d in [*wire, b""]:  # b"": the end, which hands over the last run
+            if run and (not d or is_repair(d) or len(d) != len(run[0])):
+                data = b"".join(run)
+                if whole:
+                    rebuilt += fec.add_sources(data, 0, len(data), len(run[0]), 0.0)
+                else:
+                    for x in run:
+                        rebuilt += fec.add_source(x, 0.0)
+                run = []
+            if is_repair(d):
+                rebuilt += fec.receive_repair(d, 0.0)
+            elif d and d is not lost:
+                run.append(d)
+        outcomes.append((rebuilt, fec.blocks_recovered, fec.blocks_complete))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][0] == [lost]
+    assert outcomes[0][1] == 1
+
+
 def test_sources_age_out_as_new_ones_arrive_without_any_timer() -> None:
     sources, _ = encode_with_repairs(fec_config(), RECORDS)
     fec = FecDecoder(FecLimits(block_timeout=1.0), ring())

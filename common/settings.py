@@ -296,7 +296,7 @@ class ListAction(argparse.Action):
         option_string: str | None = None,
     ) -> None:
         given = [values] if isinstance(values, str) or values is None else list(values)
-        if not given:
+        if not given and self.nargs != "*":
             # argparse (3.11) takes a value of exactly "--" (``--topics=--``) for the end of the
             # options and hands over nothing: refuse rather than drop an item silently
             raise argparse.ArgumentError(

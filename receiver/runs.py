@@ -135,9 +135,17 @@ class RunCoalescer:
             self._close(ident, out)
             builder = None
         max_bytes = self._max_bytes
-        if builder is not None and self._extend(builder, group, max_bytes):
-            self.records += len(group)
-            return
+        if builder is not None:
+            offsets = group.offsets
+            if len(offsets) == 1:  # a record that filled a datagram alone: the usual from 1 KB
+                if not group.headers[0] and builder.append_next(
+                    offsets[0], group.timestamps[0], group.keys[0], group.values[0], max_bytes
+                ):
+                    self.records += 1
+                    return
+            elif self._extend(builder, group, max_bytes):
+                self.records += len(offsets)
+                return
         added = 0
         for offset, timestamp, key, value, headers in zip(
             group.offsets, group.timestamps, group.keys, group.values, group.headers, strict=True

@@ -731,10 +731,24 @@ def _item(data: bytes, pos: int, end: int) -> tuple[bytes | None, int]:
         return None, pos + 1
     if b != 2:
         return None, -1
-    n, pos = _read_long(data, pos + 1, end)
+    c = data[pos + 1]
+    if c < 0x80:  # a length below 64, or (two bytes) below 8192: no call
+        n, pos = _ZIGZAG[c], pos + 2
+    elif (d := data[pos + 2]) < 0x80:
+        acc = (c & 0x7F) | d << 7
+        n, pos = (acc >> 1) ^ -(acc & 1), pos + 3
+    else:
+        n, pos = _read_long(data, pos + 1, end)
     if n < 0 or pos + n > end:
         return None, -1
     return data[pos : pos + n], pos + n
+
+
+#: The head (topic length, topic, partition, timestamp type) and the timestamp of the last
+#: one-record batch read, raw and decoded: a stream's consecutive datagrams repeat both, and a
+#: varint's bytes say where it ends, so equal bytes are the same values. Tuples: one read each.
+_LAST_HEAD: list[tuple[bytes, str, int, int]] = [(b"", "", 0, 0)]
+_LAST_TS: list[tuple[bytes, int]] = [(b"\x00", 0)]
 
 
 def _one_record(data: bytes) -> tuple[tuple[RecordGroup, ...], int] | None:
@@ -754,14 +768,30 @@ def _one_record(data: bytes) -> tuple[tuple[RecordGroup, ...], int] | None:
     pos = 2 + (b >> 1)
     if b >= 0x80 or b & 1 or pos + 2 > end:
         return None
-    partition = data[pos]
-    ts_type = data[pos + 1]
-    if partition >= 0x80 or partition & 1 or ts_type > 4 or ts_type & 1:
-        return None
+    raw_head, topic, partition, ts_type = _LAST_HEAD[0]
+    if data[1 : pos + 2] != raw_head:
+        partition = data[pos]
+        ts_type = data[pos + 1]
+        if partition >= 0x80 or partition & 1 or ts_type > 4 or ts_type & 1:
+            return None
+        try:
+            topic = data[2:pos].decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        if not 0 < len(topic) <= _MAX_TOPIC_LENGTH or "\x00" in topic:
+            return None
+        partition >>= 1
+        ts_type >>= 1
+        _LAST_HEAD[0] = (data[1 : pos + 2], topic, partition, ts_type)
     try:
-        topic = data[2:pos].decode("utf-8")
         offset, pos = _read_long(data, pos + 2, end)
-        timestamp, pos = _read_long(data, pos, end)
+        raw_ts, timestamp = _LAST_TS[0]
+        if data[pos : pos + len(raw_ts)] == raw_ts:
+            pos += len(raw_ts)
+        else:
+            start = pos
+            timestamp, pos = _read_long(data, pos, end)
+            _LAST_TS[0] = (data[start:pos], timestamp)
         if data[pos : pos + 7] != _ONE_RECORD_DELTAS:
             return None
         key, pos = _item(data, pos + 7, end)
@@ -770,20 +800,18 @@ def _one_record(data: bytes) -> tuple[tuple[RecordGroup, ...], int] | None:
         value, pos = _item(data, pos + 2, end)
         if pos < 0:
             return None
-    except (IndexError, UnicodeDecodeError, RemoteProtocolError):
+    except (IndexError, RemoteProtocolError):
         return None
     if (
         data[pos:] != _ONE_RECORD_END
         or not 0 <= offset <= _INT64_MAX
         or not _INT64_MIN <= timestamp <= _INT64_MAX
-        or not 0 < len(topic) <= _MAX_TOPIC_LENGTH
-        or "\x00" in topic
     ):
         return None
     group = _new(RecordGroup)
     _g_topic(group, topic)
-    _g_partition(group, partition >> 1)
-    _g_ts_type(group, ts_type >> 1)
+    _g_partition(group, partition)
+    _g_ts_type(group, ts_type)
     _g_offsets(group, (offset,))
     _g_timestamps(group, (timestamp,))
     _g_keys(group, (key,))

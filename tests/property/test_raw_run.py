@@ -109,6 +109,67 @@ def test_mangled_runs_decode_as_fastavro_or_are_malformed(run: RunBuilder, seed:
         assert got == expected
 
 
+def _state(builder: RunBuilder) -> tuple[object, ...]:
+    return builder.size, builder.count, builder.last, builder.stride, builder.encode()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.integers(-(1 << 64), 1 << 64),
+            st.none() | st.binary(max_size=40),
+            st.none() | st.binary(max_size=20_000),
+            st.sampled_from([1, 1, 1, 0, 2]),  # the offset's step from the last
+        ),
+        min_size=2,
+        max_size=40,
+    ),
+    st.integers(0, 1 << 40),
+    st.integers(100, 60_000),
+    st.booleans(),
+)
+def test_append_next_is_append_or_nothing(
+    records: list[tuple[int, bytes | None, bytes | None, int]],
+    first: int,
+    cap: int,
+    strided: bool,
+) -> None:
+    """``RunBuilder.append_next`` adds what ``append`` adds for a record that continues the
+    run by stride 1 with a timestamp delta that fits and room under the cap, and nothing
+    (returning False) for any other: a stride that is not 1, a delta out of range, no room."""
+    base_ts = records[0][0] % (1 << 40)
+    ours = RunBuilder("t", 3, 1, first, base_ts)
+    reference = RunBuilder("t", 3, 1, first, base_ts)
+    for builder in (ours, reference):
+        builder.append(first, base_ts, records[0][1], records[0][2], ())
+        if strided:  # a run of every other offset (a share chain's)
+            builder.append(first + 2, base_ts, None, None, ())
+    for ts, key, value, step in records[1:]:
+        offset = ours.last + step
+        before = _state(ours)
+        taken = ours.append_next(offset, ts, key, value, cap)
+        follows = step == 1 and ours.stride <= 1 and -(1 << 63) <= ts - base_ts < 1 << 63
+        if taken:
+            reference.append(offset, ts, key, value, ())
+            assert follows
+            assert ours.size <= cap
+            assert _state(ours) == _state(reference)
+        else:
+            assert _state(ours) == before
+            if follows:  # refused only for want of room
+                assert ours.size + _grown(offset - first, ts - base_ts, key, value) > cap
+
+
+def _grown(delta: int, ts_delta: int, key: bytes | None, value: bytes | None) -> int:
+    """What ``append`` adds to the size for a record without headers (its own arithmetic)."""
+    probe = RunBuilder("t", 3, 1, 0, 0)
+    probe.append(0, 0, None, None, ())
+    size = probe.size
+    probe.append(delta, ts_delta, key, value, ())
+    return probe.size - size
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(

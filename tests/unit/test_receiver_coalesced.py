@@ -12,6 +12,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from common.wire import Encoder, RecordBatch, WireConfig
 from common.wire.keyring import Key, KeyRing
 from receiver import app as receiver_app
@@ -107,3 +109,53 @@ def test_while_an_fec_block_waits_a_coalesced_read_goes_one_by_one(tmp_path: Pat
     assert sink.records == expected
     assert whole.stats.snapshot() == one.stats.snapshot()
     assert whole._decoder.coalesced_messages == 0
+
+
+def _read_of_singles(ring: KeyRing, change: str) -> tuple[bytes, list[bytes], int]:
+    """A GRO read of twelve one-record datagrams of one size (a 1 KB record fills one), and the
+    first datagram of the session (sent before it); ``change`` alters the seventh."""
+    datagrams = _datagrams(ring, [bytes([n]) * 1000 for n in range(13)])
+    assert len({len(d) for d in datagrams}) == 1
+    first, rest = datagrams[0], datagrams[1:]
+    seventh = bytearray(rest[6])
+    if change == "tampered":  # fails its GCM tag
+        seventh[-1] ^= 1
+    elif change == "repair":  # the kind byte of a repair (docs/protocol.md §3), not a valid one
+        seventh[5] = 4
+    elif change == "foreign":  # not ours at all
+        seventh[:] = os.urandom(len(seventh))
+    rest[6] = bytes(seventh)
+    return b"".join(rest), [first, *rest], len(first)
+
+
+@pytest.mark.parametrize("change", ["none", "tampered", "repair", "foreign"])
+def test_a_read_of_whole_datagrams_reaches_the_sink_as_one_by_one(
+    tmp_path: Path, change: str
+) -> None:
+    """Datagrams that each hold whole records, decoded in one loop per read (``_on_singles``):
+    the same records, counters and FEC sources as one by one, whatever one datagram holds."""
+    key_file = tmp_path / "keys.json"
+    ring = KeyRing([Key.generate()])
+    key_files.write_keyring(ring, key_file)
+    read, datagrams, segment = _read_of_singles(ring, change)
+    one, one_sink = _receiver(key_file)
+    whole, whole_sink = _receiver(key_file)
+    try:
+        for data in datagrams:
+            one._on_datagram(data)
+        whole._on_datagram(datagrams[0])
+        whole._on_coalesced(read, segment)
+    finally:
+        for r in (one, whole):
+            assert r._loop is not None
+            r._loop.close()
+    lost = {"none": set(), "tampered": {7}, "repair": {7}, "foreign": {7}}[change]
+    assert [r[2] for r in whole_sink.records] == [n for n in range(13) if n not in lost]
+    assert whole_sink.records == one_sink.records
+    assert whole.stats.snapshot() == one.stats.snapshot()
+    # the loop kept the authentic datagrams before the seventh as one read (not one by one)
+    assert max((stop - start) // step for _, _, start, stop, step in whole.fec._reads) >= 6
+    for receiver in (one, whole):
+        receiver.fec._index()
+    assert whole.fec._sources.keys() == one.fec._sources.keys()
+    assert len(whole.fec._sources) == 13 - len(lost)

@@ -59,6 +59,7 @@ from common.wire import (
     RecordBatch,
     WireConfig,
     coalesced_segment,
+    message_goes_on,
 )
 from common.wire.fec import FecDecoder, FecLimits
 from receiver.runs import RunCoalescer
@@ -186,6 +187,7 @@ def receiver_main(
             on_error=lambda exc: None,
             on_coalesced=on_coalesced if coalesced else None,
             segment_of=coalesced_segment,
+            goes_on=message_goes_on,
         )
         drainer.start(loop)
         conn.send(sock.getsockname()[1])

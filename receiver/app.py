@@ -50,6 +50,7 @@ from common.wire import (
     ResendMarker,
     Withheld,
     coalesced_segment,
+    message_goes_on,
 )
 from common.wire.decoder import Decoder
 from common.wire.fec import FecDecoder, FecLimits, is_repair
@@ -263,6 +264,7 @@ class Receiver:
                 on_error=self._on_socket_error,
                 on_coalesced=self._on_coalesced,
                 segment_of=coalesced_segment,
+                goes_on=message_goes_on,
             )
         )
 

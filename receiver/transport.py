@@ -18,7 +18,8 @@ datagrams of one flow as one buffer, all of the size it reports in a ``UDP_GRO``
 what a sender's GSO run becomes, on a NIC what the driver's GRO coalesced. A coalesced buffer goes
 whole to ``on_coalesced`` (the receiver decodes the fragments of a large message in one call,
 ``Decoder.receive_coalesced``), consecutive reads of one segment size joined while the run may go
-on (``SocketDrainer._join``: a message of more than one GSO run), or, without ``on_coalesced``, is
+on (``SocketDrainer._join``: a message of more than one GSO run; with ``goes_on``, only while the
+last datagram read is a fragment before its message's last), or, without ``on_coalesced``, is
 split at that size into the datagrams the sender sent, each handed over on its own; a buffer of
 one datagram is handed over as it is. ``max_per_wakeup`` counts datagrams either way.
 
@@ -176,13 +177,18 @@ class SocketDrainer:
         gro: bool | None = None,
         on_coalesced: Callable[[bytes, int], None] | None = None,
         segment_of: Callable[[memoryview, int], int] | None = None,
+        goes_on: Callable[[bytes, int], bool] | None = None,
     ) -> None:
         """``gro``: read coalesced buffers (None: whether the socket has UDP GRO on);
         ``on_coalesced(data, segment)``, if given, takes such a buffer whole (its datagrams are
         ``segment`` bytes each but the last) instead of ``on_datagram`` per datagram;
         ``segment_of(buffer, nbytes)``, if given, says the segment size of a read from what it
         holds (0: one datagram; ``common.wire.coalesced_segment``), so that a GRO socket's reads
-        after the first of a wakeup are plain ``recv_into`` calls (see the module docstring)."""
+        after the first of a wakeup are plain ``recv_into`` calls (see the module docstring);
+        ``goes_on(data, segment)``, if given, says whether the message a coalesced read ends in
+        goes on in the next read (``common.wire.message_goes_on``); a read that ends its
+        messages is handed over at once, not joined with the next (without it, every read that
+        ends on a whole segment may be followed by more of its message)."""
         self._sock = sock
         self._on_datagram = on_datagram
         self._on_coalesced = on_coalesced
@@ -203,6 +209,7 @@ class SocketDrainer:
         self.coalesced = 0
         """Reads that returned two or more datagrams at once (UDP GRO)."""
         self._segment_of = segment_of
+        self._goes_on = goes_on
         self._held: list[bytes] = []  # coalesced reads joined into one run (``_join``)
         self._held_segment = 0
         self._held_bytes = 0
@@ -325,8 +332,15 @@ class SocketDrainer:
         self._held.append(data)
         self._held_segment = segment
         self._held_bytes += len(data)
-        if len(data) % segment or self._held_bytes >= MAX_JOINED_BYTES:
-            self._flush()  # a shorter last datagram ends the run (or the bound is reached)
+        if (
+            len(data) % segment
+            or self._held_bytes >= MAX_JOINED_BYTES
+            or (self._goes_on is not None and not self._goes_on(data, segment))
+        ):
+            # A shorter last datagram ends the run, or the last one ends its message (reads of
+            # whole one-datagram messages: a 1 KB record each), or the bound is reached.
+            # Joining them anyway cost a copy into a fresh buffer of up to 1 MB per read.
+            self._flush()
 
     def _flush(self) -> None:
         """Hand over the run kept by ``_join`` (if any)."""

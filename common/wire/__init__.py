@@ -9,7 +9,7 @@ from common.errors import RecordTooLarge
 from common.wire.config import WireConfig, fragment_capacity
 from common.wire.decoder import Decoder
 from common.wire.encoder import Encoder, OutgoingDatagram, SequenceExhaustedError
-from common.wire.envelope import coalesced_segment
+from common.wire.envelope import coalesced_segment, message_goes_on
 from common.wire.events import (
     Dropped,
     DropReason,
@@ -46,4 +46,5 @@ __all__ = [
     "format_key_id",
     "fragment_capacity",
     "key_id_for",
+    "message_goes_on",
 ]

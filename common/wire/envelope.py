@@ -39,6 +39,8 @@ CIPHER_AES_256_GCM: Final = 1
 #: fragment count, message length — all big-endian, no padding.
 HEADER: Final = struct.Struct(">4sBBBB16sQIHHI")
 HEADER_SIZE: Final = HEADER.size
+#: Where a header's fragment index and count are (``HEADER``: ..., key id, index, count, total).
+_FRAGMENT_AT: Final = HEADER_SIZE - 8
 TAG_SIZE: Final = 16
 SESSION_ID_SIZE: Final = 16
 MAX_SEQUENCE: Final = (1 << 64) - 1
@@ -165,6 +167,18 @@ def frame(header: bytes, payload: bytes) -> bytes:
     n = len(payload)
     prefix = SMALL_LONGS[n] if n < (1 << 14) else encode_long(n)
     return b"".join((header, prefix, payload))
+
+
+def message_goes_on(data: bytes, segment: int) -> bool:
+    """Whether the last datagram of a coalesced read (datagrams of ``segment`` bytes, the last
+    possibly shorter) says it is a fragment before its message's last: the message goes on in
+    the next read. Only where a receiver ends a buffer depends on it (receiver/transport.py,
+    ``SocketDrainer._join``), never what is decoded, so a datagram that lies costs nothing but
+    a join."""
+    at = (len(data) - 1) // segment * segment + _FRAGMENT_AT
+    if at + 4 > len(data):
+        return False
+    return (data[at] << 8 | data[at + 1]) + 1 < (data[at + 2] << 8 | data[at + 3])
 
 
 def coalesced_segment(data: bytes | bytearray | memoryview, nbytes: int) -> int:

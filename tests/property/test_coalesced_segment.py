@@ -16,8 +16,16 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from common.wire import Encoder, Key, KeyRing, OutgoingDatagram, WireConfig, coalesced_segment
-from common.wire.envelope import MAGIC
+from common.wire import (
+    Encoder,
+    Key,
+    KeyRing,
+    OutgoingDatagram,
+    WireConfig,
+    coalesced_segment,
+    message_goes_on,
+)
+from common.wire.envelope import HEADER, MAGIC
 from common.wire.fec import FecConfig, FecEncoder
 
 KEY = Key.from_material(b"k" * 32)
@@ -89,3 +97,35 @@ def test_any_bytes_split_only_before_a_second_magic(raw: bytes, cut: int) -> Non
         assert 0 < segment < len(data)
         assert data[:4] == MAGIC
         assert data[segment : segment + 4] == MAGIC
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.data())
+def test_a_read_goes_on_exactly_when_it_ends_before_a_messages_last_fragment(
+    data: st.DataObject,
+) -> None:
+    """``message_goes_on`` looks at a read's last datagram: a fragment of a message other than
+    its last says the message goes on in the next read; every other datagram the sender emits
+    (a message's last fragment, a message in one datagram, heartbeats, markers, repairs) ends
+    it, whatever datagrams of the read's segment size come before it."""
+    sent = datagrams(data.draw)
+    for datagram in sent:
+        *_, index, count, _total = HEADER.unpack_from(datagram)
+        expected = index + 1 < count
+        assert message_goes_on(datagram, len(datagram)) is expected
+        before = [d for d in sent if len(d) >= len(datagram)]
+        segment = max(len(d) for d in before)
+        read = b"".join(d for d in before if len(d) == segment) + datagram
+        assert message_goes_on(read, segment) is expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.integers(1, 100))
+def test_any_bytes_may_only_join_reads(raw: bytes, segment: int) -> None:
+    """Bytes too short for a header never say a message goes on (and nothing raises)."""
+    if not raw:
+        return
+    goes_on = message_goes_on(raw, segment)
+    last = (len(raw) - 1) // segment * segment
+    if len(raw) - last < HEADER.size - 4:
+        assert goes_on is False

@@ -18,8 +18,17 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.wire import Decoder, Encoder, Key, KeyRing, RecordBatch, WireConfig, coalesced_segment
-from common.wire.envelope import HEADER_SIZE, MAGIC, encode_long
+from common.wire import (
+    Decoder,
+    Encoder,
+    Key,
+    KeyRing,
+    RecordBatch,
+    WireConfig,
+    coalesced_segment,
+    message_goes_on,
+)
+from common.wire.envelope import HEADER, HEADER_SIZE, MAGIC, encode_long
 from receiver import transport
 from receiver.transport import SocketDrainer, open_udp_socket
 from sender.transport import GSO_MAX_BYTES, GSO_MAX_SEGMENTS, SendResult, UdpSender, gso_supported
@@ -39,12 +48,17 @@ split_by_length: list[int] = []
 
 @contextmanager
 def link(
-    *, gro: bool, joined: list[tuple[int, int]] | None = None, framed: bool = False
+    *,
+    gro: bool,
+    joined: list[tuple[int, int]] | None = None,
+    framed: bool = False,
+    goes_on: bool = False,
 ) -> Iterator[tuple[UdpSender, SocketDrainer, list[bytes]]]:
     """``joined``: take coalesced reads whole (``on_coalesced``), noting (datagrams, segment)
     of each buffer handed over, and split them here; ``framed``: the datagrams are framed as
     the wire frames them, and reads after a wakeup's first are split by what they hold
-    (``segment_of``), not by the kernel's word."""
+    (``segment_of``), not by the kernel's word; ``goes_on``: reads are joined only while their
+    last datagram says its message goes on (``message_goes_on``)."""
     sock, _ = open_udp_socket("127.0.0.1", 0, reuse_port=False, rcvbuf=32 << 20, gro=gro)
     got: list[bytes] = []
     split_by_length.clear()
@@ -69,6 +83,7 @@ def link(
         on_error=pytest.fail,
         on_coalesced=None if joined is None else whole,
         segment_of=segment_of if framed else None,
+        goes_on=message_goes_on if goes_on else None,
     )
     assert drainer.gro is gro
     udp = UdpSender([("127.0.0.1", drainer.port)], gso=True)
@@ -124,15 +139,17 @@ def runs(draw: st.DrawFn, *, wire: bool = False) -> list[list[bytes]]:
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.data(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
+@given(st.data(), st.booleans(), st.booleans(), st.booleans(), st.booleans(), st.booleans())
 def test_the_datagrams_sent_in_runs_arrive_as_sent(
-    data: st.DataObject, gro: bool, whole: bool, at_once: bool, wire: bool
+    data: st.DataObject, gro: bool, whole: bool, at_once: bool, wire: bool, goes_on: bool
 ) -> None:
     """... datagram by datagram, or coalesced reads taken whole (``on_coalesced``), consecutive
     reads joined while a run may go on; drained after each run or once after all of them; the
-    segment size from the kernel, or (``wire``) from what the datagrams say of their length."""
+    segment size from the kernel, or (``wire``) from what the datagrams say of their length;
+    reads joined while a run may go on, or (``goes_on``) while its last datagram says so."""
     sent = data.draw(runs(wire=wire))
-    with link(gro=gro, joined=[] if whole else None, framed=wire) as (udp, drainer, got):
+    joined = [] if whole else None
+    with link(gro=gro, joined=joined, framed=wire, goes_on=goes_on) as (udp, drainer, got):
         for run in sent:
             assert udp.send_run(run) == (len(run), SendResult.SENT)
             if not at_once:
@@ -170,6 +187,35 @@ def test_runs_of_one_size_read_in_one_wakeup_are_joined_into_one_buffer() -> Non
     assert joined == [(71, 1000), (2, 1000)]
     assert drainer.coalesced == 3
     assert drainer.datagrams == 73
+
+
+def _fragment(size: int, tag: int, index: int, count: int) -> bytes:
+    """A framed datagram whose header says it is fragment ``index`` of ``count``."""
+    data = bytearray(framed(size, bytes([tag])))
+    data[HEADER_SIZE - 8 : HEADER_SIZE - 4] = (index << 16 | count).to_bytes(4, "big")
+    assert HEADER.unpack_from(data)[8:10] == (index, count)
+    return bytes(data)
+
+
+def test_reads_that_end_their_messages_are_handed_over_alone() -> None:
+    """With ``goes_on``, a read whose last datagram ends its message reaches ``on_coalesced``
+    by itself (runs of one-datagram messages: no join, no copy); a read that ends before a
+    message's last fragment is still joined with the next, up to the shorter datagram."""
+    singles = [_fragment(1000, i, 0, 1) for i in range(20)]
+    more = [_fragment(1000, 20 + i, 0, 1) for i in range(20)]
+    head = [_fragment(1000, 40 + i, i, 80) for i in range(60)]  # a full GSO run
+    tail = [_fragment(1000, 100 + i, 60 + i, 80) for i in range(19)] + [_fragment(300, 1, 79, 80)]
+    for goes_on, expected in [
+        (True, [(20, 1000), (20, 1000), (80, 1000)]),
+        (False, [(120, 1000)]),  # every read that ends on a whole segment may go on
+    ]:
+        joined: list[tuple[int, int]] = []
+        with link(gro=True, joined=joined, framed=True, goes_on=goes_on) as (udp, drainer, got):
+            for run in (singles, more, head, tail):
+                assert udp.send_run(run) == (len(run), SendResult.SENT)
+            drainer._drain()
+        assert got == [*singles, *more, *head, *tail]
+        assert joined == expected
 
 
 def test_without_gso_a_run_goes_one_datagram_per_call() -> None:

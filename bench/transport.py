@@ -63,6 +63,7 @@ from common.wire import (
 )
 from common.wire.fec import FecDecoder, FecLimits
 from receiver.runs import RunCoalescer
+from receiver.singles import decode_singles
 from receiver.transport import SocketDrainer, open_udp_socket
 from sender.pacing import Pacer, PacingConfig
 from sender.send_pipeline import SendPipeline
@@ -90,6 +91,10 @@ def _profile_text(prof: cProfile.Profile | None) -> str:
     out = io.StringIO()
     pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(18)
     return out.getvalue()
+
+
+def _bench_error() -> None:
+    raise RuntimeError("the receive path raised (a bug): the measurement is void")
 
 
 def receiver_main(
@@ -149,18 +154,7 @@ def receiver_main(
                 start += used
                 events(now)
             # the rest as the receiver's _on_singles takes them (the bench sends no repairs)
-            at = kept = start
-            while at < stop:
-                end = min(at + segment, stop)
-                authenticated = decoder.authenticated
-                decoder.receive_datagram(data[at:end], now)
-                if decoder.authenticated == authenticated:
-                    if kept < at:
-                        fec.add_sources(data, kept, at, segment, now)
-                    kept = end
-                at = end
-            if kept < at:
-                fec.add_sources(data, kept, at, segment, now)
+            at = decode_singles(decoder, fec, data, start, segment, now, _bench_error)
             state["datagrams"] += -(-(at - start) // segment)
             events(now)
 

@@ -37,7 +37,7 @@ from typing import Final
 from common.errors import RemoteProtocolError
 from common.raw_topic import MAX_CHAINS, raw_key, timestamp_type_header
 from common.wire.batch_decode import decode_record_groups
-from common.wire.batch_encode import bytes_item, encode_headers
+from common.wire.batch_encode import NULL_ITEM, bytes_item, encode_headers
 from common.wire.envelope import SMALL_LONGS, encode_long
 from common.wire.events import DropReason, Headers, RecordGroup
 
@@ -224,19 +224,9 @@ class RunBuilder:
             return False
         od = SMALL_LONGS[d] if d < _SMALL else encode_long(d)
         td = SMALL_LONGS[delta] if 0 <= delta < _SMALL else encode_long(delta)
-        grown = len(od) + len(td) + 1  # and the headers column's end
-        if key is None:
-            kb = _NULL
-            grown += 1
-        else:
-            kb, n = bytes_item(len(key))
-            grown += n
-        if value is None:
-            vb = _NULL
-            grown += 1
-        else:
-            vb, n = bytes_item(len(value))
-            grown += n
+        kb, kn = NULL_ITEM if key is None else bytes_item(len(key))
+        vb, vn = NULL_ITEM if value is None else bytes_item(len(value))
+        grown = len(od) + len(td) + kn + vn + 1  # and the headers column's end
         if self.size + grown > max_size:
             return False
         self.stride = 1

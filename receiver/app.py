@@ -65,6 +65,7 @@ from receiver.metrics import (
     make_registry,
 )
 from receiver.pubkey_glue import PublicKeyGlue
+from receiver.singles import decode_singles
 from receiver.topic_check import check_template, ensure_raw_topic, raw_topic_problem
 from receiver.transport import SocketDrainer, log_rcvbuf, open_udp_socket
 from runtime import file_watch, key_files, link_key, metrics_http, service
@@ -289,10 +290,7 @@ class Receiver:
                         self._decode_rebuilt(rebuilt, now)
             self._drain_events(now)
         except Exception:  # noqa: BLE001  hostile input must never stop the receiver (logged)
-            stats.drop(INTERNAL_ERROR)
-            self._rlog.warning(
-                "internal", "internal error while handling a datagram (a bug)", exc_info=True
-            )
+            self._on_internal_error()
 
     def _on_coalesced(self, data: bytes, segment: int) -> None:
         """A UDP GRO read of several datagrams: each fragmented message whole in one call
@@ -317,10 +315,7 @@ class Receiver:
                             self._decode_rebuilt(rebuilt, now)
                         self._drain_events(now)
                 except Exception:  # noqa: BLE001  as in _on_datagram: never stop the receiver
-                    stats.drop(INTERNAL_ERROR)
-                    self._rlog.warning(
-                        "internal", "internal error while handling datagrams (a bug)", exc_info=True
-                    )
+                    self._on_internal_error()
                     used = 0
                 if not used:
                     break
@@ -332,48 +327,30 @@ class Receiver:
 
     def _on_singles(self, data: bytes, start: int, segment: int) -> int:
         """The datagrams of a GRO read from ``start`` on, each decoded as ``_on_datagram``
-        decodes it, up to the first repair; returns where it stopped (the caller hands the rest
-        to ``_on_datagram`` one by one).
-
-        Why: a record of 1 KB and up fills a datagram alone, and per datagram the glue (clock,
-        counters, an FEC source, an event drain) cost about a tenth of the receiver's CPU; here
-        it runs once per read. Only while no FEC block waits for a source (the caller checked):
-        then no source can rebuild another, so the authentic ones join the FEC decoder a range
-        at a time, in order, before the repair that may follow them."""
-        decoder, fec, stats = self._decoder, self.fec, self.stats
+        decodes it, up to the first repair (``receiver.singles.decode_singles``), with the
+        clock, counters and event drain once per read; returns where it stopped (the caller
+        hands the rest to ``_on_datagram`` one by one). Only while no FEC block waits for a
+        source: the caller checked."""
+        stats = self.stats
         assert self._loop is not None
         now = self._loop.time()
-        stop = len(data)
-        at = kept = start  # data[kept:at]: authentic sources not yet handed to the FEC decoder
-        while at < stop and data[at + 5 : at + 6] != _KIND_FEC_REPAIR:
-            end = min(at + segment, stop)
-            authenticated = decoder.authenticated
-            try:
-                decoder.receive_datagram(data[at:end], now)
-                source = decoder.authenticated != authenticated
-            except Exception:  # noqa: BLE001  as in _on_datagram: never stop the receiver
-                stats.drop(INTERNAL_ERROR)
-                self._rlog.warning(
-                    "internal", "internal error while handling a datagram (a bug)", exc_info=True
-                )
-                source = False
-            if not source:  # only authentic datagrams join FEC blocks
-                if kept < at:
-                    fec.add_sources(data, kept, at, segment, now)
-                kept = end
-            at = end
-        if kept < at:
-            fec.add_sources(data, kept, at, segment, now)
+        at = decode_singles(
+            self._decoder, self.fec, data, start, segment, now, self._on_internal_error
+        )
         stats.datagrams += -(-(at - start) // segment)
         stats.bytes += at - start
         try:
             self._drain_events(now)
-        except Exception:  # noqa: BLE001  as in _on_datagram
-            stats.drop(INTERNAL_ERROR)
-            self._rlog.warning(
-                "internal", "internal error while handling datagrams (a bug)", exc_info=True
-            )
+        except Exception:  # noqa: BLE001  as in _on_datagram: never stop the receiver
+            self._on_internal_error()
         return at
+
+    def _on_internal_error(self) -> None:
+        """An exception while handling input (a bug): counted, logged (rate-limited)."""
+        self.stats.drop(INTERNAL_ERROR)
+        self._rlog.warning(
+            "internal", "internal error while handling a datagram (a bug)", exc_info=True
+        )
 
     def _decode_rebuilt(self, rebuilt: list[bytes], now: float) -> None:
         """Reconstructed datagrams take the normal path (GCM, replay window) like any other."""

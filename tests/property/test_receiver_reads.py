@@ -10,45 +10,19 @@ every datagram is read alone.
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.wire import Encoder, Key, KeyRing, RecordBatch, WireConfig
+from common.wire import Encoder, Key, KeyRing, WireConfig
 from common.wire.fec import FecConfig, FecEncoder
-from receiver import app as receiver_app
-from receiver.config import ReceiverConfig
 from runtime import key_files
+from tests.receiver_support import glue_receiver
 
 KEY = Key.from_material(b"r" * 32)
 #: The most datagrams the kernel coalesces into one read (a GSO run's bound).
 MAX_SEGMENTS = 64
-
-
-class Sink:
-    """Notes what the raw-topic sink was handed (pure glue: no Kafka here)."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[int, bytes | None]] = []
-
-    def write_batch(self, batch: RecordBatch, now: float | None = None) -> None:
-        self.records += [(r.offset, r.value) for r in batch.records]
-
-    def write_heartbeat(self, beat: object, now: float | None = None) -> None:
-        pass
-
-
-def _receiver(key_file: Path) -> tuple[receiver_app.Receiver, Sink]:
-    config = ReceiverConfig(
-        bootstrap_servers="127.0.0.1:1", raw_topic="raw.{topic}", key_file=key_file
-    )
-    receiver = receiver_app.Receiver(config)
-    receiver._loop = asyncio.new_event_loop()
-    sink = Sink()
-    receiver._sink = sink  # type: ignore[assignment]
-    return receiver, sink
 
 
 def _reads(datagrams: list[bytes]) -> list[list[bytes]]:
@@ -131,8 +105,8 @@ def test_coalesced_reads_reach_the_sink_as_datagrams_read_alone(
     key_file = tmp_path / "keys.json"
     if not key_file.exists():
         key_files.write_keyring(KeyRing([KEY]), key_file)
-    alone, alone_sink = _receiver(key_file)
-    reads, reads_sink = _receiver(key_file)
+    alone, alone_sink = glue_receiver(key_file)
+    reads, reads_sink = glue_receiver(key_file)
     try:
         for data in arrived:
             alone._on_datagram(data)

@@ -7,42 +7,16 @@ source the read goes one by one (a source may then rebuild others, decoded right
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from common.wire import Encoder, RecordBatch, WireConfig
+from common.wire import Encoder, WireConfig
 from common.wire.keyring import Key, KeyRing
-from receiver import app as receiver_app
-from receiver.config import ReceiverConfig
 from runtime import key_files
-
-
-class Sink:
-    """Stands in for the raw-topic sink: notes what it was handed (no Kafka in a unit test)."""
-
-    def __init__(self) -> None:
-        self.records: list[tuple[str, int, int, bytes | None]] = []
-
-    def write_batch(self, batch: RecordBatch, now: float | None = None) -> None:
-        self.records += [(r.topic, r.partition, r.offset, r.value) for r in batch.records]
-
-    def write_heartbeat(self, beat: Any, now: float | None = None) -> None:
-        pass
-
-
-def _receiver(key_file: Path) -> tuple[receiver_app.Receiver, Sink]:
-    config = ReceiverConfig(
-        bootstrap_servers="127.0.0.1:1", raw_topic="raw.{topic}", key_file=key_file
-    )
-    receiver = receiver_app.Receiver(config)
-    receiver._loop = asyncio.new_event_loop()
-    sink = Sink()
-    receiver._sink = sink  # type: ignore[assignment]
-    return receiver, sink
+from tests.receiver_support import glue_receiver
 
 
 def _datagrams(ring: KeyRing, values: list[bytes]) -> list[bytes]:
@@ -72,8 +46,8 @@ def _both(tmp_path: Path, awaiting: bool) -> tuple[Any, ...]:
     key_files.write_keyring(ring, key_file)
     values = [b"first"] + [os.urandom(n) for n in (10_000, 300, 9_000, 20_000)]
     datagrams = _datagrams(ring, values)
-    one, one_sink = _receiver(key_file)
-    whole, whole_sink = _receiver(key_file)
+    one, one_sink = glue_receiver(key_file)
+    whole, whole_sink = glue_receiver(key_file)
     if awaiting:  # a block waits for a source that is not among these: nothing to rebuild
         whole.fec._waiting[b"elsewhere"] = (b"s" * 16, 0)
     try:
@@ -138,8 +112,8 @@ def test_a_read_of_whole_datagrams_reaches_the_sink_as_one_by_one(
     ring = KeyRing([Key.generate()])
     key_files.write_keyring(ring, key_file)
     read, datagrams, segment = _read_of_singles(ring, change)
-    one, one_sink = _receiver(key_file)
-    whole, whole_sink = _receiver(key_file)
+    one, one_sink = glue_receiver(key_file)
+    whole, whole_sink = glue_receiver(key_file)
     try:
         for data in datagrams:
             one._on_datagram(data)
@@ -159,3 +133,35 @@ def test_a_read_of_whole_datagrams_reaches_the_sink_as_one_by_one(
         receiver.fec._index()
     assert whole.fec._sources.keys() == one.fec._sources.keys()
     assert len(whole.fec._sources) == 13 - len(lost)
+
+
+def test_a_bug_on_one_datagram_of_a_read_loses_no_other(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception while one datagram of a read is decoded (a bug) is counted as an internal
+    error; that datagram is no FEC source, and every other one reaches the sink."""
+    key_file = tmp_path / "keys.json"
+    ring = KeyRing([Key.generate()])
+    key_files.write_keyring(ring, key_file)
+    read, datagrams, segment = _read_of_singles(ring, "none")
+    receiver, sink = glue_receiver(key_file)
+    decoder = receiver._decoder
+    real = decoder.receive_datagram
+
+    def buggy(data: bytes, now: float) -> None:
+        if data == datagrams[7]:
+            raise RuntimeError("a bug")
+        real(data, now)
+
+    try:
+        receiver._on_datagram(datagrams[0])
+        monkeypatch.setattr(decoder, "receive_datagram", buggy)
+        receiver._on_coalesced(read, segment)
+    finally:
+        assert receiver._loop is not None
+        receiver._loop.close()
+    assert [r[2] for r in sink.records] == [n for n in range(13) if n != 7]
+    assert receiver.stats.snapshot()["drops"] == {"internal_error": 1}
+    assert receiver.stats.datagrams == 13
+    receiver.fec._index()
+    assert len(receiver.fec._sources) == 12

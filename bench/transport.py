@@ -157,6 +157,8 @@ def receiver_main(
             at = decode_singles(decoder, fec, data, start, segment, now, _bench_error)
             state["datagrams"] += -(-(at - start) // segment)
             events(now)
+            for rest in range(at, stop, segment):  # from a repair on: one by one, as it does
+                on_datagram(data[rest : rest + segment])
 
         def events(now: float) -> None:
             while (event := decoder.next_event()) is not None:

@@ -53,7 +53,7 @@ from common.wire import (
     message_goes_on,
 )
 from common.wire.decoder import Decoder
-from common.wire.fec import FecDecoder, FecLimits, is_repair
+from common.wire.fec import REPAIR_KIND_BYTE, FecDecoder, FecLimits, is_repair
 from common.wire.pubkey_decoder import KeyLearned, KeyRetired
 from receiver.config import ReceiverConfig
 from receiver.kafka_sink import RawTopicSink
@@ -73,7 +73,6 @@ from runtime import file_watch, key_files, link_key, metrics_http, service
 log = logging.getLogger(__name__)
 
 INTERNAL_ERROR = "internal_error"
-_KIND_FEC_REPAIR = b"\x04"  # envelope byte 5 (docs/protocol.md §3): a repair datagram
 _SERVICE_INTERVAL = 0.05
 _TICK_INTERVAL = 1.0
 #: Per drop reason: its metric label and its rate-limited log key, computed once (formatting an
@@ -279,7 +278,7 @@ class Receiver:
         assert self._loop is not None
         try:
             now = self._loop.time()
-            if data[5:6] == _KIND_FEC_REPAIR and is_repair(data):
+            if data[5:6] == REPAIR_KIND_BYTE and is_repair(data):
                 self._decode_rebuilt(self.fec.receive_repair(data, now), now)
             else:
                 authenticated = decoder.authenticated

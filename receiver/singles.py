@@ -9,13 +9,9 @@ caller pays it once per read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
 
 from common.wire.decoder import Decoder
-from common.wire.fec import KIND_FEC_REPAIR, FecDecoder
-
-#: Envelope byte 5 of a repair datagram (docs/protocol.md §3), as a one-byte slice compares.
-_REPAIR_KIND: Final = bytes((KIND_FEC_REPAIR,))
+from common.wire.fec import REPAIR_KIND_BYTE, FecDecoder
 
 
 def decode_singles(  # noqa: PLR0917  the hot loop's inputs, positional
@@ -38,7 +34,7 @@ def decode_singles(  # noqa: PLR0917  the hot loop's inputs, positional
     """
     stop = len(data)
     at = kept = start  # data[kept:at]: authentic sources not yet handed to the FEC decoder
-    while at < stop and data[at + 5 : at + 6] != _REPAIR_KIND:
+    while at < stop and data[at + 5 : at + 6] != REPAIR_KIND_BYTE:
         end = min(at + segment, stop)
         authenticated = decoder.authenticated
         try:

@@ -76,6 +76,8 @@ from common.wire.replay import ReplayGuard
 
 #: Envelope kind of a repair datagram (docs/protocol.md §3 and §13).
 KIND_FEC_REPAIR: Final = 4
+#: The same as envelope byte 5 in a one-byte slice (``data[5:6]``), the hot paths' first check.
+REPAIR_KIND_BYTE: Final = bytes((KIND_FEC_REPAIR,))
 #: The only code so far: zfec's systematic Reed-Solomon over GF(2^8) (docs/protocol.md §13.2).
 SCHEME_ZFEC_RS: Final = 1
 #: block_sequence, scheme, k, m, repair_index, symbol_size, span (big-endian, no padding).

@@ -37,7 +37,7 @@ from dedup.detect import DetectParams
 from dedup.faults import fault
 from dedup.layouts import Layout, StateLayout, implementation
 from dedup.metrics import DedupMetrics
-from dedup.task_result import RESULT_DDL, task_attempt, task_result
+from dedup.task_result import RESULT_DDL, decode_results, task_attempt, task_result
 from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER
 from dedup.writer_settings import BatchResult, TaskSpec, WriterSettings
 
@@ -151,7 +151,7 @@ class TransactionalBatchWriter:
         )
         task = functools.partial(write_task, spec)
         # One action; no shuffle between the stateful step and the tasks (see the class doc).
-        table = df.mapInArrow(task, RESULT_DDL).toArrow()
+        table = decode_results(df.mapInArrow(task, RESULT_DDL).toArrow())
         fault("driver-after-commit", batch_id, 0)
         self.last = self.account(table, batch_id)
         self.batches_seen += 1

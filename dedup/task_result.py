@@ -3,6 +3,12 @@
 The contract between the write tasks (executors: ``dedup/batch_driver.py``'s ``write_task``) and the
 driver's accounting (``TransactionalBatchWriter.account``). Runs on both sides; no pyspark import at
 module level.
+
+Spark sees one binary cell per task (``RESULT_DDL``): the rows in ``RESULT_SCHEMA``, as an Arrow
+IPC stream, which ``decode_results`` opens on the driver. Spark generates and compiles code for a
+task's output schema in every task, and plans and serializes it in every batch: with the rows as
+~30 typed columns that was ~2.5 ms of the JVM's CPU per task (GenerateUnsafeProjection), a fixed
+cost each micro-batch paid per raw partition whatever it carried (docs/benchmarks.md "Dedup").
 """
 
 from __future__ import annotations
@@ -12,12 +18,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from common.errors import ServiceError
 from dedup.rows import STAT_COLUMNS
 from dedup.writer_settings import BatchResult
 
-#: Columns of what a write task hands back to the driver (``mapInArrow``'s output, as DDL so
-#: this module needs no pyspark import): the ``stat`` rows of its partition unchanged, plus one
-#: ``task`` row with what the task wrote.
+#: Columns of what a write task hands back to the driver: the ``stat`` rows of its partition
+#: unchanged, plus one ``task`` row with what the task wrote.
 RESULT_COLUMNS = (
     ("kind", "string"),
     ("src_topic", "string"),
@@ -35,7 +41,6 @@ RESULT_COLUMNS = (
     ("fence_ms", "bigint"),
     ("write_ms", "bigint"),
 )
-RESULT_DDL = ", ".join(f"{name} {kind}" for name, kind in RESULT_COLUMNS)
 _ARROW_TYPES = {
     "string": pa.string(),
     "int": pa.int32(),
@@ -43,6 +48,11 @@ _ARROW_TYPES = {
     "boolean": pa.bool_(),
 }
 RESULT_SCHEMA = pa.schema([(name, _ARROW_TYPES[kind]) for name, kind in RESULT_COLUMNS])
+#: The one column Spark carries (``mapInArrow``'s output, as DDL so that this module needs no
+#: pyspark import): per task, its rows as an Arrow IPC stream in ``RESULT_SCHEMA``.
+RESULT_CELL = "result"
+RESULT_DDL = f"{RESULT_CELL} binary"
+_CELL_SCHEMA = pa.schema([(RESULT_CELL, pa.binary())])
 
 
 def task_result(  # noqa: PLR0917  one call per task
@@ -72,7 +82,34 @@ def task_result(  # noqa: PLR0917  one call per task
     columns["skipped"][n] = result.fenced
     columns["fence_ms"][n] = fence_ms
     columns["write_ms"][n] = write_ms
-    yield from pa.Table.from_pydict(columns, schema=RESULT_SCHEMA).to_batches()
+    rows = pa.Table.from_pydict(columns, schema=RESULT_SCHEMA)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, RESULT_SCHEMA) as stream:
+        stream.write_table(rows)
+    cell = sink.getvalue().to_pybytes()  # a few hundred bytes per source partition
+    yield pa.record_batch([pa.array([cell], pa.binary())], schema=_CELL_SCHEMA)
+
+
+def decode_results(cells: pa.Table) -> pa.Table:
+    """The rows of a batch's tasks (``RESULT_SCHEMA``) from the cells Spark collected.
+
+    Raises:
+        ServiceError: a cell is not a stream of this version's rows (executors that run another
+            version of kafka-diode than the driver).
+    """
+    tables = [RESULT_SCHEMA.empty_table()]
+    for cell in cells.column(RESULT_CELL).to_pylist():
+        try:
+            table = pa.ipc.open_stream(cell).read_all()
+        except (pa.ArrowInvalid, TypeError) as exc:
+            raise ServiceError(f"a write task's result does not decode: {exc}") from exc
+        if not table.schema.equals(RESULT_SCHEMA):
+            raise ServiceError(
+                "a write task handed back rows of another schema: the executors run another "
+                "version of kafka-diode than the driver (install the same one on every node)"
+            )
+        tables.append(table)
+    return pa.concat_tables(tables)
 
 
 def task_attempt() -> tuple[int, int]:

@@ -8,7 +8,8 @@ Spark sees one binary cell per task (``RESULT_DDL``): the rows in ``RESULT_SCHEM
 IPC stream, which ``decode_results`` opens on the driver. Spark generates and compiles code for a
 task's output schema in every task, and plans and serializes it in every batch: with the rows as
 ~30 typed columns that was ~2.5 ms of the JVM's CPU per task (GenerateUnsafeProjection), a fixed
-cost each micro-batch paid per raw partition whatever it carried (docs/benchmarks.md "Dedup").
+cost each micro-batch paid per raw partition whatever it carried (docs/dedup-internals.md
+"A task's fixed cost").
 """
 
 from __future__ import annotations

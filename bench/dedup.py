@@ -44,7 +44,11 @@ direct dedup with its own trigger (``PERSIST_INTERVAL_MS``' default) over an emp
 which another process writes the same runs at R MB/s of values, as a receiver writes what a paced
 link brings (that writer's CPU is not counted); alternated single, live, live, single. It reports
 CPU-s per GB of values for each (``single_batch_cpu_s_per_gb``, ``paced_cpu_s_per_gb``), the live
-run's committed batches and ``paced_to_single_batch_cpu_ratio``.
+run's committed batches and ``paced_to_single_batch_cpu_ratio``; each also less the JIT's compile
+time (``*_less_jit``: what a dedup pays once its JIT has settled, which a run of minutes has not;
+a single batch's share of the JIT is whatever the compilers finished during its few seconds, so
+no ratio is taken of those). ``--raw-partitions N`` writes raw topics of N partitions (source
+partition p in p mod N): the live dedup runs N tasks per micro-batch.
 
     .venv/bin/python bench/dedup.py --records 1000000
     .venv/bin/python bench/dedup.py --records 1000000 --topics 32 --only runs
@@ -89,6 +93,8 @@ from runtime import kafka  # noqa: E402
 from runtime.maven import spark_connector_jars  # noqa: E402
 
 PARTITIONS = 8
+#: Partitions of each raw topic (``--raw-partitions``): source partition p lands in p mod this
+RAW_PARTITIONS = PARTITIONS
 VALUE = b"v" * 200
 #: ``--chains``: how many units a chain's copies trail the previous chain's in the one raw topic
 CHAIN_LAG_UNITS = 64
@@ -148,10 +154,10 @@ def copy_chains(units: list[Unit], chains: int) -> list[Unit]:
 
 
 def create_raw_topic(bootstrap: str, topic: str) -> None:
-    """The raw topic, ``PARTITIONS`` partitions, admitting the largest run."""
+    """The raw topic, ``RAW_PARTITIONS`` partitions, admitting the largest run."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
     config = {"max.message.bytes": str(64 << 20)}
-    for future in admin.create_topics([NewTopic(topic, PARTITIONS, 1, config=config)]).values():
+    for future in admin.create_topics([NewTopic(topic, RAW_PARTITIONS, 1, config=config)]).values():
         future.result(30)
 
 
@@ -205,7 +211,9 @@ def prefill(
                     ("diode.session", session.hex().encode()),
                 ]
                 key = b"%s:%d:%d" % (src.encode(), partition, offset)
-                produce(topic, VALUE, key, partition % PARTITIONS, headers=headers, timestamp=now)
+                produce(
+                    topic, VALUE, key, partition % RAW_PARTITIONS, headers=headers, timestamp=now
+                )
         else:
             run = RunBuilder(src, partition, 1, first, now + first)
             for offset in range(first, last + 1):
@@ -221,7 +229,7 @@ def prefill(
                 topic,
                 value,
                 run.key().encode(),
-                partition % PARTITIONS,
+                partition % RAW_PARTITIONS,
                 headers=[("diode.session", session.hex().encode())],
                 timestamp=now,
             )
@@ -374,6 +382,7 @@ def start_paced_writer(bootstrap: str, topic: str, args: argparse.Namespace, now
         "topics": args.topics,
         "run_records": args.run_records,
         "value_bytes": args.value_bytes,
+        "raw_partitions": RAW_PARTITIONS,
         "now": now,
         "pace": args.paced_mbps * 1e6,
     }
@@ -382,8 +391,9 @@ def start_paced_writer(bootstrap: str, topic: str, args: argparse.Namespace, now
 
 def paced_writer(spec: dict) -> int:
     """The paced writer's process (``start_paced_writer``)."""
-    global VALUE  # noqa: PLW0603  one setting for the whole process
+    global VALUE, RAW_PARTITIONS  # noqa: PLW0603  one setting for the whole process
     VALUE = b"v" * spec["value_bytes"]
+    RAW_PARTITIONS = spec["raw_partitions"]
     units = plan(spec["records"], spec["topics"], spec["run_records"])
     prefill(
         spec["bootstrap"], spec["topic"], units, "runs", spec["now"], spec["pace"], create=False
@@ -577,6 +587,12 @@ def main() -> int:
     parser.add_argument("--max-offsets-per-trigger", type=int, default=0, help="0: the default")
     parser.add_argument("--value-bytes", type=int, default=200, help="source value size")
     parser.add_argument(
+        "--raw-partitions",
+        type=int,
+        default=PARTITIONS,
+        help="partitions of each raw topic (source partition p lands in p mod this)",
+    )
+    parser.add_argument(
         "--clean-topics-exist",
         action="store_true",
         help="create each dedup's clean topics before it starts (a deployment past batch 1)",
@@ -611,8 +627,11 @@ def main() -> int:
         parser.error("--chains takes a count >= 1, and more than 1 needs --only runs")
     if args.paced_mbps and (args.only != "runs" or args.state_layout != "direct"):
         parser.error("--paced-mbps needs --only runs --state-layout direct")
-    global VALUE  # noqa: PLW0603  one setting for the whole run
+    global VALUE, RAW_PARTITIONS  # noqa: PLW0603  one setting for the whole run
     VALUE = b"v" * args.value_bytes
+    if not 1 <= args.raw_partitions <= PARTITIONS:
+        parser.error(f"--raw-partitions takes 1 to {PARTITIONS}")
+    RAW_PARTITIONS = args.raw_partitions
 
     broker = None
     bootstrap = args.bootstrap
@@ -782,7 +801,11 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
                 if proc.wait(60) != 0:
                     raise RuntimeError(f"the paced writer exited with {proc.returncode}")
         profile["batches_committed"] = writer.committed_batches
-        profile["cpu_s_per_gb"] = round(profile["cpu_s"] / (written[layout] * len(VALUE) / 1e9), 2)
+        gb = written[layout] * len(VALUE) / 1e9
+        profile["cpu_s_per_gb"] = round(profile["cpu_s"] / gb, 2)
+        # what a long-running dedup pays once its JIT has settled: the compile time taken out
+        jit = profile["jvm_jit_s_per_million"] * written[layout] / 1e6
+        profile["cpu_s_per_gb_less_jit"] = round((profile["cpu_s"] - jit) / gb, 2)
         profile["write_payload_bytes"] = writer.payload_bytes
         profile["write_record_bytes"] = writer.record_bytes
         profile["clean_records"] = writer.delivered
@@ -829,6 +852,7 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         "clean_topics_exist": args.clean_topics_exist,
         "state_partitions": config("x", "runs").effective_shuffle_partitions(),
         "run_records": args.run_records,
+        "raw_partitions": RAW_PARTITIONS,
         "value_bytes": len(VALUE),
         "order": measured,
         "prefill_s": round(prefill_s, 1),
@@ -857,6 +881,12 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         out["paced_mbps"] = args.paced_mbps
         out["single_batch_cpu_s_per_gb"] = single
         out["paced_cpu_s_per_gb"] = live
+        less_jit = {
+            n: [results[f"dedup_{n}{k}"]["cpu_s_per_gb_less_jit"] for k in ("", "_2")]
+            for n in ("direct", "paced")
+        }
+        out["single_batch_cpu_s_per_gb_less_jit"] = less_jit["direct"]
+        out["paced_cpu_s_per_gb_less_jit"] = less_jit["paced"]
         out["paced_batches"] = [
             results[n]["batches_committed"] for n in ("dedup_paced", "dedup_paced_2")
         ]

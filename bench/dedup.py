@@ -366,8 +366,8 @@ PACED_WRITER = "--paced-writer"
 
 #: The paced writers' pids, never part of the measured tree. By pid, not by command line: a
 #: writer that has finished is a zombie until the bench waits for it, and a zombie's command line
-#: is empty while its CPU is still in /proc (counted as the dedup's, it added the writer's ~8 CPU-s
-#: per GB to every live figure).
+#: is empty while its CPU is still in /proc (counted as the dedup's, it added up to the writer's
+#: ~2 CPU-s per run, ~7 CPU-s per GB, to a live figure).
 PACED_WRITER_PIDS: set[int] = set()
 
 

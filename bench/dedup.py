@@ -44,11 +44,13 @@ direct dedup with its own trigger (``PERSIST_INTERVAL_MS``' default) over an emp
 which another process writes the same runs at R MB/s of values, as a receiver writes what a paced
 link brings (that writer's CPU is not counted); alternated single, live, live, single. It reports
 CPU-s per GB of values for each (``single_batch_cpu_s_per_gb``, ``paced_cpu_s_per_gb``), the live
-run's committed batches and ``paced_to_single_batch_cpu_ratio``; each also less the JIT's compile
-time (``*_less_jit``: what a dedup pays once its JIT has settled, which a run of minutes has not;
-a single batch's share of the JIT is whatever the compilers finished during its few seconds, so
-no ratio is taken of those). ``--raw-partitions N`` writes raw topics of N partitions (source
-partition p in p mod N): the live dedup runs N tasks per micro-batch.
+run's committed batches, its CPU per batch by process (``cpu_s_per_batch``: ``jvm`` with its
+``jvm_jit`` share, ``workers``, ``reaped`` child processes, ``driver``) and
+``paced_to_single_batch_cpu_ratio``; each also less the JIT's compile time (``*_less_jit``: what a
+dedup pays once its JIT has settled, which a run of minutes has not; a single batch's share of the
+JIT is whatever the compilers finished during its few seconds, so no ratio is taken of those).
+``--raw-partitions N`` writes raw topics of N partitions (source partition p in p mod N): the live
+dedup runs N tasks per micro-batch.
 
     .venv/bin/python bench/dedup.py --records 1000000
     .venv/bin/python bench/dedup.py --records 1000000 --topics 32 --only runs
@@ -807,6 +809,14 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         # what a long-running dedup pays once its JIT has settled: the compile time taken out
         jit = profile["jvm_jit_s_per_million"] * written[layout] / 1e6
         profile["cpu_s_per_gb_less_jit"] = round((profile["cpu_s"] - jit) / gb, 2)
+        if paced and writer.committed_batches:  # a live run's CPU per micro-batch, by process
+            millions, batches = written[layout] / 1e6, writer.committed_batches
+            per_batch = {
+                k: v * millions / batches
+                for k, v in profile["cpu_s_per_million_by_process"].items()
+            }
+            per_batch["jvm_jit"] = jit / batches
+            profile["cpu_s_per_batch"] = {k: round(v, 3) for k, v in per_batch.items()}
         profile["write_payload_bytes"] = writer.payload_bytes
         profile["write_record_bytes"] = writer.record_bytes
         profile["clean_records"] = writer.delivered
@@ -890,6 +900,9 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
         out["paced_cpu_s_per_gb_less_jit"] = less_jit["paced"]
         out["paced_batches"] = [
             results[n]["batches_committed"] for n in ("dedup_paced", "dedup_paced_2")
+        ]
+        out["paced_cpu_s_per_batch"] = [
+            results[n]["cpu_s_per_batch"] for n in ("dedup_paced", "dedup_paced_2")
         ]
         out["paced_to_single_batch_cpu_ratio"] = round(sum(live) / sum(single), 3)
         if args.paced_env:

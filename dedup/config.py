@@ -150,9 +150,9 @@ class DedupConfig:
     probe, admin (KAFKA_CONF_<NAME>)."""
     kafka_source: dict[str, str] = field(default_factory=dict)
     """Extra options of Spark's Kafka source (KAFKA_SOURCE_<NAME>; kafka.fetch.max.wait.ms is 10
-    unless set here); the retention probe copies kafka.security.protocol, kafka.sasl.mechanism,
-    kafka.isolation.level and the other options librdkafka shares with Java (KAFKA_CONF_<NAME>
-    wins)."""
+    and kafka.max.poll.records 32 unless set here); the retention probe copies
+    kafka.security.protocol, kafka.sasl.mechanism, kafka.isolation.level and the other options
+    librdkafka shares with Java (KAFKA_CONF_<NAME> wins)."""
 
     def __post_init__(self) -> None:
         if not self.raw_topics:

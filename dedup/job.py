@@ -158,6 +158,14 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
 #: (docs/benchmarks.md "Dedup"); a consumer polls only inside a task, so a short
 #: wait costs one empty fetch per task.
 SOURCE_FETCH_WAIT_MS = 10
+#: Spark's Kafka source's ``max.poll.records`` (Kafka's default: 500). The source keeps each
+#: raw partition's last poll between tasks (records past the task's range wait for the next
+#: batch), so a poll is held per partition. Without compression a fetch of 1 MB per partition
+#: holds ~16 runs; a raw topic written with lz4 or zstd whose records compress well holds
+#: hundreds, and 500 runs of 64 KiB kept by each of 12 partitions filled the 512 MB heap
+#: (tests/integration/test_dedup_heap.py). 32 runs are 2 MiB per partition, and a poll of
+#: buffered records costs microseconds.
+SOURCE_MAX_POLL_RECORDS = 32
 
 
 def raw_stream(
@@ -183,6 +191,7 @@ def source_options(config: DedupConfig, topics: tuple[str, ...]) -> dict[str, st
         "failOnDataLoss": str(config.fail_on_data_loss).lower(),
         "maxOffsetsPerTrigger": str(config.max_offsets_per_trigger),
         "kafka.fetch.max.wait.ms": str(SOURCE_FETCH_WAIT_MS),
+        "kafka.max.poll.records": str(SOURCE_MAX_POLL_RECORDS),
         **config.kafka_source,
     }
 

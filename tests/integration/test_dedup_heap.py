@@ -136,3 +136,47 @@ def test_a_backlog_of_records_up_to_max_record_size_passes_the_default_heap(
         for p in range(PARTITIONS)
         for o in range(LARGE_PER_PARTITION)
     )
+
+
+#: The compressible backlog: raw partitions, and runs (of six 10 KB records) per partition.
+COMPRESSIBLE_PARTITIONS = 12
+COMPRESSIBLE_RUNS = 1_000
+
+
+def compressible_runs(partition: int) -> list[Record]:
+    """Runs of six 10 KB records that lz4 shrinks ~200-fold (a sensor's zeros, a repeated log)."""
+    out: list[Record] = []
+    for first in range(0, 6 * COMPRESSIBLE_RUNS, 6):
+        run = RunBuilder(SOURCE, partition, 1, first, BASE_TS + first)
+        for offset in range(first, first + 6):
+            value = b"%d:%d:" % (partition, offset)
+            run.append(offset, BASE_TS + offset, b"k%d" % offset, value + b"v" * 10_000, ())
+        out.append(_record(run, partition))
+    return out
+
+
+def test_a_compressed_backlog_of_compressible_records_passes_the_default_heap(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    """~730 MB of runs written with lz4 (a receiver with ``kafka.compression.type=lz4``) that
+    compress ~200-fold: a fetch of the source's 1 MB per partition holds ~200 MB of runs. Spark's
+    Kafka source keeps each partition's last poll between tasks, so at the consumer's 500 records
+    per poll twelve partitions kept ~30 MB each and the 512 MB heap ran out (the source's
+    ``kafka.max.poll.records``, dedup/job.py)."""
+    raw = kafka_topic(downstream_kafka, partitions=COMPRESSIBLE_PARTITIONS)
+    lz4 = {"compression.type": "lz4", "linger.ms": 50}
+    for partition in range(COMPRESSIBLE_PARTITIONS):
+        produce_records(
+            downstream_kafka, raw, compressible_runs(partition), timeout=300, config=lz4
+        )
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
+    env |= {"WINDOW_SIZE": "65536", "MAX_WINDOWS": "16", "PERSIST_INTERVAL_MS": "1000"}
+    finish(run_dedup(env, "--until-idle", "10"), timeout=900)
+
+    total = COMPRESSIBLE_PARTITIONS * COMPRESSIBLE_RUNS * 6
+    clean = consume_all(
+        downstream_kafka, f"clean.{raw}.{SOURCE}", expected_count=total, timeout=300
+    )
+    seen = Counter(r.value[: r.value.index(b":", r.value.index(b":") + 1)] for r in clean)
+    assert len(seen) == total
+    assert max(seen.values()) == 1

@@ -114,7 +114,7 @@ def value_bytes_read_in_task(bootstrap: str) -> Callable[[Iterator[pa.RecordBatc
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--records", type=int, default=10_000)
     parser.add_argument("--value-bytes", type=int, default=60_000)
     parser.add_argument("--partitions", type=int, default=8)

@@ -5,9 +5,9 @@ copies into rows, converts to Arrow and pipes to the Python worker). The alterna
 Spark carries only ``partition`` and ``offset`` and each task reads its offset range with a
 librdkafka consumer. One SparkSession (the dedup's own settings, ``local[2]``), one local broker,
 a topic of ``--records`` values of ``--value-bytes`` random bytes in ``--partitions`` partitions,
-read whole by a batch query into ``mapInArrow``; per round and case (alternated): the CPU of the
-dedup's process tree (driver, JVM, Python workers; ``bench/dedup.py``'s accounting) per GB of
-values, the JIT's share of it, the broker's CPU per GB and the wall time. Each task checks that it
+read whole by a batch query into ``mapInArrow``; per round and case (alternated, the order flipping
+every round): the CPU of the dedup's process tree (driver, JVM, Python workers; ``bench/dedup.py``'s
+accounting) per GB of values, the JIT's share of it, the broker's CPU per GB and the wall time. Each task checks that it
 saw every value's bytes, so both cases do the same work.
 
     .venv/bin/python bench/dedup_source.py [--records 10000] [--value-bytes 60000]
@@ -143,7 +143,9 @@ def main() -> int:
         }
         runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
         for round_ in range(args.rounds):
-            for name, (columns, task) in cases.items():
+            # The order flips every round, so neither case always inherits the other's warm-up.
+            order = list(cases.items()) if round_ % 2 == 0 else list(cases.items())[::-1]
+            for name, (columns, task) in order:
                 frame = (
                     spark.read.format("kafka")
                     .option("kafka.bootstrap.servers", broker.bootstrap)

@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from common import settings
 from common.errors import KafkaClientError
@@ -34,6 +34,9 @@ STOP_WAIT_S = 300.0
 KAFKA_PROBE_S = 10.0
 #: While waiting for the downstream cluster at start-up, a WARNING this often (seconds).
 KAFKA_WAIT_SAY_S = 60.0
+#: Seconds between two tries to start the query while the cluster is moving (``start_retrying``).
+KAFKA_RETRY_S = 5.0
+_Q = TypeVar("_Q")
 
 
 def run(
@@ -66,7 +69,12 @@ def run(
     raw = raw_position_metrics(config, metrics.registry)
     jars = [str(path) for path in spark_connector_jars()]
     spark = job.build_session(config, jars)
-    query = job.start_query(spark, config, writer)
+    with service.thread_signals(service.StopRequests(on_stop)):
+        started = start_retrying(lambda: job.start_query(spark, config, writer), stop)
+    if started is None:
+        stop_spark(spark, requested=True)
+        return EXIT_OK
+    query = started
     ticker, close_ticks = idle_ticker(config, writer.layout)
     requests = service.StopRequests(
         on_stop,
@@ -155,6 +163,43 @@ def wait_for_raw_topic(
             log.warning("raw topic %s %s; waiting for it (%.0f s so far)", topic, why, waited)
         stop.wait(1.0)  # a retry interval with a stop check, not a synchronisation
     return False
+
+
+def start_retrying(
+    start: Callable[[], _Q],
+    stop: threading.Event,
+    *,
+    pause: float = KAFKA_RETRY_S,
+    say_every: float = KAFKA_WAIT_SAY_S,
+) -> _Q | None:
+    """``start()``, tried again every ``pause`` seconds while it fails with a retriable
+    :class:`KafkaClientError`; None if ``stop`` was set first.
+
+    Starting the query creates the dedup's topics and reads the raw topic's partitions: a broker
+    or controller failing over meanwhile ends a request in a timeout (``runtime.kafka``'s
+    ``TRANSIENT_ERRORS``) that a new try gets past. Exiting instead would leave it to systemd's
+    restart, and its start limit, as ``wait_for_kafka`` explains. Anything else is raised.
+    """
+    began = time.monotonic()
+    said = -say_every
+    while not stop.is_set():
+        try:
+            return start()
+        except KafkaClientError as exc:
+            if not exc.retriable:
+                raise
+            waited = time.monotonic() - began
+            if waited - said >= say_every:
+                said = waited
+                log.warning(
+                    "downstream Kafka could not ready the dedup's topics (%s); trying again "
+                    "every %.0f s (%.0f s so far)",
+                    exc,
+                    pause,
+                    waited,
+                )
+        stop.wait(pause)  # a retry interval with a stop check, not a synchronisation
+    return None
 
 
 def _jvm_gone(exc: BaseException) -> bool:

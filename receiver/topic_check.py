@@ -130,8 +130,8 @@ def check_template(config: ReceiverConfig) -> list[str]:
 def ensure_raw_topic(config: ReceiverConfig, topic: str) -> bool:
     """Create ``topic`` if it is missing (``create_raw_topic``); True if this call created it.
 
-    An unreachable cluster is not an error here (logged; the receiver starts and records wait in
-    its backlog, as for a broker that goes away later).
+    An unreachable or failing-over cluster is not an error here (logged; the receiver starts and
+    records wait in its backlog, as for a broker that goes away later).
 
     Raises:
         ConfigError: the cluster refused to create the topic, naming the setting to change
@@ -149,7 +149,9 @@ def ensure_raw_topic(config: ReceiverConfig, topic: str) -> bool:
             reach_timeout=config.metadata_timeout,
         )
     except KafkaClientError as exc:
-        if exc.topic is None:
+        # unreachable, or a broker or controller failing over (a retriable error): not the
+        # cluster refusing the topic
+        if exc.topic is None or exc.retriable:
             log.warning(
                 "cannot create raw topic %s now (%s); created when it is needed", topic, exc
             )

@@ -4,8 +4,9 @@ Every component asks here for a :func:`producer`, :func:`consumer` or :func:`adm
 the client refuses becomes a :class:`~common.errors.ConfigError` naming it, at start-up, instead
 of a bare ``KafkaException`` wherever the client happened to be built. :func:`error` maps a
 ``KafkaException``/``KafkaError`` met later to :class:`~common.errors.KafkaClientError` with
-librdkafka's error name and retriable flag. :func:`create_missing_topics` creates the topics a
-component needs and waits for their leaders (the one place that does, for every component).
+librdkafka's error name and whether trying again may succeed. :func:`create_missing_topics`
+creates the topics a component needs and waits for their leaders (the one place that does, for
+every component).
 :func:`read_to_end` reads a (compacted) topic from its beginning to its current end, the way
 ``gaps`` and ``bundle`` read the gap topic.
 
@@ -77,17 +78,40 @@ def _text(exc: BaseException) -> str:
     return str(exc)
 
 
+#: Errors that say the cluster is moving, not that it refuses: retriable whatever librdkafka's
+#: flag says. An admin request's result carries no retriable flag, and during a controller's or
+#: a leader's failover CreateTopics ends in ``_TIMED_OUT`` ("Timed out waiting for controller":
+#: the client waits on a controller its metadata still names), which a new client, asking the
+#: cluster again, gets past.
+TRANSIENT_ERRORS = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.THROTTLING_QUOTA_EXCEEDED,
+    }
+)
+
+
 def error(
     exc: KafkaException | KafkaError, doing: str, *, topic: str | None = None
 ) -> KafkaClientError:
     """``exc`` (raised or reported while ``doing``) as our exception, to ``raise ... from exc``;
-    ``topic``: the topic the call was about, if one."""
+    ``topic``: the topic the call was about, if one. Retriable: librdkafka says so, or the error
+    is one of ``TRANSIENT_ERRORS``."""
     err = exc.args[0] if isinstance(exc, KafkaException) and exc.args else exc
     if isinstance(err, KafkaError):
         return KafkaClientError(
             f"{doing}: {err.str()}",
             name=err.name(),
-            retriable=bool(err.retriable()),
+            retriable=bool(err.retriable()) or err.code() in TRANSIENT_ERRORS,
             topic=topic,
         )
     return KafkaClientError(f"{doing}: {exc}", name="", retriable=False, topic=topic)

@@ -8,11 +8,14 @@ import time
 from typing import Any
 
 import pytest
+from confluent_kafka import KafkaError
 from py4j.protocol import Py4JNetworkError
 
+from common.errors import KafkaClientError
 from dedup import cli, runner
 from dedup.batch_driver import TransactionalBatchWriter
 from dedup.config import from_sources
+from runtime import kafka
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
 
@@ -275,3 +278,47 @@ def test_waiting_for_kafka_says_so_and_a_stop_ends_the_wait(caplog: Any) -> None
     (line,) = [r.getMessage() for r in caplog.records if "does not answer" in r.getMessage()]
     assert "127.0.0.1:1" in line
     assert "before starting Spark" in line
+
+
+def _moving(name: str = "_TIMED_OUT") -> KafkaClientError:
+    """A topic creation ended by a controller failing over (runtime.kafka maps it retriable)."""
+    return kafka.error(KafkaError(getattr(KafkaError, name)), "cannot create topic 'x'", topic="x")
+
+
+def test_starting_the_query_is_tried_again_while_the_cluster_fails_over(caplog: Any) -> None:
+    tries: list[int] = []
+
+    def start() -> str:
+        tries.append(1)
+        if len(tries) < 3:
+            raise _moving("_TIMED_OUT" if len(tries) == 1 else "NOT_CONTROLLER")
+        return "query"
+
+    with caplog.at_level(logging.WARNING, logger="dedup.runner"):
+        started = runner.start_retrying(start, threading.Event(), pause=0.01, say_every=60)
+    assert started == "query"
+    assert len(tries) == 3
+    (line,) = [r.getMessage() for r in caplog.records if "trying again" in r.getMessage()]
+    assert "cannot create topic 'x'" in line  # said once a minute, with the cause
+
+
+def test_a_refusal_while_starting_the_query_is_raised_not_retried() -> None:
+    tries: list[int] = []
+
+    def start() -> str:
+        tries.append(1)
+        raise kafka.error(KafkaError(KafkaError.POLICY_VIOLATION), "cannot create topic 'x'")
+
+    with pytest.raises(KafkaClientError, match="cannot create topic"):
+        runner.start_retrying(start, threading.Event(), pause=0.01)
+    assert len(tries) == 1
+
+
+def test_a_stop_ends_the_retries_of_starting_the_query() -> None:
+    stop = threading.Event()
+
+    def start() -> str:
+        stop.set()  # the operator's SIGTERM while the cluster still fails over
+        raise _moving()
+
+    assert runner.start_retrying(start, stop, pause=30) is None

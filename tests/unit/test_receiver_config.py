@@ -218,3 +218,30 @@ def test_the_raw_topic_is_created_with_the_settings_and_the_size_its_records_nee
         file_values={"allow_cleartext": True, "raw_topic_min_insync_replicas": -1}
     )
     assert "min.insync.replicas" not in topic_check.raw_topic_spec(broker_default, "raw").config
+
+
+def test_a_raw_topic_the_cluster_cannot_create_while_failing_over_is_created_later(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from confluent_kafka import KafkaError  # noqa: PLC0415
+
+    from receiver import topic_check  # noqa: PLC0415
+    from runtime import kafka  # noqa: PLC0415
+
+    cfg = _build(file_values={"allow_cleartext": True})
+
+    def creating(error_code: int) -> object:
+        def create(*_args: object, **_kwargs: object) -> object:
+            raise kafka.error(KafkaError(error_code), "cannot create topic 'raw'", topic="raw")
+
+        return create
+
+    # a controller failing over: a warning, and the sink creates the topic when it needs it
+    monkeypatch.setattr(topic_check.kafka, "create_missing_topics", creating(KafkaError._TIMED_OUT))
+    assert topic_check.ensure_raw_topic(cfg, "raw") is False
+    # a refusal stops the start-up, naming the setting
+    monkeypatch.setattr(
+        topic_check.kafka, "create_missing_topics", creating(KafkaError.INVALID_REPLICATION_FACTOR)
+    )
+    with pytest.raises(ConfigError, match="raw_topic_replication"):
+        topic_check.ensure_raw_topic(cfg, "raw")

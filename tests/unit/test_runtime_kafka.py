@@ -38,6 +38,16 @@ def test_errors_keep_librdkafkas_name_and_retriable_flag() -> None:
     assert retriable.retriable is True
 
 
+def test_a_cluster_failing_over_is_retriable_although_librdkafka_does_not_flag_it() -> None:
+    # an admin request's result has no retriable flag: CreateTopics during a controller's
+    # failover ends in _TIMED_OUT ("Timed out waiting for controller"), NOT_CONTROLLER, ...
+    for code in (KafkaError._TIMED_OUT, KafkaError.NOT_CONTROLLER, KafkaError.REQUEST_TIMED_OUT):
+        moving = kafka.error(KafkaError(code), "cannot create topic 'x'", topic="x")
+        assert moving.retriable is True, moving.name
+    for code in (KafkaError.POLICY_VIOLATION, KafkaError.INVALID_REPLICATION_FACTOR):
+        assert kafka.error(KafkaError(code), "cannot create topic 'x'").retriable is False
+
+
 def test_reading_a_topic_when_no_broker_answers_is_a_service_error() -> None:
     with pytest.raises(ServiceError):
         kafka.read_to_end(

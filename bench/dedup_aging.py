@@ -41,6 +41,7 @@ import urllib.request  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
+from bench.dedup_latency import raise_on_sigterm, stop_dedup  # noqa: E402
 from bench.e2e import group_usage  # noqa: E402
 from common.raw_run import RunBuilder  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
@@ -160,12 +161,8 @@ def dedup_counters(port: int) -> dict[str, float]:
     return values
 
 
-def _raise_on_sigterm(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main() -> int:
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)  # the finally below stops dedup and broker
+    signal.signal(signal.SIGTERM, raise_on_sigterm)  # the finally below stops dedup and broker
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--minutes", type=float, default=20.0)
     parser.add_argument("--mbps", type=float, default=10.0, help="MB/s of record values")
@@ -277,13 +274,7 @@ def _measure(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, o
             raise RuntimeError(f"forwarded {forwarded:.0f} records, {written} written")
     finally:
         writer.stop.set()
-        if dedup.poll() is None:
-            dedup.send_signal(signal.SIGTERM)
-            try:
-                dedup.wait(60)
-            except subprocess.TimeoutExpired:
-                dedup.kill()
-                dedup.wait()
+        stop_dedup(dedup)
         log.close()
     rows = intervals
     return {

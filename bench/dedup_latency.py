@@ -239,12 +239,12 @@ def percentile(values: list[int], q: float) -> int | None:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-def _raise_on_sigterm(signum: int, _frame: object) -> None:
+def raise_on_sigterm(signum: int, _frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main() -> int:
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)  # the finally below stops dedup and broker
+    signal.signal(signal.SIGTERM, raise_on_sigterm)  # the finally below stops dedup and broker
     parser = argparse.ArgumentParser(allow_abbrev=False)
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--rates", default="1000,5000,20000")
@@ -421,15 +421,20 @@ def _measure(
     finally:
         watcher.stop.set()
         memory.stop.set()
-        if dedup.poll() is None:
-            dedup.send_signal(signal.SIGTERM)
-            try:
-                dedup.wait(60)
-            except subprocess.TimeoutExpired:
-                dedup.kill()
-                dedup.wait()
+        stop_dedup(dedup)
         log.close()
     return result
+
+
+def stop_dedup(dedup: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (the dedup's graceful stop), then SIGKILL if it has not exited within 60 s."""
+    if dedup.poll() is None:
+        dedup.send_signal(signal.SIGTERM)
+        try:
+            dedup.wait(60)
+        except subprocess.TimeoutExpired:
+            dedup.kill()
+            dedup.wait()
 
 
 if __name__ == "__main__":

@@ -5,10 +5,11 @@ copies into rows, converts to Arrow and pipes to the Python worker). The alterna
 Spark carries only ``partition`` and ``offset`` and each task reads its offset range with a
 librdkafka consumer. One SparkSession (the dedup's own settings, ``local[2]``), one local broker,
 a topic of ``--records`` values of ``--value-bytes`` random bytes in ``--partitions`` partitions,
-read whole by a batch query into ``mapInArrow``; per round and case (alternated, the order flipping
-every round): the CPU of the dedup's process tree (driver, JVM, Python workers; ``bench/dedup.py``'s
-accounting) per GB of values, the JIT's share of it, the broker's CPU per GB and the wall time. Each task checks that it
-saw every value's bytes, so both cases do the same work.
+read whole by a batch query into ``mapInArrow``; per round and case (alternated, the order
+flipping every round): the CPU of the dedup's process tree (driver, JVM, Python workers;
+``bench/dedup.py``'s accounting) per GB of values, the JIT's share of it, the broker's CPU per GB
+and the wall time. Each task checks that it saw every value's bytes, so both cases do the same
+work.
 
     .venv/bin/python bench/dedup_source.py [--records 10000] [--value-bytes 60000]
         [--partitions 8] [--rounds 3]

@@ -100,6 +100,25 @@ def run(
         stop_spark(spark, requested=stop.is_set())
 
 
+class _Waiting:
+    """A start-up wait's WARNING: said at the first call, then at most every ``say_every``
+    seconds, with the seconds waited so far as its last argument."""
+
+    def __init__(self, say_every: float) -> None:
+        self.began = time.monotonic()
+        self.say_every = say_every
+        self.said = -say_every
+
+    def waited(self) -> float:
+        return time.monotonic() - self.began
+
+    def say(self, message: str, *args: object) -> None:
+        waited = self.waited()
+        if waited - self.said >= self.say_every:
+            self.said = waited
+            log.warning(message, *args, waited)
+
+
 def wait_for_kafka(
     config: DedupConfig,
     stop: threading.Event,
@@ -113,26 +132,21 @@ def wait_for_kafka(
     (``StartLimitBurst``) and leave the dedup down after the outage (docs/dedup.md "Running it").
     """
     conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
-    began = time.monotonic()
-    said = -say_every
+    waiting = _Waiting(say_every)
     while not stop.is_set():
         try:
             kafka.broker_count(conf, probe_timeout)
         except KafkaClientError as exc:
-            waited = time.monotonic() - began
-            if waited - said >= say_every:
-                said = waited
-                log.warning(
-                    "downstream Kafka at %s does not answer (%s); waiting for it (%.0f s so "
-                    "far) before starting Spark",
-                    config.bootstrap_servers,
-                    exc,
-                    waited,
-                )
+            waiting.say(
+                "downstream Kafka at %s does not answer (%s); waiting for it (%.0f s so far) "
+                "before starting Spark",
+                config.bootstrap_servers,
+                exc,
+            )
             stop.wait(1.0)  # a retry interval with a stop check, not a synchronisation
             continue
-        if time.monotonic() - began > probe_timeout:
-            log.info("downstream Kafka answers after %.0f s", time.monotonic() - began)
+        if waiting.waited() > probe_timeout:
+            log.info("downstream Kafka answers after %.0f s", waiting.waited())
         return True
     return False
 
@@ -148,8 +162,7 @@ def wait_for_raw_topic(
     """
     conf = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
     topic = config.raw_topics[0]
-    began = time.monotonic()
-    said = -say_every
+    waiting = _Waiting(say_every)
     while not stop.is_set():
         try:
             if kafka.topic_partitions(conf, topic, KAFKA_PROBE_S) > 0:
@@ -157,10 +170,7 @@ def wait_for_raw_topic(
             why = "does not exist yet (the receiver creates it)"
         except KafkaClientError as exc:
             why = f"cannot be described ({exc})"
-        waited = time.monotonic() - began
-        if waited - said >= say_every:
-            said = waited
-            log.warning("raw topic %s %s; waiting for it (%.0f s so far)", topic, why, waited)
+        waiting.say("raw topic %s %s; waiting for it (%.0f s so far)", topic, why)
         stop.wait(1.0)  # a retry interval with a stop check, not a synchronisation
     return False
 
@@ -180,24 +190,19 @@ def start_retrying(
     ``TRANSIENT_ERRORS``) that a new try gets past. Exiting instead would leave it to systemd's
     restart, and its start limit, as ``wait_for_kafka`` explains. Anything else is raised.
     """
-    began = time.monotonic()
-    said = -say_every
+    waiting = _Waiting(say_every)
     while not stop.is_set():
         try:
             return start()
         except KafkaClientError as exc:
             if not exc.retriable:
                 raise
-            waited = time.monotonic() - began
-            if waited - said >= say_every:
-                said = waited
-                log.warning(
-                    "downstream Kafka could not ready the dedup's topics (%s); trying again "
-                    "every %.0f s (%.0f s so far)",
-                    exc,
-                    pause,
-                    waited,
-                )
+            waiting.say(
+                "downstream Kafka could not ready the dedup's topics (%s); trying again every "
+                "%.0f s (%.0f s so far)",
+                exc,
+                pause,
+            )
         stop.wait(pause)  # a retry interval with a stop check, not a synchronisation
     return None
 

@@ -32,7 +32,6 @@ import platform  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import signal  # noqa: E402
-import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
@@ -41,12 +40,10 @@ import urllib.request  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 
-from bench.dedup_latency import raise_on_sigterm, stop_dedup  # noqa: E402
+from bench.dedup_latency import produce_run, raise_on_sigterm, start_dedup, stop_dedup  # noqa: E402
 from bench.e2e import group_usage  # noqa: E402
 from common.raw_run import RunBuilder  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
-
-SESSION = b"ab" * 16
 
 
 class PacedRuns(threading.Thread):
@@ -91,19 +88,7 @@ class PacedRuns(threading.Thread):
             run = RunBuilder("src", partition, 1, first, now)
             for offset in range(first, first + args.run_records):
                 run.append(offset, now, b"key-%d" % offset, self.value, ())
-            while True:
-                try:
-                    self.producer.produce(
-                        self.topic,
-                        run.encode(),
-                        run.key().encode(),
-                        partition,
-                        headers=[("diode.session", SESSION)],
-                        timestamp=now,
-                    )
-                    break
-                except BufferError:
-                    self.producer.poll(0.05)
+            produce_run(self.producer, self.topic, run, partition, now)
             self.next_offset[partition] += args.run_records
             sent_bytes += run_bytes
             partition = (partition + 1) % args.raw_partitions
@@ -206,13 +191,7 @@ def _measure(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, o
         "METRICS_PORT": str(port),
     }
     log = (tmp / "dedup.log").open("wb")
-    dedup = subprocess.Popen(
-        [sys.executable, "-m", "kafka_diode", "dedup"],
-        env=env,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,  # its own process group: the CPU sums it
-    )
+    dedup = start_dedup(env, log)
     writer = PacedRuns(bootstrap, raw, args)
     load_start = os.getloadavg()[0]
     try:

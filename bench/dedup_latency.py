@@ -39,6 +39,7 @@ import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
+from typing import BinaryIO  # noqa: E402
 
 from confluent_kafka import Consumer, Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
@@ -130,18 +131,21 @@ class Runs:
         for partition, (run, opened) in list(self.open.items()):
             if all_runs or now - opened >= self.linger:
                 del self.open[partition]
-                while True:
-                    try:
-                        self.producer.produce(
-                            self.topic,
-                            run.encode(),
-                            run.key().encode(),
-                            partition % PARTITIONS,
-                            headers=[("diode.session", SESSION)],
-                        )
-                        break
-                    except BufferError:
-                        self.producer.poll(0.01)
+                produce_run(self.producer, self.topic, run, partition % PARTITIONS)
+
+
+def produce_run(
+    producer: Producer, topic: str, run: RunBuilder, partition: int, timestamp: int = 0
+) -> None:
+    """``run`` as the receiver writes it (v2 raw record, its session header), waiting while the
+    producer's queue is full; ``timestamp`` 0: the producer's clock."""
+    while True:
+        try:
+            producer.produce(topic, run.encode(), run.key().encode(), partition,
+                             headers=[("diode.session", SESSION)], timestamp=timestamp)  # fmt: skip
+            return
+        except BufferError:
+            producer.poll(0.01)
 
 
 def produce_at(
@@ -333,13 +337,7 @@ def _measure(
         "LOG_LEVEL": "DEBUG",  # per-batch lines: wall time, the write tasks' fence and write
     }
     log = (tmp / "dedup.log").open("wb")
-    dedup = subprocess.Popen(
-        [sys.executable, "-m", "kafka_diode", "dedup"],
-        env=env,
-        stdout=log,
-        stderr=log,
-        start_new_session=True,  # its own process group: the memory watch sums it
-    )
+    dedup = start_dedup(env, log)
     memory = MemoryWatch(dedup.pid)
     memory.start()
     watcher = CleanWatcher(bootstrap, clean)
@@ -424,6 +422,18 @@ def _measure(
         stop_dedup(dedup)
         log.close()
     return result
+
+
+def start_dedup(env: dict[str, str], log: BinaryIO) -> subprocess.Popen[bytes]:
+    """``kafka-diode dedup`` with ``env``, its output into ``log``, in its own process group
+    (what the CPU and memory figures sum)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "kafka_diode", "dedup"],
+        env=env,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+    )
 
 
 def stop_dedup(dedup: subprocess.Popen[bytes]) -> None:

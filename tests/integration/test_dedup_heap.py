@@ -80,6 +80,9 @@ def test_a_backlog_of_1kb_records_passes_the_default_heap(
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
     # the defaults under test: no MAX_OFFSETS_PER_TRIGGER, no heap setting; windows for 200k
     env |= {"WINDOW_SIZE": "65536", "MAX_WINDOWS": "16", "PERSIST_INTERVAL_MS": "1000"}
+    # its own state topic: the session's broker may hold the default one, made for fewer raw
+    # partitions by another test's dedup (the direct layout needs one per raw partition)
+    env["STATE_TOPIC"] = f"state.{raw}"
     finish(run_dedup(env, "--until-idle", "10"), timeout=900)
 
     total = PARTITIONS * RECORDS_PER_PARTITION
@@ -121,6 +124,9 @@ def test_a_backlog_of_records_up_to_max_record_size_passes_the_default_heap(
         produce_records(downstream_kafka, raw, large_runs(partition), timeout=300, config=big)
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
     env |= {"WINDOW_SIZE": "65536", "MAX_WINDOWS": "16", "PERSIST_INTERVAL_MS": "1000"}
+    # its own state topic: the session's broker may hold the default one, made for fewer raw
+    # partitions by another test's dedup (the direct layout needs one per raw partition)
+    env["STATE_TOPIC"] = f"state.{raw}"
     finish(run_dedup(env, "--until-idle", "10"), timeout=900)
 
     total = PARTITIONS * LARGE_PER_PARTITION
@@ -171,6 +177,9 @@ def test_a_compressed_backlog_of_compressible_records_passes_the_default_heap(
         )
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
     env |= {"WINDOW_SIZE": "65536", "MAX_WINDOWS": "16", "PERSIST_INTERVAL_MS": "1000"}
+    # its own state topic: the session's broker may hold the default one, made for fewer raw
+    # partitions by another test's dedup (the direct layout needs one per raw partition)
+    env["STATE_TOPIC"] = f"state.{raw}"
     finish(run_dedup(env, "--until-idle", "10"), timeout=900)
 
     total = COMPRESSIBLE_PARTITIONS * COMPRESSIBLE_RUNS * 6

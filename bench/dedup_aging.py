@@ -48,7 +48,7 @@ from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 
 class PacedRuns(threading.Thread):
     """Writes runs round robin over the raw partitions (source partition p into raw partition
-    p), no faster than ``bytes_per_s`` of record values, until ``stop`` is set."""
+    p), no faster than ``--mbps`` MB of record values a second, until ``stop`` is set."""
 
     def __init__(self, bootstrap: str, topic: str, args: argparse.Namespace) -> None:
         super().__init__(daemon=True)

@@ -35,7 +35,6 @@ import signal  # noqa: E402
 import tempfile  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
-import urllib.request  # noqa: E402
 
 from confluent_kafka import Producer  # noqa: E402
 from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
@@ -43,6 +42,7 @@ from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
 from bench.dedup_latency import produce_run, raise_on_sigterm, start_dedup, stop_dedup  # noqa: E402
 from bench.e2e import group_usage  # noqa: E402
 from common.raw_run import RunBuilder  # noqa: E402
+from kafka_diode import status  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
 
 
@@ -135,15 +135,17 @@ def compiler_cpu_s(pid: int) -> float:
 
 
 def dedup_counters(port: int) -> dict[str, float]:
-    """``batches_total`` and ``records_forwarded_total`` from the dedup's metrics endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    wanted = ("batches_total", "records_forwarded_total")
-    values = {}
-    for name in wanted:
-        match = re.search(rf"^kafka_diode_dedup_{name} ([\d.e+]+)$", text, re.M)
-        values[name] = float(match.group(1)) if match else 0.0
-    return values
+    """``batches_total`` and ``records_forwarded_total`` from the dedup's metrics endpoint
+    (``kafka-diode status``'s scrape).
+
+    Raises:
+        OSError: the endpoint does not answer.
+    """
+    metrics = status.scrape(f"127.0.0.1:{port}", timeout=10)
+    if metrics is None:
+        raise OSError(f"the dedup's metrics endpoint on port {port} does not answer")
+    names = ("batches_total", "records_forwarded_total")
+    return {name: metrics.get(f"kafka_diode_dedup_{name}", 0.0) for name in names}
 
 
 def main() -> int:

@@ -8,10 +8,11 @@
 # Spark 4 needs (Java 17+), and is what the project is tested on.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# --- build: install the package into the venv and fetch the Spark Kafka connector jars ---------
+# --- build: install the package into the venv, fetch the Spark Kafka connector jars and compile
+# the dedup's checkpoint file manager (javac: the JDK here, a runtime only below) ---------------
 FROM ${PYTHON_IMAGE} AS build
 RUN apt-get update \
- && apt-get install -y --no-install-recommends openjdk-17-jre-headless maven \
+ && apt-get install -y --no-install-recommends openjdk-17-jdk-headless maven \
  && rm -rf /var/lib/apt/lists/*
 ENV VIRTUAL_ENV=/opt/kafka-diode/venv \
     KAFKA_DIODE_CACHE=/opt/kafka-diode/cache \

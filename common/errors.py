@@ -119,3 +119,9 @@ class LocalKafkaError(ServiceError):
     """The embedded Kafka broker could not be fetched, started, reached or stopped."""
 
     retriable = False
+
+
+class JvmBuildError(ServiceError):
+    """kafka-diode's own JVM classes could not be compiled (no ``javac``, or it failed)."""
+
+    retriable = False

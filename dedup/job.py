@@ -36,6 +36,7 @@ from dedup import spark_compat
 from dedup.clean_topics import create_dedup_topics
 from dedup.config import DedupConfig
 from dedup.detect import DetectParams
+from dedup.jvm import CHECKPOINT_MANAGER_CLASS, checkpoint_manager_jar
 from dedup.layouts import LayoutImpl, checkpoint_layout, implementation, session_layout
 from dedup.writer_settings import KAFKA_TIMEOUT_S
 from runtime import kafka
@@ -77,17 +78,19 @@ CHANGELOG_CHECKPOINTING = "spark.sql.streaming.stateStore.rocksdb.changelogCheck
 CHECKPOINT_FILE_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
 
 
-def checkpoint_conf(layout: LayoutImpl) -> dict[str, str]:
+def checkpoint_conf(layout: LayoutImpl, *, own_manager: bool = False) -> dict[str, str]:
     """Spark settings for how the state is committed (driver and executors).
 
     RocksDB commits a changelog per batch instead of uploading a snapshot of each state
     partition (a snapshot every few batches, in the background); Spark reads either form and
     switches an existing checkpoint in both directions. The checkpoint file manager is the
-    layout's (``LayoutImpl.CHECKPOINT_FILE_MANAGER``).
+    layout's (``LayoutImpl.CHECKPOINT_FILE_MANAGER``), or with ``own_manager`` (its jar is on the
+    classpath) the dedup's own for a local checkpoint (``dedup/jvm``), where the layout has one.
     """
     conf = {CHANGELOG_CHECKPOINTING: "true"}
     if layout.CHECKPOINT_FILE_MANAGER:
-        conf[CHECKPOINT_FILE_MANAGER] = layout.CHECKPOINT_FILE_MANAGER
+        manager = CHECKPOINT_MANAGER_CLASS if own_manager else layout.CHECKPOINT_FILE_MANAGER
+        conf[CHECKPOINT_FILE_MANAGER] = manager
     return conf
 
 
@@ -110,6 +113,13 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         for name, value in JVM_ENV.items():  # the JVM is started with this process's environment
             os.environ.setdefault(name, value)
     layout = implementation(session_layout(config.new_state_layout, config.state_dir_config))
+    # the dedup's own checkpoint file manager needs its jar on the driver's classpath at launch,
+    # so only in a JVM this process starts (docs/dedup.md "Running on a Spark cluster")
+    manager_jar = (
+        checkpoint_manager_jar() if launched_here and layout.CHECKPOINT_FILE_MANAGER else None
+    )
+    if manager_jar is not None:
+        jars = [*jars, str(manager_jar)]
     conf: dict[str, str] = {
         "spark.sql.shuffle.partitions": str(config.effective_shuffle_partitions()),
         "spark.sql.execution.arrow.maxRecordsPerBatch": str(config.arrow_max_records_per_batch),
@@ -132,7 +142,7 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         # interval instead of one per trigger, each with a fixed cost (docs/dedup-internals.md
         # "How it works")
         "spark.sql.streaming.noDataMicroBatches.enabled": "false",
-        **checkpoint_conf(layout),
+        **checkpoint_conf(layout, own_manager=manager_jar is not None),
     }
     if launched_here:
         # under spark-submit the driver's JVM runs already and spark-defaults.conf is the

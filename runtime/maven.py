@@ -129,7 +129,11 @@ def jar_dir(jar_set: JarSet, env: Mapping[str, str] | None = None) -> Path:
 
 def cached_jars(jar_set: JarSet, env: Mapping[str, str] | None = None) -> list[Path] | None:
     """The jars of a complete cached set, or None when it is missing or incomplete."""
-    directory = jar_dir(jar_set, env)
+    return complete_jars(jar_dir(jar_set, env))
+
+
+def complete_jars(directory: Path) -> list[Path] | None:
+    """The jars a cache directory's ``COMPLETE`` marker lists, or None unless all are there."""
     marker = directory / MARKER
     try:
         names = json.loads(marker.read_text(encoding="utf-8"))["jars"]
@@ -267,19 +271,24 @@ def _fetch(jar_set: JarSet, env: Mapping[str, str] | None) -> None:
         names = sorted(p.name for p in staging.iterdir() if p.suffix == ".jar")
         if not names:
             raise LocalKafkaError(f"Maven fetched no jars for {jar_set.dirname}; see {pom_dir}")
-        marker = {"set": jar_set.name, "version": jar_set.version, "jars": names}
-        (staging / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
-        if final.exists() and cached_jars(jar_set, env) is None:
-            shutil.rmtree(final)  # an incomplete leftover from an older layout; never trusted
-        try:
-            staging.rename(final)
-        except OSError:
-            # Another process completed the same set first; its copy is as good as ours.
-            if cached_jars(jar_set, env) is None:
-                raise
+        publish(staging, final, names, set=jar_set.name, version=jar_set.version)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def publish(staging: Path, final: Path, names: list[str], **meta: str) -> None:
+    """Mark ``staging`` complete (its ``COMPLETE`` lists ``names``) and rename it to ``final``."""
+    marker = {**meta, "jars": names}
+    (staging / MARKER).write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
+    if final.exists() and complete_jars(final) is None:
+        shutil.rmtree(final)  # an incomplete leftover from an older layout; never trusted
+    try:
+        staging.rename(final)
+    except OSError:
+        # Another process completed the same set first; its copy is as good as ours.
+        if complete_jars(final) is None:
+            raise
 
 
 def _last_error(output: str) -> str:

@@ -13,7 +13,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from common.errors import ConfigError, LocalKafkaError
+from common.errors import ConfigError, JvmBuildError, LocalKafkaError
+from dedup import jvm as dedup_jvm
 from kafka_diode.local_kafka import broker, cluster, security
 from runtime import maven as artifacts
 
@@ -25,7 +26,7 @@ environment:
   KAFKA_DIODE_RUN_DIR  where the name index lives (default $KAFKA_DIODE_CACHE/run)
   KAFKA_DIODE_MVN      Maven executable used once to fetch jars (default: mvn on PATH)
   KAFKA_DIODE_JVM_OPTS extra JVM options for the broker, appended after the defaults
-  JAVA_HOME            Java 17+ to run the broker (default: java on PATH)
+  JAVA_HOME            Java 17+ to run the broker, and its javac for 'fetch' (default: on PATH)
 
 Once 'fetch' (or a first 'start') has cached the jars, nothing touches the network or Maven.
 See docs/local-kafka.md.
@@ -155,7 +156,9 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="download and cache the broker and Spark connector jars; print where",
         description=(
             "Resolve the Kafka broker jars and Spark's Kafka connector (matching pyspark "
-            f"{artifacts.SPARK_VERSION}) from Maven Central into the cache. A no-op when cached."
+            f"{artifacts.SPARK_VERSION}) from Maven Central into the cache, and compile the "
+            "dedup's checkpoint file manager there with the JDK's javac (skipped, with a note, "
+            "without one). A no-op when cached."
         ),
         allow_abbrev=False,
     )
@@ -317,8 +320,13 @@ def _fetch() -> int:
     began = time.monotonic()
     kafka_dir = artifacts.ensure_kafka_jars()
     spark_jars = artifacts.spark_connector_jars()
+    try:
+        manager = str(dedup_jvm.build())
+    except JvmBuildError as exc:
+        manager = f"not built ({exc}); the dedup then writes its checkpoint logs through Hadoop"
     elapsed = time.monotonic() - began
     print(f"kafka broker jars ({artifacts.KAFKA_VERSION}): {kafka_dir}")
     print(f"spark kafka connector ({artifacts.SPARK_VERSION}): {spark_jars[0].parent}")
+    print(f"dedup checkpoint file manager: {manager}")
     print(f"ready in {elapsed:.1f} s", file=sys.stderr)
     return 0

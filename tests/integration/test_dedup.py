@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 
 from common.raw_run import RunBuilder
-from dedup.job import CHANGELOG_CHECKPOINTING
+from dedup.job import CHANGELOG_CHECKPOINTING, CHECKPOINT_FILE_MANAGER
 from dedup.layouts import LAYOUT_FILE
+from dedup.layouts.direct import CHECKPOINT_FILE_MANAGER as SPARKS_MANAGER
 from tests.kafka_helpers import Record, consume_all, create_topic, produce_records, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark]
@@ -321,6 +322,10 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     first_env = dict(env)
     if first_commits == "snapshots":
         first_env[f"SPARK_CONF_{CHANGELOG_CHECKPOINTING.replace('.', '_')}"] = "false"
+    if layout == "direct":
+        # the killed run writes its logs as a dedup without the dedup's own file manager does
+        # (no javac: Hadoop's, with .crc files); the restart takes them over with its own
+        first_env[f"SPARK_CONF_{CHECKPOINT_FILE_MANAGER.replace('.', '_')}"] = SPARKS_MANAGER
     proc = run_dedup(first_env)
     kill_once_committed(proc, downstream_kafka, clean_topic, 9_000)
     assert json.loads(record.read_text())["layout"] == layout
@@ -333,13 +338,29 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     state_dir = Path(env["STATE_DIR_CONFIG"]) / "state"
     assert bool(list(state_dir.rglob("*.changelog"))) == (first_commits == "changelogs")
 
+    logs = [Path(env["STATE_DIR_CONFIG"]) / name for name in ("offsets", "commits")]
+    first_batches = {log: last_batch(log) for log in logs}
+    if layout == "direct":
+        assert all((log / f".{first_batches[log]}.crc").is_file() for log in logs)
+
     finish(run_dedup(env, "--until-idle", "8"))
     # the direct layout keeps no Spark state at all (its detectors are in the state topic)
     assert bool(list(state_dir.rglob("*.changelog"))) == (layout != "direct")
+    if layout == "direct":
+        # the restart's batches went through kafkadiode.dedup.LocalCheckpointFileManager
+        # (dedup/jvm): no .crc, no chmod process
+        for log in logs:
+            assert last_batch(log) > first_batches[log]
+            assert not (log / f".{last_batch(log)}.crc").exists()
     clean = consume_all(downstream_kafka, clean_topic, timeout=60)
     counts = Counter((r.partition, r.timestamp) for r in clean)
     assert [k for k, n in counts.items() if n > 1] == []
     assert len(counts) == 3 * per_partition
+
+
+def last_batch(log: Path) -> int:
+    """The last batch a Spark metadata log (``offsets``, ``commits``) holds."""
+    return max(int(path.name) for path in log.iterdir() if path.name.isdigit())
 
 
 def run_record(partition: int, first: int, last: int, stride: int = 1, *,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dedup.job import CHANGELOG_CHECKPOINTING, CHECKPOINT_FILE_MANAGER, checkpoint_conf
+from dedup.jvm import CHECKPOINT_MANAGER_CLASS
 from dedup.layouts import buckets, direct
 
 
@@ -17,3 +18,11 @@ def test_a_buckets_checkpoint_commits_changelogs_through_sparks_own_file_manager
 def test_a_direct_checkpoint_writes_its_logs_without_readlink_processes() -> None:
     conf = checkpoint_conf(direct)
     assert conf[CHECKPOINT_FILE_MANAGER].endswith(".FileSystemBasedCheckpointFileManager")
+
+
+def test_with_its_jar_a_direct_checkpoint_writes_its_logs_without_chmod_processes() -> None:
+    assert checkpoint_conf(direct, own_manager=True)[CHECKPOINT_FILE_MANAGER] == (
+        CHECKPOINT_MANAGER_CLASS
+    )
+    # the buckets layout keeps Spark's default manager (its state may be on HDFS)
+    assert CHECKPOINT_FILE_MANAGER not in checkpoint_conf(buckets, own_manager=True)

@@ -18,6 +18,7 @@
     └── ServiceError           an external service (Kafka, Java, Maven, Spark) is unusable
         ├── KafkaClientError   (here; raised by runtime.kafka) a Kafka client call failed
         ├── LocalKafkaError    the embedded broker cannot be fetched, started or stopped
+        ├── JvmBuildError      (raised by runtime.jvm_build) our JVM class cannot be compiled
         └── NetemUnavailableError  (netem.tc) tc netem is missing or not permitted here
 
 A test (tests/unit/test_errors.py) keeps this tree complete.

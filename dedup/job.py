@@ -114,7 +114,7 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
             os.environ.setdefault(name, value)
     layout = implementation(session_layout(config.new_state_layout, config.state_dir_config))
     # the dedup's own checkpoint file manager needs its jar on the driver's classpath at launch,
-    # so only in a JVM this process starts (docs/dedup.md "Running on a Spark cluster")
+    # so only in a JVM this process starts (docs/dedup.md "Settings", "Checkpoint files")
     manager_jar = (
         checkpoint_manager_jar() if launched_here and layout.CHECKPOINT_FILE_MANAGER else None
     )

@@ -76,8 +76,14 @@ def compiled_jar(
     if jars is not None:
         return jars[0]
     javac = javac_executable(env)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+    except OSError as exc:  # a read-only cache (a systemd unit's ProtectSystem=strict)
+        raise JvmBuildError(
+            f"cannot build {name} in {final.parent} ({exc}): run 'kafka-diode local-kafka fetch' "
+            "where a JDK is and the cache is writable, and ship its jars/ directory"
+        ) from exc
     try:
         classes = staging / "classes"
         command = [
@@ -104,11 +110,14 @@ def compiled_jar(
                 f"javac failed on {name} (exit {result.returncode}): {output[0][:300]}"
             )
         jar = staging / f"{name}.jar"
-        with zipfile.ZipFile(jar, "w", zipfile.ZIP_DEFLATED) as archive:
-            for path in sorted(classes.rglob("*.class")):
-                archive.write(path, path.relative_to(classes).as_posix())
-        shutil.rmtree(classes)
-        publish(staging, final, [jar.name], name=name, digest=digest)
+        try:
+            with zipfile.ZipFile(jar, "w", zipfile.ZIP_DEFLATED) as archive:
+                for path in sorted(classes.rglob("*.class")):
+                    archive.write(path, path.relative_to(classes).as_posix())
+            shutil.rmtree(classes)
+            publish(staging, final, [jar.name], name=name, digest=digest)
+        except OSError as exc:
+            raise JvmBuildError(f"cannot write {name} into {final}: {exc}") from exc
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)

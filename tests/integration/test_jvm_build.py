@@ -54,6 +54,17 @@ def test_without_javac_the_error_names_the_fix_and_the_dedup_falls_back(tmp_path
     assert "chmod process per file" in caplog.text
 
 
+def test_a_cache_it_cannot_write_is_a_build_error_not_a_crash(tmp_path, caplog) -> None:
+    """A systemd unit's cache is read-only (ProtectSystem=strict): the dedup falls back."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {**os.environ, "KAFKA_DIODE_CACHE": str(blocker / "cache")}
+    with pytest.raises(JvmBuildError, match="local-kafka fetch"):
+        compiled_jar("probe", [java_source(tmp_path)], [jvm.spark_jars_dir()], env)
+    assert jvm.checkpoint_manager_jar(env) is None
+    assert "chmod process per file" in caplog.text
+
+
 def test_a_source_javac_refuses_leaves_nothing_complete_in_the_cache(tmp_path) -> None:
     env = {**os.environ, "KAFKA_DIODE_CACHE": str(tmp_path / "cache")}
     source = java_source(tmp_path, "int broken(")

@@ -68,7 +68,8 @@ def compiled_jar(
     compiled only if the cache lacks it.
 
     Raises:
-        JvmBuildError: no ``javac``, or it failed (its first error in the message).
+        JvmBuildError: no ``javac``, it failed (its first error in the message), or the cache
+            cannot be written.
     """
     digest = _digest(sources, classpath)
     final = cache_root(env) / "jars" / f"{name}-{digest}"

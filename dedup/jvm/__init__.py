@@ -39,7 +39,7 @@ def build(env: Mapping[str, str] | None = None) -> Path:
     that a cache built where a JDK is carries it to hosts with a Java runtime only).
 
     Raises:
-        JvmBuildError: no ``javac``, or it failed.
+        JvmBuildError: no ``javac``, it failed, or the cache cannot be written.
     """
     return compiled_jar(JAR_NAME, SOURCES, [spark_jars_dir()], env)
 

@@ -15,6 +15,7 @@ Importable inside Spark executors (the dedup's writer runs there): no asyncio, n
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -37,6 +38,8 @@ from confluent_kafka.admin import (  # type: ignore[attr-defined]
 )
 
 from common.errors import ConfigError, KafkaClientError, ServiceError
+
+log = logging.getLogger(__name__)
 
 #: The configuration key a refused client property is reported under (operators set client
 #: properties through each command's ``kafka`` table or ``*KAFKA_CONF_*`` variables).
@@ -162,14 +165,15 @@ def create_missing_topics(
     topics it created has a leader (created is not yet usable: metadata and leaders reach the
     brokers a moment later, and a produce or describe in between fails).
 
-    A topic that someone else creates meanwhile (``TOPIC_ALREADY_EXISTS``) counts as found.
-    Existing topics are not changed, nor checked: their partitions are reported for the caller
-    to judge.
+    A topic that someone else creates meanwhile (``TOPIC_ALREADY_EXISTS``) counts as found. A
+    topic refused for too few brokers (``INVALID_REPLICATION_FACTOR``: one may be restarting) is
+    asked for again, once a second, until ``timeout``. Existing topics are not changed, nor
+    checked: their partitions are reported for the caller to judge.
 
     Args:
         conf: client properties (``bootstrap.servers``, security).
         specs: the topics; a name given twice is asked for once (the first spec wins).
-        timeout: seconds for the creation and for the leaders to appear.
+        timeout: seconds for the creation (with its tries) and for the leaders to appear.
         reach_timeout: seconds for the first metadata answer (default: ``timeout``).
 
     Raises:
@@ -197,22 +201,73 @@ def create_missing_topics(
     missing = [spec for name, spec in wanted.items() if name not in found]
     created: list[str] = []
     if missing:
-        futures = client.create_topics(
-            [NewTopic(s.name, s.partitions, s.replication, config=dict(s.config)) for s in missing],
-            operation_timeout=timeout,
-            request_timeout=timeout,
-        )
-        for spec in missing:
-            try:
-                futures[spec.name].result(timeout + 5)
-                created.append(spec.name)
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args else None
-                if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
-                    continue  # created meanwhile by someone else
-                raise error(exc, f"cannot create topic {spec.name!r}", topic=spec.name) from exc
+        deadline = time.monotonic() + timeout
+        waiting, refused = missing, set[str]()
+        while waiting:
+            waiting = _create(
+                client,
+                waiting,
+                timeout=timeout,
+                deadline=deadline,
+                created=created,
+                refused=refused,
+            )
         found.update(_wait_for_leaders(client, missing, timeout))
     return EnsuredTopics(created=tuple(created), partitions=found)
+
+
+#: Seconds between the tries of a topic that a restarting broker keeps from being created.
+CREATE_RETRY_S = 1.0
+
+
+def _create(
+    client: AdminClient,
+    specs: Sequence[TopicSpec],
+    *,
+    timeout: float,
+    deadline: float,
+    created: list[str],
+    refused: set[str],
+) -> list[TopicSpec]:
+    """Ask for ``specs`` once; appends those created to ``created`` and returns those to ask for
+    again: refused for too few brokers (``INVALID_REPLICATION_FACTOR``) while ``deadline`` is
+    ahead (``refused`` names those refused before). A broker of a rolling restart is
+    unregistered for seconds, and a component started then would stop at start-up; a cluster
+    that is too small stays refused until the deadline."""
+    futures = client.create_topics(
+        [NewTopic(s.name, s.partitions, s.replication, config=dict(s.config)) for s in specs],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    again: list[TopicSpec] = []
+    for spec in specs:
+        try:
+            futures[spec.name].result(timeout + 5)
+            created.append(spec.name)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            code = err.code() if isinstance(err, KafkaError) else None
+            if code == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue  # created meanwhile by someone else
+            if code == KafkaError.INVALID_REPLICATION_FACTOR and time.monotonic() < deadline:
+                # once per topic: the tries a second after it say nothing new
+                log.log(
+                    logging.DEBUG if spec.name in refused else logging.WARNING,
+                    "cannot create topic %r yet: %s; a broker may be restarting, trying again "
+                    "for %.0f s more",
+                    spec.name,
+                    err.str() if isinstance(err, KafkaError) else exc,
+                    deadline - time.monotonic(),
+                )
+                refused.add(spec.name)
+                again.append(spec)
+                continue
+            raise error(exc, f"cannot create topic {spec.name!r}", topic=spec.name) from exc
+    if again:
+        time.sleep(
+            min(CREATE_RETRY_S, max(0.0, deadline - time.monotonic()))
+        )  # a pause between tries
+    return again
 
 
 def _wait_for_leaders(

@@ -3,7 +3,7 @@
 Spark 4.1 added a real-time trigger (``trigger(realTime=...)``): long-running tasks that take
 records as they arrive, their offsets logged once per "batch duration", instead of a micro-batch
 (planned, scheduled, logged) per trigger. The dedup pays a fixed cost per micro-batch
-(docs/dedup.md "Fast links of large records"); this bench measures what the mode costs, alone and
+(docs/dedup.md "Settings"); this bench measures what the mode costs, alone and
 with the dedup's direct task in it. One SparkSession as the dedup builds it, except ``local[N]``
 with a task slot per raw partition (a real-time query holds one per partition all the time); a
 process writes runs of six ``--value-bytes`` records as the receiver does, round robin into

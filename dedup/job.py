@@ -24,6 +24,7 @@ classify, detect and write (``dedup/layouts/direct.py``). Which one a checkpoint
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -97,10 +98,12 @@ def checkpoint_conf(layout: LayoutImpl, *, own_manager: bool = False) -> dict[st
 # -- session and query -----------------------------------------------------------------------
 
 
-def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
+def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0) -> SparkSession:
     """The SparkSession with the settings docs/benchmarks.md measured; ``SPARK_CONF_*`` last.
 
-    Under spark-submit the master and already-set options come from spark-submit.
+    ``raw_partitions`` (0: not known) bounds the tasks that run at once, for the heap
+    (:func:`driver_heap_mib`). Under spark-submit the master and already-set options come from
+    spark-submit.
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -149,8 +152,15 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
         # cluster administrator's: docs/dedup.md "Running on a Spark cluster" says what to add
         conf["spark.driver.defaultJavaOptions"] = JVM_OPTIONS
         conf["spark.executor.defaultJavaOptions"] = JVM_OPTIONS
-        if layout.DRIVER_MEMORY:
-            conf["spark.driver.memory"] = layout.DRIVER_MEMORY
+        if layout.DRIVER_MEMORY_MIB:
+            heap = driver_heap_mib(layout.DRIVER_MEMORY_MIB, config, raw_partitions)
+            conf["spark.driver.memory"] = f"{heap}m"
+            log.info(
+                "JVM heap %d MiB for records up to MAX_RECORD_SIZE %d bytes "
+                "(SPARK_CONF_spark_driver_memory sets another)",
+                heap,
+                config.max_record_size,
+            )
     if jars:
         conf["spark.jars"] = ",".join(jars)
     conf.update(config.spark_conf)
@@ -159,6 +169,50 @@ def build_session(config: DedupConfig, jars: list[str]) -> SparkSession:
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+#: Heap a running task of the direct layout holds per byte of its largest raw record: Spark copies
+#: the record's row into three buffers that grow by doubling (the Kafka source's converter and
+#: the two generated projections before ``mapInArrow``: twice the record each), beside the
+#: Kafka consumer's fetched response and deserialised value. A heap dump at an
+#: ``OutOfMemoryError`` with 16 MiB records showed 7 such buffers and 8 Kafka copies for two
+#: tasks (docs/dedup-internals.md "The direct layout").
+HEAP_RECORDS_PER_TASK = 9
+#: Records held outside the running tasks: a finished task's converter, idle partitions' polls.
+HEAP_RECORDS_BESIDE = 4
+#: The JVM's own live heap in local mode (classes, clients, Spark's bookkeeping): ~60 MB after
+#: a full collection.
+HEAP_BASE_MIB = 96
+#: The share of the heap the live set may fill: the parallel collector splits the heap into a
+#: young and an old generation, and a row buffer (up to twice the record) must fit whole in one.
+HEAP_FILL = 0.6
+
+
+def driver_heap_mib(least: int, config: DedupConfig, raw_partitions: int = 0) -> int:
+    """The heap of a local-mode JVM that runs direct tasks: ``least``, or what the tasks that run
+    at once need for records of ``MAX_RECORD_SIZE`` if more. With 16 MiB records and two task
+    slots ~750 MiB; up to 1 MiB the least (512)."""
+    slots = local_slots(config.spark_master)
+    if slots is None:  # a cluster's driver handles no record
+        return least
+    if raw_partitions:
+        slots = min(slots, raw_partitions)
+    record_mib = config.max_record_size / (1 << 20)
+    live = HEAP_BASE_MIB + record_mib * (HEAP_RECORDS_PER_TASK * slots + HEAP_RECORDS_BESIDE)
+    return max(least, math.ceil(live / HEAP_FILL))
+
+
+def local_slots(master: str) -> int | None:
+    """The task slots of a local master (``local``, ``local[N]``, ``local[*]``, ``local[N,F]``);
+    None for any other master."""
+    if master == "local":
+        return 1
+    if not (master.startswith("local[") and master.endswith("]")):
+        return None
+    threads = master[len("local[") : -1].split(",", maxsplit=1)[0].strip()
+    if threads == "*":
+        return os.cpu_count() or 1
+    return int(threads) if threads.isdigit() and int(threads) > 0 else None
 
 
 #: Spark's Kafka source's ``fetch.max.wait.ms`` (Kafka's default: 500). A cached consumer of

@@ -62,13 +62,15 @@ def run(
     with service.thread_signals(service.StopRequests(on_stop)):
         if not wait_for_kafka(config, stop):
             return EXIT_OK
-        needs_raw = implementation(config.new_state_layout).NEEDS_RAW_TOPIC
-        if needs_raw and not wait_for_raw_topic(config, stop):
-            return EXIT_OK
+        raw_partitions = 0
+        if implementation(config.new_state_layout).NEEDS_RAW_TOPIC:
+            raw_partitions = wait_for_raw_topic(config, stop)
+            if not raw_partitions:
+                return EXIT_OK
     writer = TransactionalBatchWriter(writer_settings(config, WriterSettings), metrics)
     raw = raw_position_metrics(config, metrics.registry)
     jars = [str(path) for path in spark_connector_jars()]
-    spark = job.build_session(config, jars)
+    spark = job.build_session(config, jars, raw_partitions)
     with service.thread_signals(service.StopRequests(on_stop)):
         started = start_retrying(lambda: job.start_query(spark, config, writer), stop)
     if started is None:
@@ -153,8 +155,8 @@ def wait_for_kafka(
 
 def wait_for_raw_topic(
     config: DedupConfig, stop: threading.Event, *, say_every: float = KAFKA_WAIT_SAY_S
-) -> bool:
-    """Wait until the (first) raw topic exists; False if ``stop`` was set first.
+) -> int:
+    """Wait until the (first) raw topic exists: its partition count; 0 if ``stop`` was set first.
 
     The direct layout takes the raw topic's partition count when its checkpoint is created
     (docs/dedup.md "The direct layout"), and the receiver creates the topic: a dedup started
@@ -165,14 +167,15 @@ def wait_for_raw_topic(
     waiting = _Waiting(say_every)
     while not stop.is_set():
         try:
-            if kafka.topic_partitions(conf, topic, KAFKA_PROBE_S) > 0:
-                return True
+            partitions = kafka.topic_partitions(conf, topic, KAFKA_PROBE_S)
+            if partitions > 0:
+                return partitions
             why = "does not exist yet (the receiver creates it)"
         except KafkaClientError as exc:
             why = f"cannot be described ({exc})"
         waiting.say("raw topic %s %s; waiting for it (%.0f s so far)", topic, why)
         stop.wait(1.0)  # a retry interval with a stop check, not a synchronisation
-    return False
+    return 0
 
 
 def start_retrying(

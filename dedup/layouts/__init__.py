@@ -129,8 +129,9 @@ class LayoutImpl(Protocol):
 
     #: Spark's ``arrow.maxBytesPerBatch`` for its Python workers
     ARROW_MAX_BYTES_PER_BATCH: int
-    #: the driver's heap of a JVM this process launches ("" : Spark's default)
-    DRIVER_MEMORY: str
+    #: the least driver heap in MiB of a JVM this process launches in local mode, raised for the
+    #: largest record (``job.driver_heap_mib``); 0: Spark's default
+    DRIVER_MEMORY_MIB: int
     #: the raw topic must exist before a new checkpoint's first start (``dedup/runner.py`` waits)
     NEEDS_RAW_TOPIC: bool
     #: Spark's ``checkpointFileManagerClass`` for a local checkpoint ("": Spark's own)

@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 #: bucket's rows fill them; docs/benchmarks.md "Dedup"), and a worker holds less.
 ARROW_MAX_BYTES_PER_BATCH: Final = 16 << 20
 #: Spark's default driver heap.
-DRIVER_MEMORY: Final = ""
+DRIVER_MEMORY_MIB: Final = 0
 #: the raw topic may come later (the query subscribes to it by name)
 NEEDS_RAW_TOPIC: Final = False
 #: Spark's own (Hadoop's ``FileContext``): the ``FileSystem``-based manager, which this layout's

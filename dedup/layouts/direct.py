@@ -42,8 +42,9 @@ ARROW_MAX_BYTES_PER_BATCH: Final = 4 << 20
 #: Spark's least. The direct layout streams each raw partition's records from the source through
 #: its task (no shuffle, no state store), so the default 1 GB only let the collector defer work:
 #: peak Pss 926 MB against 1,079 at 20,000 records/s, the same p99, and a 1.5 GB backlog of 1 KB
-#: records passed (docs/benchmarks.md "Dedup").
-DRIVER_MEMORY: Final = "512m"
+#: records passed (docs/benchmarks.md "Dedup"). Records larger than a few MiB raise it
+#: (``job.driver_heap_mib``).
+DRIVER_MEMORY_MIB: Final = 512
 #: the raw topic must exist before a new checkpoint's first start (its count is recorded)
 NEEDS_RAW_TOPIC: Final = True
 #: Spark's checkpoint file manager over Hadoop's ``FileSystem`` API, not ``FileContext``: for a

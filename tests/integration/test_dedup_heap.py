@@ -6,10 +6,13 @@ deduped by ``kafka-diode dedup`` with its own defaults (``local[2]``, Spark's 1 
 earlier default (1 MB runs) the same backlog made batches of ~1.5 GB, Arrow could not allocate a
 group's buffers (``OutOfMemoryException``) and the JVM exited (docs/benchmarks.md "Dedup").
 
-And ~400 MB of records of 2 to 16 MiB (each a run of one, up to the receiver's default
-``max_record_size``), all of it in the first micro-batch: ``MAX_OFFSETS_PER_TRIGGER`` bounds a
-batch in records, not bytes, and the direct layout's 512 MB heap holds no batch whole (a task
-streams its raw partition's records in Arrow batches of at most 4 MiB or one record).
+And ~600 MB of records of 16 MiB (each a run of one, the receiver's default ``max_record_size``),
+all of it in the first micro-batch: ``MAX_OFFSETS_PER_TRIGGER`` bounds a batch in records, not
+bytes, and the direct layout's heap holds no batch whole (a task streams its raw partition's
+records in Arrow batches of at most 4 MiB or one record). What a task does hold is ~9 copies of
+the record it handles (Spark's row buffers and Kafka's), so the heap the dedup starts grows with
+``max_record_size`` and the tasks at once (``dedup.job.driver_heap_mib``): with the least,
+512 MB, two tasks of 16 MiB records ran out of heap.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from collections import Counter
 import pytest
 
 from common.raw_run import RunBuilder
-from dedup.config import DedupConfig
+from dedup.config import DedupConfig, from_sources
+from dedup.job import driver_heap_mib
 from receiver.config import DEFAULT_RUN_MAX_BYTES
 from tests.integration.test_dedup import (
     BASE_TS,
@@ -93,9 +97,10 @@ def test_a_backlog_of_1kb_records_passes_the_default_heap(
     assert {(p, o) for p, o in seen if o >= RECORDS_PER_PARTITION} == set()
 
 
-#: Record sizes of the large-record backlog, cycled: several MB up to the largest record a
-#: receiver writes by default (``max_record_size`` 16 MiB, less the run's framing).
-LARGE_SIZES = (2 << 20, 6 << 20, 11 << 20, (16 << 20) - 4096)
+#: Record sizes of the large-record backlog, cycled: the largest record a receiver writes by
+#: default (``max_record_size`` 16 MiB, less the run's framing), so that both tasks hold one at
+#: once.
+LARGE_SIZES = ((16 << 20) - 4096,)
 LARGE_PER_PARTITION = 12
 
 
@@ -116,8 +121,8 @@ def large_runs(partition: int) -> list[Record]:
 def test_a_backlog_of_records_up_to_max_record_size_passes_the_default_heap(
     downstream_kafka, kafka_topic, tmp_path
 ) -> None:
-    """~400 MB of records of 2-16 MiB, all in the first batch by the offset limit alone
-    (``MAX_OFFSETS_PER_TRIGGER`` 10,000), through the direct layout's 512 MB heap."""
+    """~600 MB of 16 MiB records, all in the first batch by the offset limit alone
+    (``MAX_OFFSETS_PER_TRIGGER`` 10,000), through the heap the dedup sizes for them."""
     raw = kafka_topic(downstream_kafka, partitions=PARTITIONS)
     big = {"message.max.bytes": 64 << 20, "linger.ms": 0}
     for partition in range(PARTITIONS):
@@ -127,7 +132,11 @@ def test_a_backlog_of_records_up_to_max_record_size_passes_the_default_heap(
     # its own state topic: the session's broker may hold the default one, made for fewer raw
     # partitions by another test's dedup (the direct layout needs one per raw partition)
     env["STATE_TOPIC"] = f"state.{raw}"
-    finish(run_dedup(env, "--until-idle", "10"), timeout=900)
+    proc = run_dedup(env, "--until-idle", "10")
+    finish(proc, timeout=900)
+    heap = driver_heap_mib(512, from_sources(env), raw_partitions=PARTITIONS)
+    assert heap > 512
+    assert f"JVM heap {heap} MiB" in proc.log_path.read_text()  # type: ignore[attr-defined]
 
     total = PARTITIONS * LARGE_PER_PARTITION
     clean = consume_all(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dedup.config import from_sources
+from dedup.job import HEAP_FILL, driver_heap_mib, local_slots
 from dedup.layouts import LAYOUT_FILE, Layout, session_layout
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092"}
@@ -46,3 +47,35 @@ def test_no_smaller_heap_where_the_layout_cannot_be_direct_or_is_unknown(tmp_pat
     assert not direct_checkpoint(config(str(tmp_path), RAW_TOPICS="chain-1,chain-2"))
     assert not direct_checkpoint(config("hdfs://namenode/dedup"))
     assert direct_checkpoint(config(str(tmp_path / "not-yet-created")))
+
+
+@pytest.mark.parametrize(
+    ("master", "slots"),
+    [("local", 1), ("local[2]", 2), ("local[8,3]", 8), ("local[ 4 ]", 4), ("local[0]", None),
+     ("local[x]", None), ("spark://host:7077", None), ("local-cluster[2,1,1024]", None),
+     ("yarn", None)],
+)  # fmt: skip
+def test_the_task_slots_of_a_local_master(master: str, slots: int | None) -> None:
+    assert local_slots(master) == slots
+
+
+def test_local_star_has_a_slot_per_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("os.cpu_count", lambda: 6)
+    assert local_slots("local[*]") == 6
+    assert local_slots("local[*,2]") == 6
+
+
+def test_the_heap_grows_with_the_largest_record_and_the_tasks_at_once() -> None:
+    """The 512 MiB least ran out of heap with 16 MiB records on two slots (the slow
+    tests/integration/test_dedup_heap.py); each task slot holds ~9 copies of the record."""
+    default = config("/tmp/x", SPARK_MASTER="local[2]")
+    heap = driver_heap_mib(512, default)
+    assert 700 <= heap <= 800  # 16 MiB records on two slots: 512 ran out of heap, 700 passed
+    assert driver_heap_mib(512, default, raw_partitions=1) < heap  # one task at a time
+    assert driver_heap_mib(512, default, raw_partitions=12) == heap  # the slots bound it
+    four = config("/tmp/x", SPARK_MASTER="local[4]")
+    assert driver_heap_mib(512, four) - heap == pytest.approx(2 * 9 * 16 / HEAP_FILL, abs=1)
+    small = config("/tmp/x", SPARK_MASTER="local[2]", MAX_RECORD_SIZE=str(1 << 20))
+    assert driver_heap_mib(512, small) == 512  # the least, up to records of a few MiB
+    cluster = config("/tmp/x", SPARK_MASTER="spark://host:7077")
+    assert driver_heap_mib(512, cluster) == 512  # its driver handles no record

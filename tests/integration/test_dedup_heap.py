@@ -1,7 +1,7 @@
-"""The run size and batch size defaults against the dedup's default heap (slow: ~2 minutes).
+"""The run size and batch size defaults against the dedup's default heap (slow: ~3 minutes).
 
 A backlog of 1.5 GB of 1 KB records in runs cut at the receiver's default ``run_max_bytes``,
-deduped by ``kafka-diode dedup`` with its own defaults (``local[2]``, Spark's 1 GB driver heap,
+deduped by ``kafka-diode dedup`` with its own defaults (``local[2]``, the direct layout's heap,
 ``MAX_OFFSETS_PER_TRIGGER``): every record reaches the clean topic once. With the receiver's
 earlier default (1 MB runs) the same backlog made batches of ~1.5 GB, Arrow could not allocate a
 group's buffers (``OutOfMemoryException``) and the JVM exited (docs/benchmarks.md "Dedup").

@@ -155,12 +155,7 @@ def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0)
         if layout.DRIVER_MEMORY_MIB:
             heap = driver_heap_mib(layout.DRIVER_MEMORY_MIB, config, raw_partitions)
             conf["spark.driver.memory"] = f"{heap}m"
-            log.info(
-                "JVM heap %d MiB for records up to MAX_RECORD_SIZE %d bytes "
-                "(SPARK_CONF_spark_driver_memory sets another)",
-                heap,
-                config.max_record_size,
-            )
+            log.info("%s", heap_line(heap, config))
     if jars:
         conf["spark.jars"] = ",".join(jars)
     conf.update(config.spark_conf)
@@ -191,7 +186,7 @@ HEAP_FILL = 0.6
 def driver_heap_mib(least: int, config: DedupConfig, raw_partitions: int = 0) -> int:
     """The heap of a local-mode JVM that runs direct tasks: ``least``, or what the tasks that run
     at once need for records of ``MAX_RECORD_SIZE`` if more. With 16 MiB records and two task
-    slots ~750 MiB; up to 1 MiB the least (512)."""
+    slots ~750 MiB; on two slots up to ~9 MiB records the least (512)."""
     slots = local_slots(config.spark_master)
     if slots is None:  # a cluster's driver handles no record
         return least
@@ -200,6 +195,15 @@ def driver_heap_mib(least: int, config: DedupConfig, raw_partitions: int = 0) ->
     record_mib = config.max_record_size / (1 << 20)
     live = HEAP_BASE_MIB + record_mib * (HEAP_RECORDS_PER_TASK * slots + HEAP_RECORDS_BESIDE)
     return max(least, math.ceil(live / HEAP_FILL))
+
+
+def heap_line(heap_mib: int, config: DedupConfig) -> str:
+    """The start-up line that names the heap: the sized one, or the operator's."""
+    chosen = config.spark_conf.get("spark.driver.memory")
+    limit = f"for records up to MAX_RECORD_SIZE {config.max_record_size} bytes"
+    if chosen is None:
+        return f"JVM heap {heap_mib} MiB {limit} (SPARK_CONF_spark_driver_memory sets another)"
+    return f"JVM heap {chosen} (SPARK_CONF_spark_driver_memory; {heap_mib} MiB {limit})"
 
 
 def local_slots(master: str) -> int | None:

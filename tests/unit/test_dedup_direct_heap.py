@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dedup.config import from_sources
-from dedup.job import HEAP_FILL, driver_heap_mib, local_slots
+from dedup.job import HEAP_FILL, driver_heap_mib, heap_line, local_slots
 from dedup.layouts import LAYOUT_FILE, Layout, session_layout
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092"}
@@ -79,3 +79,10 @@ def test_the_heap_grows_with_the_largest_record_and_the_tasks_at_once() -> None:
     assert driver_heap_mib(512, small) == 512  # the least, up to records of a few MiB
     cluster = config("/tmp/x", SPARK_MASTER="spark://host:7077")
     assert driver_heap_mib(512, cluster) == 512  # its driver handles no record
+
+
+def test_the_start_up_line_names_the_heap_in_use() -> None:
+    sized = heap_line(747, config("/tmp/x"))
+    assert sized.startswith("JVM heap 747 MiB for records up to MAX_RECORD_SIZE 16777216 bytes")
+    own = heap_line(747, config("/tmp/x", SPARK_CONF_spark_driver_memory="2g"))
+    assert own.startswith("JVM heap 2g (SPARK_CONF_spark_driver_memory; 747 MiB for records")

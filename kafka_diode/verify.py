@@ -237,49 +237,75 @@ def verify(
     )
     verdict.open_gaps = sum(len(v) for v in gaps.values())
 
-    counts: dict[str, Counter[Identity]] = {}
-    partitions_of: dict[str, dict[Identity, set[int]]] = {}
-    clean_partitions: dict[str, int] = {}
-    for name, msgs in clean_by_topic.items():
-        counts[name] = Counter((m.key, m.value, m.headers, m.timestamp) for m in msgs)
-        where: dict[Identity, set[int]] = {}
-        for m in msgs:
-            where.setdefault((m.key, m.value, m.headers, m.timestamp), set()).add(m.partition)
-        partitions_of[name] = where
-        clean_partitions[name] = 1 + max((m.partition for m in msgs), default=0)
-
     delivered_offsets: set[tuple[str, int, int]] = set()
     for source in sources:
         name = clean_topic_for(clean_template, source)
-        n_parts = _partition_count(downstream, name, downstream_conf) or clean_partitions.get(
-            name, 1
+        clean = clean_by_topic[name]
+        n_parts = _partition_count(downstream, name, downstream_conf) or (
+            1 + max((m.partition for m in clean), default=0)
         )
-        for rec in read_topic(upstream, source, timeout=timeout, conf=upstream_conf):
-            verdict.produced += 1
-            ident: Identity = (rec.key, rec.value, rec.headers, rec.timestamp)
-            seen = counts.get(name, Counter())[ident]
-            if seen == 1:
-                if partitions_of[name][ident] != {rec.partition % n_parts}:
-                    verdict.wrong_partition += 1
-                    _example(verdict, f"{source}:{rec.partition}:{rec.offset} in wrong partition")
-                else:
-                    verdict.exactly_once += 1
-                delivered_offsets.add((source, rec.partition, rec.offset))
-            elif seen > 1:
-                verdict.duplicated += 1
-                delivered_offsets.add((source, rec.partition, rec.offset))
-                _example(verdict, f"{source}:{rec.partition}:{rec.offset} delivered {seen} times")
-            elif _in_gaps(gaps.get((source, rec.partition), []), rec.offset):
-                verdict.missing_reported += 1
-            else:
-                verdict.missing_silent += 1
-                _example(verdict, f"{source}:{rec.partition}:{rec.offset} missing, no gap")
+        upstream_records = read_topic(upstream, source, timeout=timeout, conf=upstream_conf)
+        delivered_offsets |= sort_records(verdict, upstream_records, clean, n_parts, gaps)
     for (topic, partition), ranges in gaps.items():
         for first, last in ranges:
             for offset in range(first, last + 1):
                 if (topic, partition, offset) in delivered_offsets:
                     verdict.false_gap_offsets += 1
     return verdict
+
+
+def _identity(m: Message) -> Identity:
+    return (m.key, m.value, m.headers, m.timestamp)
+
+
+def sort_records(
+    verdict: Verdict,
+    upstream: list[Message],
+    clean: list[Message],
+    clean_partitions: int,
+    gaps: Mapping[tuple[str, int], list[tuple[int, int]]],
+) -> set[tuple[str, int, int]]:
+    """Sort one source topic's upstream records into the verdict's buckets against its clean
+    topic (which may hold other sources' records too); returns the delivered offsets.
+
+    Records are matched by content. A producer may write one record twice upstream (a retry
+    across a leader change, even idempotent: seen in a rolling restart), at two offsets, each
+    of which the link carries once: an identity is delivered exactly once as often as upstream
+    holds it, duplicated if the clean topic holds it more often, and its later offsets missing if
+    less often.
+    """
+    in_clean = Counter(_identity(m) for m in clean)
+    clean_where: dict[Identity, set[int]] = {}
+    for m in clean:
+        clean_where.setdefault(_identity(m), set()).add(m.partition)
+    upstream_count = Counter(_identity(rec) for rec in upstream)
+    upstream_where: dict[Identity, set[int]] = {}
+    for rec in upstream:
+        upstream_where.setdefault(_identity(rec), set()).add(rec.partition % clean_partitions)
+    matched: Counter[Identity] = Counter()
+    delivered: set[tuple[str, int, int]] = set()
+    for rec in upstream:
+        verdict.produced += 1
+        ident = _identity(rec)
+        seen, expected = in_clean[ident], upstream_count[ident]
+        if seen > expected:
+            verdict.duplicated += 1
+            delivered.add((rec.topic, rec.partition, rec.offset))
+            _example(verdict, f"{rec.topic}:{rec.partition}:{rec.offset} delivered {seen} times")
+        elif matched[ident] < seen:
+            matched[ident] += 1
+            if not clean_where[ident] <= upstream_where[ident]:
+                verdict.wrong_partition += 1
+                _example(verdict, f"{rec.topic}:{rec.partition}:{rec.offset} in wrong partition")
+            else:
+                verdict.exactly_once += 1
+            delivered.add((rec.topic, rec.partition, rec.offset))
+        elif _in_gaps(gaps.get((rec.topic, rec.partition), []), rec.offset):
+            verdict.missing_reported += 1
+        else:
+            verdict.missing_silent += 1
+            _example(verdict, f"{rec.topic}:{rec.partition}:{rec.offset} missing, no gap")
+    return delivered
 
 
 def _in_gaps(ranges: list[tuple[int, int]], offset: int) -> bool:

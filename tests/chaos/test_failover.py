@@ -107,7 +107,9 @@ def _strict_run(
     check(run, outcome, fail=pytest.fail)
     assert outcome.resend_passes == 0, run.explain()
     assert outcome.gaps_reported == 0, run.explain()
-    assert outcome.delivered == outcome.records == scenario.records, run.explain()
+    # ">=": a producer's retry across a leader change may write a record twice upstream, each
+    # copy a record of its own (docs/chaos.md "The verdict")
+    assert outcome.delivered == outcome.records >= scenario.records, run.explain()
     return outcome
 
 
@@ -230,7 +232,7 @@ def test_outage_longer_than_the_buffer(
     )
     assert outcome.missing_reported == len(lost), run.explain()
     assert outcome.resend_passes == 1, run.explain()
-    assert outcome.final_delivered == outcome.records == OUTAGE.records, run.explain()
+    assert outcome.final_delivered == outcome.records >= OUTAGE.records, run.explain()
     assert outcome.events, "the fault did nothing"
 
 
@@ -258,5 +260,5 @@ def test_datagram_loss_with_a_broker_sigkill(
     assert outcome.relay.get("dropped_loss", 0) > 0, run.explain()
     assert outcome.false_gaps == 0, run.explain()
     assert outcome.resend_passes >= 1, run.explain()
-    assert outcome.final_delivered == outcome.records == LOSS_AND_KILL.records, run.explain()
+    assert outcome.final_delivered == outcome.records >= LOSS_AND_KILL.records, run.explain()
     assert outcome.events, "the fault did nothing"

@@ -5,7 +5,8 @@ exactly one bucket:
 
 - ``exactly_once``: in its clean topic once, byte-identical (key, value, headers, timestamp) and in
   the right partition;
-- ``duplicated``: in the clean topic more than once (a broken promise);
+- ``duplicated``: in the clean topic more often than upstream holds it (a broken promise; a
+  record a producer's retry wrote twice upstream is two records);
 - ``missing_reported``: not in the clean topic, but inside an open gap (the promise kept: the
   operator knows and a resend can fix it);
 - ``missing_silent``: not in the clean topic and in no open gap (a broken promise);

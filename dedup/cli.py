@@ -136,6 +136,9 @@ def main(argv: Sequence[str], prog: str = "kafka-diode dedup") -> int:
         return EXIT_OK
     try:
         return run(config, until_idle=args.until_idle, max_batches=args.max_batches)
+    except ConfigError as exc:  # found at start against the host (dedup/memory_limit.py)
+        log.error("configuration error: %s", exc)  # noqa: TRY400  the message is the diagnosis
+        return EXIT_CONFIG
     except DiodeError as exc:
         log.error("dedup failed: %s", exc)  # noqa: TRY400  the message is the diagnosis
         return EXIT_FAILED

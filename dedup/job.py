@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from dedup import spark_compat
+from dedup import memory_limit, spark_compat
 from dedup.clean_topics import create_dedup_topics
 from dedup.config import DedupConfig
 from dedup.detect import DetectParams
@@ -156,6 +156,7 @@ def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0)
             heap = driver_heap_mib(layout.DRIVER_MEMORY_MIB, config, raw_partitions)
             conf["spark.driver.memory"] = f"{heap}m"
             log.info("%s", heap_line(heap, config))
+        check_memory_limit(config, conf.get("spark.driver.memory"))
     if jars:
         conf["spark.jars"] = ",".join(jars)
     conf.update(config.spark_conf)
@@ -201,9 +202,43 @@ def heap_line(heap_mib: int, config: DedupConfig) -> str:
     """The start-up line that names the heap: the sized one, or the operator's."""
     chosen = config.spark_conf.get("spark.driver.memory")
     limit = f"for records up to MAX_RECORD_SIZE {config.max_record_size} bytes"
+    submitted = memory_limit.submitted_driver_memory(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    if submitted is not None:  # Spark prefers it to spark.driver.memory
+        return f"JVM heap {submitted} (PYSPARK_SUBMIT_ARGS --driver-memory; {heap_mib} MiB {limit})"
     if chosen is None:
         return f"JVM heap {heap_mib} MiB {limit} (SPARK_CONF_spark_driver_memory sets another)"
     return f"JVM heap {chosen} (SPARK_CONF_spark_driver_memory; {heap_mib} MiB {limit})"
+
+
+#: Spark's heap for a driver JVM when nothing sets ``spark.driver.memory``.
+SPARK_DEFAULT_HEAP_MIB = 1024
+
+
+def check_memory_limit(config: DedupConfig, sized: str | None) -> None:
+    """Stop the start-up if the JVM heap cannot fit the service's memory limit, warn if the
+    process tree may not (:mod:`dedup.memory_limit`)."""
+    chosen = config.spark_conf.get("spark.driver.memory")
+    submitted = memory_limit.submitted_driver_memory(os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    if submitted is not None:
+        heap, source = memory_limit.spark_memory_mib(submitted), "PYSPARK_SUBMIT_ARGS"
+    elif chosen is not None:
+        heap, source = memory_limit.spark_memory_mib(chosen), "SPARK_CONF_spark_driver_memory"
+    elif sized is not None:
+        heap, source = memory_limit.spark_memory_mib(sized), "sized for MAX_RECORD_SIZE"
+    else:
+        heap, source = SPARK_DEFAULT_HEAP_MIB, "Spark's default"
+    limit = memory_limit.read_memory_limit(_read_text)
+    warning = memory_limit.check_heap_fits(heap, limit, source)
+    if warning is not None:
+        log.warning("%s", warning)
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as file:
+            return file.read()
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def local_slots(master: str) -> int | None:

@@ -19,8 +19,8 @@ from common.errors import ConfigError
 
 #: What the dedup's process tree holds beside the JVM heap: the JVM's own native memory (classes,
 #: compiled code, threads, RocksDB in the buckets layout), the driver's Python and two Python
-#: workers. Measured: 962 MB peak Pss with a 512 MB heap at 20,000 records/s
-#: (docs/benchmarks.md "Dedup", "Steady rates, latency and memory").
+#: workers. Measured: 962 MB peak Pss of the tree with a 512 MB heap, 998 MB with 747 MB (not
+#: all of it filled) at 20,000 records/s (docs/benchmarks.md "Dedup").
 BESIDE_HEAP_MIB = 512
 #: Limits at or above this are "no limit" (cgroup v1 writes 2**63 rounded down to a page).
 _UNLIMITED = 1 << 60

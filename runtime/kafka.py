@@ -234,15 +234,18 @@ def _create(
     ahead (``refused`` names those refused before). A broker of a rolling restart is
     unregistered for seconds, and a component started then would stop at start-up; a cluster
     that is too small stays refused until the deadline."""
+    # a try after a refusal gets what is left of the deadline, not ``timeout`` again: a broker
+    # that stops answering mid-try must not stretch the creation by a whole timeout per try
+    left = min(timeout, max(1.0, deadline - time.monotonic()))
     futures = client.create_topics(
         [NewTopic(s.name, s.partitions, s.replication, config=dict(s.config)) for s in specs],
-        operation_timeout=timeout,
-        request_timeout=timeout,
+        operation_timeout=left,
+        request_timeout=left,
     )
     again: list[TopicSpec] = []
     for spec in specs:
         try:
-            futures[spec.name].result(timeout + 5)
+            futures[spec.name].result(left + 5)
             created.append(spec.name)
         except KafkaException as exc:
             err = exc.args[0] if exc.args else None

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import Future
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
@@ -76,3 +81,38 @@ def test_a_topic_spec_names_the_invalid_key(changes: dict[str, object], key: str
 def test_a_topic_spec_defaults_to_the_brokers_partitions_and_replication() -> None:
     spec = kafka.TopicSpec(name="t")
     assert (spec.partitions, spec.replication, dict(spec.config)) == (-1, -1, {})
+
+
+class _RefusingAdmin:
+    """An admin client whose cluster has too few brokers: every creation is refused."""
+
+    def __init__(self) -> None:
+        self.tries: list[tuple[float, float]] = []  # (monotonic time, request_timeout)
+
+    def list_topics(self, timeout: float) -> Any:
+        return SimpleNamespace(topics={})
+
+    def create_topics(
+        self, topics: list[Any], operation_timeout: float, request_timeout: float
+    ) -> dict[str, Future[None]]:
+        assert operation_timeout == request_timeout
+        self.tries.append((time.monotonic(), request_timeout))
+        refused: Future[None] = Future()
+        refused.set_exception(KafkaException(KafkaError(KafkaError.INVALID_REPLICATION_FACTOR)))
+        return {topic.topic: refused for topic in topics}
+
+
+def test_each_try_of_a_refused_creation_gets_only_what_is_left_of_the_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    fake = _RefusingAdmin()
+    monkeypatch.setattr(kafka, "admin", lambda _conf: fake)
+    started = time.monotonic()
+    with pytest.raises(KafkaClientError, match="cannot create topic"):
+        kafka.create_missing_topics(
+            {"bootstrap.servers": "k:9092"}, [kafka.TopicSpec(name="t", replication=3)], timeout=2.5
+        )
+    assert len(fake.tries) >= 3
+    assert fake.tries[0][1] == pytest.approx(2.5, abs=0.05)
+    for at, given in fake.tries[1:]:
+        assert given <= max(1.0, started + 2.5 - at) + 0.05, fake.tries

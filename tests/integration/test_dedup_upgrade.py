@@ -206,3 +206,45 @@ def test_a_partitions_checkpoint_is_refused_and_the_upgrade_step_continues_it_on
     gaps = consume_all(downstream_kafka, f"gaps.{tag}", timeout=30)
     latest = {r.key: json.loads(r.value) for r in gaps if r.value is not None}
     assert [g["state"] for g in latest.values()] == ["filled"]
+
+
+@pytest.mark.slow
+def test_a_new_checkpoint_from_the_old_ones_last_offsets_repeats_and_loses_nothing(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    """Starting over (docs/dedup.md "Starting over"): the old dedup caught up and stopped,
+    the receiver kept writing meanwhile, and a new checkpoint starts at the old one's last
+    offsets, read from its ``offsets/`` as the docs say. Every record reaches the clean topic
+    once: those the old job delivered are not repeated, those written while no dedup ran are not
+    skipped (``latest``, the advice this replaced, would start past them). Slow (~60 s)."""
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    tag = raw
+    clean_topic = f"clean.{tag}.{SOURCE}"
+    create_topic(downstream_kafka, clean_topic, partitions=3)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    env["STATE_TOPIC"] = f"state.{raw}"
+    produce_records(downstream_kafka, raw, [run_record(p, 0, 99) for p in range(3)])
+    finish(run_dedup(env, "--until-idle", "8"))
+    assert len(consume_all(downstream_kafka, clean_topic, timeout=30)) == 300
+
+    # the receiver keeps writing while no dedup runs
+    produce_records(downstream_kafka, raw, [run_record(p, 100, 149) for p in range(3)])
+    offsets_dir = Path(env["STATE_DIR_CONFIG"]) / "offsets"
+    last = max((p for p in offsets_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    offsets = json.loads(last.read_text().splitlines()[2])
+    assert set(offsets) == {raw}  # the direct layout reads the raw topic alone
+    new = {**env, "STATE_DIR_CONFIG": str(tmp_path / "checkpoint-new"),
+           "STATE_TOPIC": f"state-new.{raw}",
+           "KAFKA_SOURCE_STARTINGOFFSETS": json.dumps(offsets)}  # fmt: skip
+    finish(run_dedup(new, "--until-idle", "8"))
+
+    clean = consume_all(downstream_kafka, clean_topic, timeout=30)
+    seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
+    assert [k for k, n in seen.items() if n > 1] == []
+    assert set(seen) == {(p, o) for p in range(3) for o in range(150)}
+    try:
+        gaps = consume_all(downstream_kafka, f"gaps.{tag}", timeout=30)
+    except RuntimeError:  # never created: no gap was ever reported
+        gaps = []
+    latest = {r.key: json.loads(r.value) for r in gaps if r.value is not None}
+    assert [g for g in latest.values() if g["state"] == "open"] == []

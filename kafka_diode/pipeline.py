@@ -39,6 +39,8 @@ from runtime.kafka import TopicSpec
 log = logging.getLogger(__name__)
 #: Every component's default max_record_size (the pipeline does not change it).
 DEFAULT_MAX_RECORD_SIZE = WireConfig().max_record_size
+#: Most receiver ports a pipeline spreads a link over.
+MAX_RECEIVER_PORTS = 8
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -92,6 +94,12 @@ class PipelineSpec:
     security: str = "plaintext"
     """Each side's own Kafka: plaintext, or sasl_ssl (TLS + SCRAM; every component, the producer
     and the verdict connect as the components' user)."""
+    receiver_ports: int = 1
+    """UDP ports the receiver listens on and the sender spreads over (``listen_ports`` =
+    ``target_ports``, docs/operations.md); more than one needs ``profile`` None (the relay
+    forwards one port)."""
+    worker_processes: bool = False
+    """The receiver's ``worker_processes``: one process per port."""
     run_dedup: bool = True
     """Whether to start the Spark dedup (the receiver benchmark does not need it)."""
     extra_env: tuple[tuple[str, str], ...] = ()
@@ -99,6 +107,14 @@ class PipelineSpec:
 
     def __post_init__(self) -> None:
         validate_security(self.security)
+        if not 1 <= self.receiver_ports <= MAX_RECEIVER_PORTS:
+            raise ConfigError(
+                "receiver_ports", f"{self.receiver_ports}", f"use 1..{MAX_RECEIVER_PORTS}"
+            )
+        if self.receiver_ports > 1 and self.profile is not None:
+            raise ConfigError(
+                "receiver_ports", "the relay forwards one port", "set profile None for several"
+            )
         if not 1 <= self.brokers <= MAX_NODES:
             raise ConfigError(
                 "--brokers",
@@ -120,6 +136,8 @@ class Endpoints:
     gap_topic: str = ""
     key_file: Path = Path()
     receiver_port: int = 0
+    receiver_ports: tuple[int, ...] = ()
+    """The receiver's ports after ``receiver_port`` (``listen_ports``)."""
     relay_port: int = 0
     metrics: dict[str, int] = field(default_factory=dict)
 
@@ -292,7 +310,18 @@ class Pipeline:
             "--listen-port", str(self.ep.receiver_port),
             "--key-file", str(self.ep.key_file),
             "--metrics-port", self._metrics_port("receiver"),
+            *self._receiver_port_args(),
         )  # fmt: skip
+
+    def _receiver_port_args(self) -> list[str]:
+        if self.spec.receiver_ports == 1:
+            return []
+        if not self.ep.receiver_ports:
+            self.ep.receiver_ports = tuple(free_port() for _ in range(self.spec.receiver_ports - 1))
+        args = ["--listen-ports", ",".join(map(str, self.ep.receiver_ports))]
+        if self.spec.worker_processes:
+            args += ["--worker-processes", "true"]
+        return args
 
     def relay_argv(self) -> list[str]:
         """``kafka-diode netem relay`` between sender and receiver."""
@@ -334,6 +363,8 @@ class Pipeline:
             "--heartbeat-interval", str(self.spec.heartbeat_interval),
             "--metrics-port", self._metrics_port("sender"),
             *self._sender_wire_args(),
+            *(["--target-ports", ",".join(map(str, self.ep.receiver_ports))]
+              if self.ep.receiver_ports else []),
         )  # fmt: skip
 
     def dedup_env(self) -> dict[str, str]:
@@ -376,8 +407,12 @@ class Pipeline:
         if self.spec.profile is not None:
             ready.append(("relay", self.group.add("relay", self.relay_argv(), env=env)))
         if receiver_first:
-            for name, proc in ready:
-                port = self.ep.metrics[name]
+            # a worker process per port serves its metrics on the next port (docs/receiver.md)
+            workers = self.spec.receiver_ports if self.spec.worker_processes else 1
+            waits = [(name, proc, 0) for name, proc in ready]
+            waits += [("receiver", receiver, i) for i in range(1, workers)]
+            for name, proc, worker in waits:
+                port = self.ep.metrics[name] + worker
                 wait_until(
                     lambda port=port: _serves(port),  # type: ignore[misc]
                     timeout=120,

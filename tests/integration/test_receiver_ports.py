@@ -22,6 +22,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.wire import Encoder, WireConfig
+from kafka_diode.pipeline import Pipeline, PipelineSpec
+from kafka_diode.verify import read_topic
 from sender.heartbeat import Beat
 from sender.pacing import Pacer, PacingConfig
 from sender.send_pipeline import SendPipeline
@@ -232,3 +234,39 @@ def test_real_sender_over_two_ports_into_two_workers(
     consumed = consume_all(downstream_kafka, raw_topic, timeout=60, expand_runs=True)
     data = [r.key.decode() for r in consumed if not any(n == "diode.control" for n, _ in r.headers)]
     assert sorted(data) == sorted(f"{source}:{p}:{o}" for p, o in positions)
+
+
+@pytest.mark.slow
+@pytest.mark.spark
+def test_a_fast_link_over_two_worker_processes_is_deduped_exactly_once_without_gaps(
+    upstream_kafka, downstream_kafka, tmp_path
+):
+    """docs/operations.md's fast-link setting under load, through the dedup: ``target_ports`` =
+    ``listen_ports`` with a worker process per port, ~200 MB at 20 MB/s. Each worker writes its
+    own share and its own heartbeats into the raw topic; the dedup must still see each record
+    once and no gap at any scan (a worker's heartbeat vouching for what the other carries would
+    report false gaps)."""
+    spec = PipelineSpec(
+        records=60_000,
+        value_size=200,
+        value_size_max=20_000,
+        profile=None,
+        rate_bytes=20_000_000,
+        receiver_ports=2,
+        worker_processes=True,
+        gap_emit_interval=2.0,
+    )
+    with Pipeline(
+        spec, tmp_path, upstream=upstream_kafka.bootstrap, downstream=downstream_kafka.bootstrap
+    ) as p:
+        p.setup()
+        assert p.produce() == spec.records
+        p.start_components(receiver_first=True)
+        verdict = p.wait_settled(timeout=600, want_ok=True)
+        ports = [p.ep.metrics["receiver"], p.ep.metrics["receiver"] + 1]
+        shares = [total([scrape(port)], "records_total") for port in ports]
+        gaps = read_topic(p.ep.downstream, p.ep.gap_topic, committed_only=False)
+    assert verdict.ok, verdict.line()
+    assert verdict.exactly_once == spec.records
+    assert min(shares) > 0, shares  # both workers carried a share
+    assert gaps == [], f"{len(gaps)} gap records"

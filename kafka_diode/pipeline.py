@@ -264,6 +264,10 @@ class Pipeline:
         files = self.security[side]
         return files.librdkafka() if files is not None else {}
 
+    def component_env(self) -> dict[str, str]:
+        """The environment every component of this run starts with."""
+        return self._env()
+
     def _env(self) -> dict[str, str]:
         env = dict(os.environ)
         env.update(self.security_env())

@@ -152,6 +152,10 @@ class ReceiverConfig:
     """Bytes the producer may hold while downstream Kafka is slow or away (then: backlog)."""
     backlog_max_records: int = 100_000
     """Records held while the producer queue is full or a partition count unknown; then overflow."""
+    backlog_max_bytes: int = 64 * 1024 * 1024
+    """Bytes (raw values and keys) held in that backlog; then overflow. With ``buffer_max_bytes``
+    it bounds what a downstream outage holds in memory: 100,000 records of 10 KB were 1 GB, past
+    the unit's ``MemoryMax=1G`` (docs/operations.md "Memory")."""
     run_max_bytes: int = DEFAULT_RUN_MAX_BYTES
     """Largest value of a raw record holding a run of records (raw layout v2); a record larger
     than this alone is a run of one. The raw topic's max.message.bytes must admit it."""
@@ -265,7 +269,9 @@ class ReceiverConfig:
             "e.g. 300",
         )
         need(self.key_check_interval >= 0, "key_check_interval", "is negative", "e.g. 2")
-        for name in ("buffer_max_records", "buffer_max_bytes", "backlog_max_records"):
+        for name in (
+            "buffer_max_records", "buffer_max_bytes", "backlog_max_records", "backlog_max_bytes"
+        ):  # fmt: skip
             need(getattr(self, name) >= 1, name, "must be positive", "e.g. the default")
         need(
             self.buffer_max_records <= 2_147_483_647,

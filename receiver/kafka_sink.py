@@ -164,6 +164,13 @@ _POLL_INTERVAL = 0.005  # at most one producer.poll(0) per this many seconds fro
 _MAX_SESSIONS = 1024  # diode.session headers cached (session ids come from the wire)
 _MAX_ENSURED = 100_000  # raw topics remembered as ensured (topic names come from the wire)
 
+
+def _item_bytes(item: _Item) -> int:
+    """What a backlog item holds in memory, as ``backlog_max_bytes`` counts it."""
+    value = item[6]
+    return (len(value) if value is not None else 0) + len(item[7])
+
+
 #: Makes a raw topic when it is missing; True if this call created it (receiver.topic_check).
 TopicEnsure = Callable[[ReceiverConfig, str], bool]
 #: What a metadata lookup found: the partition count (None: not there) and, when it tried to
@@ -209,6 +216,7 @@ class RawTopicSink:
         self._executor = concurrent.futures.ThreadPoolExecutor(1, "receiver-metadata")
         self._backlog: dict[str, deque[_Item]] = {}  # raw topic -> waiting items, in order
         self._backlog_records = 0
+        self._backlog_bytes = 0
         self._overflow = LossReport()
         self._failed = LossReport()
         self._fatal: KafkaError | None = None
@@ -425,8 +433,12 @@ class RawTopicSink:
 
     def _hold(self, item: _Item) -> None:
         raw, records = item[0], item[9]
-        # strict bound: a run that would take the backlog past its limit overflows whole
-        if self._backlog_records + max(1, records) > self._config.backlog_max_records:
+        # strict bounds: a run that would take the backlog past either limit overflows whole
+        size = _item_bytes(item)
+        if (
+            self._backlog_records + max(1, records) > self._config.backlog_max_records
+            or self._backlog_bytes + size > self._config.backlog_max_bytes
+        ):
             self._stats.drop(DOWNSTREAM_OVERFLOW, max(1, records))
             # control records (heartbeats) are repeated by the sender anyway (an unchanged one
             # is written again within heartbeat_repeat_interval)
@@ -440,6 +452,7 @@ class RawTopicSink:
                 self._lookup(raw)
         queue.append(item)
         self._backlog_records += max(1, records)
+        self._backlog_bytes += size
 
     # -- servicing ----------------------------------------------------------------------------
 
@@ -479,8 +492,15 @@ class RawTopicSink:
             while queue:
                 if not self._produce_item(queue[0]):
                     return  # producer queue full: try again on the next service()
-                self._backlog_records -= max(1, queue.popleft()[9])
+                done = queue.popleft()
+                self._backlog_records -= max(1, done[9])
+                self._backlog_bytes -= _item_bytes(done)
             del self._backlog[raw]
+
+    @property
+    def backlog_bytes(self) -> int:
+        """Bytes of raw values and keys waiting in the backlog (``backlog_max_bytes``)."""
+        return self._backlog_bytes
 
     @property
     def backlog_records(self) -> int:
@@ -636,6 +656,7 @@ class RawTopicSink:
                         )
             self._backlog.clear()
             self._backlog_records = 0
+            self._backlog_bytes = 0
         self.report_losses(time.monotonic(), force=True)
         self._executor.shutdown(wait=False, cancel_futures=True)
         return lost

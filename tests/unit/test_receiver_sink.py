@@ -328,6 +328,33 @@ def test_full_backlog_overflows_with_ranges_logged(caplog: pytest.LogCaptureFixt
     assert stats.produced + stats.drops[DOWNSTREAM_OVERFLOW] == 10
 
 
+def test_a_backlog_full_in_bytes_overflows_though_records_would_fit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``backlog_max_bytes`` bounds the backlog's memory whatever the record count: runs of large
+    records overflow with the loss report once their bytes would pass it, and the bytes held
+    return to 0 when the backlog drains."""
+    fake = FakeProducer({"raw": 1})
+    sink, stats = _sink(fake, backlog_max_bytes=1)
+    fake.room = 1
+    sink.write_batch(_batch(_group(7, range(2)), _group(8, range(3))))
+    assert stats.produced == 2
+    assert sink.backlog_records == 0
+    assert stats.drops == {DOWNSTREAM_OVERFLOW: 3}
+    assert_logged_loss(sink, caplog, "3 records dropped: downstream buffers full", "src:8:0-2")
+
+    roomy_fake = FakeProducer({"raw": 1})
+    roomy, roomy_stats = _sink(roomy_fake, backlog_max_bytes=1 << 20)
+    roomy_fake.room = 1
+    roomy.write_batch(_batch(_group(7, range(2)), _group(8, range(3))))
+    assert roomy.backlog_records == 3
+    assert roomy.backlog_bytes > 0
+    assert not roomy_stats.drops
+    roomy_fake.room = 1_000_000
+    roomy.service()
+    assert (roomy.backlog_records, roomy.backlog_bytes) == (0, 0)
+
+
 def test_refused_run_is_counted_and_the_batch_goes_on(caplog: pytest.LogCaptureFixture) -> None:
     fake = FakeProducer({"raw": 1})
     sink, stats = _sink(fake)

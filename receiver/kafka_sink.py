@@ -433,11 +433,12 @@ class RawTopicSink:
 
     def _hold(self, item: _Item) -> None:
         raw, records = item[0], item[9]
-        # strict bounds: a run that would take the backlog past either limit overflows whole
+        # strict bounds: a run that would take the backlog past either limit overflows whole;
+        # an empty backlog takes one record larger than backlog_max_bytes (max_record_size may
+        # be raised past it), or such a record could never wait for its raw topic's metadata
         size = _item_bytes(item)
-        if (
-            self._backlog_records + max(1, records) > self._config.backlog_max_records
-            or self._backlog_bytes + size > self._config.backlog_max_bytes
+        if self._backlog_records + max(1, records) > self._config.backlog_max_records or (
+            self._backlog_bytes and self._backlog_bytes + size > self._config.backlog_max_bytes
         ):
             self._stats.drop(DOWNSTREAM_OVERFLOW, max(1, records))
             # control records (heartbeats) are repeated by the sender anyway (an unchanged one

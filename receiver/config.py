@@ -154,8 +154,8 @@ class ReceiverConfig:
     """Records held while the producer queue is full or a partition count unknown; then overflow."""
     backlog_max_bytes: int = 64 * 1024 * 1024
     """Bytes (raw values and keys) held in that backlog; then overflow. With ``buffer_max_bytes``
-    it bounds what a downstream outage holds in memory: 100,000 records of 10 KB were 1 GB, past
-    the unit's ``MemoryMax=1G`` (docs/operations.md "Memory")."""
+    it bounds what a downstream outage holds in memory: ``backlog_max_records`` alone lets
+    100,000 records of 10 KB (1 GB) wait, past the unit's ``MemoryMax=1G`` (docs/receiver.md)."""
     run_max_bytes: int = DEFAULT_RUN_MAX_BYTES
     """Largest value of a raw record holding a run of records (raw layout v2); a record larger
     than this alone is a run of one. The raw topic's max.message.bytes must admit it."""

@@ -16,10 +16,17 @@ _ROOT = Path("/sys/fs/cgroup")
 
 
 def memory_cgroup_base() -> tuple[Path, str] | None:
-    """The writable memory hierarchy (v1's, else v2's) and its limit file's name, or None."""
-    for base, name in ((_ROOT / "memory", "memory.limit_in_bytes"), (_ROOT, "memory.max")):
-        if (base / name).exists() and os.access(base, os.W_OK):
-            return base, name
+    """The writable memory hierarchy (v1's, else v2's where its root hands the memory
+    controller to children) and its limit file's name, or None."""
+    v1 = _ROOT / "memory"
+    if (v1 / "memory.limit_in_bytes").exists() and os.access(v1, os.W_OK):
+        return v1, "memory.limit_in_bytes"
+    try:
+        delegated = "memory" in (_ROOT / "cgroup.subtree_control").read_text().split()
+    except OSError:
+        delegated = False
+    if delegated and os.access(_ROOT, os.W_OK):
+        return _ROOT, "memory.max"
     return None
 
 

@@ -27,9 +27,10 @@ UNIT_MEMORY_MAX_MIB = 1024  # packaging/systemd/kafka-diode-receiver@.service
 
 
 def _peak(procs: Path) -> int:
+    """The cgroup's peak memory in bytes (v1's ``max_usage_in_bytes``, v2's ``peak``)."""
     group = procs.parent
-    name = "memory.max_usage_in_bytes" if (group / "memory.max_usage_in_bytes").exists() else None
-    return int((group / (name or "memory.peak")).read_text())
+    v1 = group / "memory.max_usage_in_bytes"
+    return int((v1 if v1.exists() else group / "memory.peak").read_text())
 
 
 def test_a_downstream_outage_overflows_inside_the_units_memory_limit(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import socket
 import sys
 import time
@@ -61,6 +62,8 @@ class PipelineSpec:
     """Every n-th record gets a value of ``huge_size`` bytes; 0: none."""
     huge_size: int = 0
     """Size of those values; topics are created to admit them."""
+    text_values: bool = False
+    """Log-like text values (compressible) instead of random bytes."""
     produce_rate: float | None = None
     """Records/s offered by the producer; None: as fast as it can."""
     profile: str | None = "demo"
@@ -135,6 +138,10 @@ class Endpoints:
     clean_template: str = ""
     gap_topic: str = ""
     key_file: Path = Path()
+    """The low side's link key ring (receiver, bundle create)."""
+    sender_key_file: Path = Path()
+    """The high side's copy of the ring (sender, resend): a rotation installs a new ring on the
+    receiver first, then on the sender (docs/security.md)."""
     receiver_port: int = 0
     receiver_ports: tuple[int, ...] = ()
     """The receiver's ports after ``receiver_port`` (``listen_ports``)."""
@@ -173,6 +180,7 @@ class Pipeline:
         self.ep.clean_template = f"{self.ep.prefix}clean.{{topic}}"
         self.ep.gap_topic = f"{self.ep.prefix}diode.gaps"
         self.ep.key_file = work_dir / "link.key"
+        self.ep.sender_key_file = work_dir / "high-side" / "link.key"
         self.produced = 0
 
     # -- set-up ------------------------------------------------------------------------------
@@ -238,18 +246,21 @@ class Pipeline:
         _create(self.ep.downstream, downstream, self.conf("downstream"))
 
     def make_key(self) -> None:
-        """One shared link key, as an operator would make it with ``kafka-diode keygen``."""
-        if self.ep.key_file.exists():
-            return
-        proc = ManagedProcess(
-            "keygen",
-            diode_command("keygen", "--out", str(self.ep.key_file)),
-            log_dir=self.group.log_dir,
-        )
-        proc.start()
-        assert proc.proc is not None
-        if proc.proc.wait(60) != 0:
-            raise RuntimeError(f"keygen failed:\n{proc.tail()}")
+        """One shared link key, as an operator would make it with ``kafka-diode keygen``, and
+        the high side's copy of it."""
+        if not self.ep.key_file.exists():
+            proc = ManagedProcess(
+                "keygen",
+                diode_command("keygen", "--out", str(self.ep.key_file)),
+                log_dir=self.group.log_dir,
+            )
+            proc.start()
+            assert proc.proc is not None
+            if proc.proc.wait(60) != 0:
+                raise RuntimeError(f"keygen failed:\n{proc.tail()}")
+        if not self.ep.sender_key_file.exists():
+            self.ep.sender_key_file.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.ep.key_file, self.ep.sender_key_file)
 
     def setup(self) -> None:
         """Brokers, topics and key."""
@@ -346,7 +357,8 @@ class Pipeline:
         return f"127.0.0.1:{port}"
 
     def _sender_wire_args(self, copies: int | None = None) -> list[str]:
-        args = ["--key-file", str(self.ep.key_file), "--compression", self.spec.compression]
+        args = ["--key-file", str(self.ep.sender_key_file)]
+        args += ["--compression", self.spec.compression]
         args += ["--copies", str(copies or self.spec.copies)]
         args += ["--rate-bytes", str(self.spec.rate_bytes)]
         if self.spec.fec_overhead:
@@ -448,6 +460,7 @@ class Pipeline:
             huge_every=self.spec.huge_every,
             huge_size=self.spec.huge_size,
             seed=self.spec.seed,
+            text_values=self.spec.text_values,
         )
 
     def produce(
@@ -519,11 +532,13 @@ class Pipeline:
             log.warning("pipeline did not settle: %s", last[0].line() if last else "no verdict")
         return last[0] if last else self.verdict()
 
-    def resend_pass(self, *, copies: int | None = None) -> None:
-        """Low side writes a bundle from the gap topic; high side resends it (real commands).
+    def resend_pass(self, *, copies: int | None = None, max_records: int = 0) -> Path:
+        """Low side writes a bundle from the gap topic; high side resends it (real commands);
+        returns the bundle.
 
         ``copies`` overrides the spec's redundancy for the resend (over a very lossy link an
-        operator resends with copies, so that the resend itself is not lost again).
+        operator resends with copies, so that the resend itself is not lost again);
+        ``max_records`` caps the bundle (``--max-records``, lowest offsets first).
         """
         bundle = self.work_dir / f"bundle-{uuid.uuid4().hex[:6]}.json"
         create_argv = diode_command(
@@ -532,6 +547,7 @@ class Pipeline:
             "--gap-topic", self.ep.gap_topic,
             "--key-file", str(self.ep.key_file),
             "--out", str(bundle),
+            *(["--max-records", str(max_records)] if max_records else []),
         )  # fmt: skip
         create = ManagedProcess("bundle", create_argv, log_dir=self.group.log_dir, env=self._env())
         _run_to_end(create, timeout=120)
@@ -545,6 +561,7 @@ class Pipeline:
         )  # fmt: skip
         resend = ManagedProcess("resend", resend_argv, log_dir=self.group.log_dir, env=self._env())
         _run_to_end(resend, timeout=600)
+        return bundle
 
     # -- teardown ------------------------------------------------------------------------------
 

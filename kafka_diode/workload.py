@@ -40,6 +40,27 @@ class Workload:
     """Every n-th record is a tombstone (null value); 0 disables."""
     seed: int = 1
     """Seed for sizes and contents, so a run repeats."""
+    text_values: bool = False
+    """Values of log-like JSON lines (compressible, each different) instead of random bytes."""
+
+
+_LEVELS = ("INFO", "INFO", "INFO", "WARN", "DEBUG", "ERROR")
+
+
+def _text_value(rng: random.Random, size: int) -> bytes:
+    """``size`` bytes of log lines: what a site's syslog or event topic carries."""
+    lines: list[str] = []
+    length = 0
+    while length < size:
+        line = (
+            f'{{"ts": {rng.randrange(1_700_000_000_000, 1_800_000_000_000)}, '
+            f'"level": "{rng.choice(_LEVELS)}", "host": "plant-{rng.randrange(40)}", '
+            f'"msg": "request {rng.randrange(10**7)} served in {rng.randrange(2000)} ms", '
+            f'"path": "/api/v1/items/{rng.randrange(10**5)}"}}\n'
+        )
+        lines.append(line)
+        length += len(line)
+    return "".join(lines).encode()[:size]
 
 
 def produce(
@@ -106,7 +127,9 @@ def produce(
             )
         else:
             size = max(0, int(workload.value_size * rng.uniform(0.5, 1.5)))
-        value: bytes | None = rng.randbytes(size)
+        value: bytes | None = (
+            _text_value(rng, size) if workload.text_values else rng.randbytes(size)
+        )
         if (
             workload.tombstone_every
             and seq % workload.tombstone_every == workload.tombstone_every - 1

@@ -9,6 +9,12 @@ Datagrams the relay never read (kernel buffer overflow) are invisible to it; a l
 packets at high rates, ``recv_into`` in a loop does not). Send errors (nothing listening at the
 far end, full send buffer) are counted, never raised.
 
+Each datagram is submitted at the time the kernel stamped its arrival (``SO_TIMESTAMPNS``, where
+the kernel has it), not the time the relay read it: datagrams that waited in the socket while the
+relay was descheduled reach the impairer spread as they arrived, and what the modelled link sent
+before each arrival leaves the queue first. A relay that stamped read times would turn its own
+stalls into bursts and overflow a ``limit`` the real link never reaches.
+
 Glue only: one reader callback drains the socket into the impairer, then sends what is due and
 arms one ``loop.call_at`` timer at ``next_deadline()``.
 """
@@ -19,8 +25,10 @@ import asyncio
 import contextlib
 import logging
 import socket
+import struct
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from types import TracebackType
 from typing import Self
@@ -67,6 +75,12 @@ def _family(host: str) -> socket.AddressFamily:
 _LINUX = sys.platform.startswith("linux")
 SO_RCVBUFFORCE: int | None = getattr(socket, "SO_RCVBUFFORCE", 33 if _LINUX else None)
 SO_SNDBUFFORCE: int | None = getattr(socket, "SO_SNDBUFFORCE", 32 if _LINUX else None)
+#: The kernel stamps each datagram with the wall time it arrived (``SCM_TIMESTAMPNS`` is the
+#: same number): a relay that reads late (its process descheduled, a burst of sends) still
+#: submits each datagram at its arrival, so its stalls do not look like bursts on the link.
+SO_TIMESTAMPNS: int | None = getattr(socket, "SO_TIMESTAMPNS", 35 if _LINUX else None)
+_TIMESPEC = struct.Struct("@ll")
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
 def _set_buffer(sock: socket.socket, size: int, *, receive: bool) -> int:
@@ -141,6 +155,9 @@ class Relay:
         self._bound: Address | None = None
         self._buffer = bytearray(MAX_DATAGRAM)
         self._view = memoryview(self._buffer)
+        self._stamped = False
+        """Whether the kernel stamps arrivals (``SO_TIMESTAMPNS``) on the listening socket."""
+        self._last_arrival = float("-inf")
         if registry is not None:
             registry.register(_StatsCollector(self))
 
@@ -199,6 +216,7 @@ class Relay:
             raise ServiceError(f"netem relay cannot bind/connect: {exc}") from exc
         rsock.setblocking(False)
         ssock.setblocking(False)
+        self._stamped = _stamp_arrivals(rsock)
         self._loop, self._rsock, self._ssock = loop, rsock, ssock
         host, port = rsock.getsockname()[:2]
         self._bound = (str(host), int(port))
@@ -243,13 +261,19 @@ class Relay:
         rsock, loop = self._rsock, self._loop
         if rsock is None or loop is None:
             return
-        now = loop.time()
+        now, wall = loop.time(), time.time()
         submit = self.impairer.submit
         view = self._view
         kind_loss = self.kind_loss
+        stamped = self._stamped
+        buffers = [view]
+        arrival = now
         for _ in range(DRAIN_BATCH):
             try:
-                n = rsock.recv_into(self._buffer)
+                if stamped:
+                    n, ancillary, _flags, _address = rsock.recvmsg_into(buffers, _ANCILLARY_BYTES)
+                else:
+                    n = rsock.recv_into(self._buffer)
             except (BlockingIOError, InterruptedError):
                 break
             except OSError as exc:  # e.g. ICMP errors queued on the socket; keep going
@@ -258,8 +282,24 @@ class Relay:
             data = bytes(view[:n])
             if kind_loss is not None and kind_loss.drops(data):
                 continue
-            submit(data, now)
+            if stamped:
+                arrival = self._arrival(ancillary, now, wall)
+                # what the link released before this datagram arrived has left its queue
+                self._send(self.impairer.due(arrival))
+            submit(data, arrival)
         self._release()
+
+    def _arrival(self, ancillary: list[tuple[int, int, bytes]], now: float, wall: float) -> float:
+        """The loop time a datagram arrived at, from its kernel stamp: never after ``now`` nor
+        before the previous arrival (a wall-clock step moves no datagram out of order)."""
+        arrival = now
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(data) >= 16:
+                seconds, nanoseconds = _TIMESPEC.unpack_from(data)
+                arrival = now - max(0.0, wall - (seconds + nanoseconds * 1e-9))
+        arrival = max(arrival, self._last_arrival)
+        self._last_arrival = arrival
+        return arrival
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -270,11 +310,7 @@ class Relay:
         loop, ssock = self._loop, self._ssock
         if loop is None or ssock is None:
             return
-        for datagram in self.impairer.due(loop.time()):
-            try:
-                ssock.send(datagram)
-            except OSError:  # refused, unreachable, buffer full: a lossy link, not a crash
-                self.send_errors += 1
+        self._send(self.impairer.due(loop.time()))
         deadline = self.impairer.next_deadline()
         if deadline is None or deadline == self._timer_at:
             return
@@ -282,6 +318,27 @@ class Relay:
             self._timer.cancel()
         self._timer_at = deadline
         self._timer = loop.call_at(deadline, self._on_timer)
+
+    def _send(self, datagrams: list[bytes]) -> None:
+        ssock = self._ssock
+        if ssock is None:
+            return
+        for datagram in datagrams:
+            try:
+                ssock.send(datagram)
+            except OSError:  # refused, unreachable, buffer full: a lossy link, not a crash
+                self.send_errors += 1
+
+
+def _stamp_arrivals(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp arrivals on ``sock``; False where it cannot."""
+    if SO_TIMESTAMPNS is None:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
 
 
 class RelayThread:

@@ -18,8 +18,9 @@ import pytest
 from common.errors import ServiceError
 from common.metrics import CollectorRegistry
 from netem.impair import apply
-from netem.profile import NAMED_PROFILES, Profile
+from netem.profile import NAMED_PROFILES, Profile, parse_netem
 from netem.relay import Relay, RelayThread
+from runtime import service
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -255,3 +256,59 @@ def test_relay_thread_reports_a_busy_port(sink: socket.socket) -> None:
     with pytest.raises(ServiceError, match="cannot bind"):
         relay.start()
     relay.stop()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SO_TIMESTAMPNS is Linux's")
+@pytest.mark.parametrize("use_uvloop", [True, False], ids=["uvloop", "asyncio"])
+def test_a_stalled_relay_models_the_link_at_the_arrival_times_not_its_read_times(
+    use_uvloop: bool,
+) -> None:
+    """A source paced at 87 % of the link's rate; the relay's loop blocked for 0.5 s meanwhile
+    (a descheduled process on a busy host), so ~250 datagrams wait in its socket. The link's
+    queue (``limit 50``) never holds more than a few of them at their real arrival times: none
+    may be dropped as queue-full, and all arrive. Stamped with the time the relay read them,
+    they would arrive together and ~200 would be dropped."""
+    count, size, spacing = 750, 1000, 0.002
+    profile = parse_netem("rate 4800kbit limit 50")  # a 1,042-byte frame every 1.74 ms
+
+    def paced_source(target: tuple[str, int]) -> None:
+        out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        start = time.monotonic()
+        for i in range(count):
+            ahead = start + i * spacing - time.monotonic()
+            if ahead > 0:
+                time.sleep(ahead)  # pacing the source, not waiting for a result
+            out.sendto(b"%08d" % i + bytes(size - 8), target)
+        out.close()
+
+    async def scenario() -> tuple[dict[str, int], int]:
+        sink = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sink.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 * 1024 * 1024)
+        sink.bind(("127.0.0.1", 0))
+        collector = Collector(sink)
+        try:
+            async with Relay(("127.0.0.1", 0), sink.getsockname(), profile, 1) as relay:
+                source = threading.Thread(target=paced_source, args=(relay.listen_address,))
+                source.start()
+                deadline = time.monotonic() + 30
+                while relay.stats["received"] < count // 3:
+                    assert time.monotonic() < deadline, relay.stats
+                    await asyncio.sleep(0.01)
+                time.sleep(0.5)  # noqa: ASYNC251  the stall under test: the loop runs nothing
+                while source.is_alive() or relay.stats["held"]:
+                    assert time.monotonic() < deadline, relay.stats
+                    await asyncio.sleep(0.01)
+                stats = relay.stats
+            got = len(collector.wait(stats["forwarded"]))
+        finally:
+            sink.close()
+        return stats, got
+
+    loop = service.new_loop("uvloop" if use_uvloop else "asyncio")
+    try:
+        stats, got = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    assert stats["received"] == count, stats
+    assert stats["dropped_queue_full"] == 0, stats
+    assert got == count

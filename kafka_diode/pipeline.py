@@ -54,6 +54,8 @@ class PipelineSpec:
     """Upstream topic names (prefixed per run)."""
     partitions: int = 3
     """Partitions of every topic."""
+    raw_partitions: int = 0
+    """Partitions of the raw topic (0: ``partitions``)."""
     value_size: int = 200
     """Mean value size in bytes."""
     value_size_max: int = 0
@@ -233,7 +235,8 @@ class Pipeline:
         # clean topics any source timestamp (common/topic_limits.py)
         raw_config = created_topic_config(DEFAULT_MAX_RECORD_SIZE, any_timestamp=False)
         clean_config = created_topic_config(DEFAULT_MAX_RECORD_SIZE, any_timestamp=True)
-        downstream = [TopicSpec(name=self.ep.raw_topic, partitions=n, config=raw_config)]
+        raw = self.spec.raw_partitions or n
+        downstream = [TopicSpec(name=self.ep.raw_topic, partitions=raw, config=raw_config)]
         downstream += [
             TopicSpec(
                 name=self.ep.clean_template.replace("{topic}", t), partitions=n, config=clean_config

@@ -105,6 +105,9 @@ def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0)
     (:func:`driver_heap_mib`). Under spark-submit the master and already-set options come from
     spark-submit.
     """
+    # the interpreter of every Python worker, the executors' too: Spark starts them with the
+    # driver's PYSPARK_PYTHON (spark-submit sets it from spark.pyspark.python), not with an
+    # executor's environment (spark.executorEnv.PYSPARK_PYTHON does not choose it)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("kafka-diode-dedup")
@@ -138,7 +141,6 @@ def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0)
         "spark.python.worker.reuse": "true",
         # workers forked with their code already loaded and shared (dedup/worker_daemon.py)
         "spark.python.daemon.module": "dedup.worker_daemon",
-        "spark.executorEnv.PYSPARK_PYTHON": sys.executable,
         **{f"spark.executorEnv.{name}": value for name, value in WORKER_ALLOCATOR_ENV.items()},
         "spark.sql.streaming.stopTimeout": "120s",
         # no batch without input: the driver's ticks (dedup/idle_tick.py) make one per gap-scan

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
-from pathlib import Path
+from importlib import resources
 from typing import Any, Final
 
 from fastavro import parse_schema
@@ -47,13 +47,12 @@ MAX_SEQUENCE: Final = (1 << 64) - 1
 
 assert HEADER_SIZE == 44
 
-_SCHEMA_DIR = Path(__file__).resolve().parent.parent / "schema"
-
 
 def load_schema(name: str) -> Any:
-    """Parse ``common/schema/<name>.avsc`` (done once per schema, at import)."""
-    with (_SCHEMA_DIR / f"{name}.avsc").open(encoding="utf-8") as fh:
-        return parse_schema(json.load(fh))
+    """Parse ``common/schema/<name>.avsc`` (done once per schema, at import); read as the
+    package's resource, so that it loads from a zip too (``spark-submit --py-files``)."""
+    text = resources.files("common.schema").joinpath(f"{name}.avsc").read_text(encoding="utf-8")
+    return parse_schema(json.loads(text))
 
 
 ENVELOPE_SCHEMA: Final = load_schema("envelope")

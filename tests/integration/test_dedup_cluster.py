@@ -7,7 +7,8 @@ has two cores). The job is submitted to ``spark://...`` (client mode: the driver
 SIGKILLed mid-run, the cluster kills its executors (a task still writing is fenced by the next
 run's attempt), and the restart from the checkpoint must give the promise: every delivered
 source record exactly once in the clean topic (``read_committed``), the missing ones reported as
-open gaps.
+open gaps. Then the same promise from the command docs/dedup.md gives for spark-submit, run as
+written there, and stopped with a SIGTERM.
 """
 
 from __future__ import annotations
@@ -15,8 +16,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
+import sys
+import sysconfig
+import time
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
@@ -135,14 +140,10 @@ def spark_cluster(tmp_path: Path) -> Iterator[str]:
             _stop(proc)
 
 
-# slow (2 min on CI's machine: a Spark master and worker beside the brokers): CI keeps the same
-# SIGKILL and restart in local mode (tests/integration/test_dedup.py), the job being unchanged
-@pytest.mark.slow
-def test_sigkill_and_restart_on_a_standalone_cluster_keep_the_promise(
-    downstream_kafka, kafka_topic, tmp_path: Path, spark_cluster: str
-) -> None:
-    raw = kafka_topic(downstream_kafka, partitions=3)
-    rng = random.Random(17)
+def produce_input(broker: object, raw: str, seed: int) -> None:
+    """Every offset but ``MISSING``'s, 300 of each partition's twice, and a heartbeat that
+    announces partition 2's missing tail."""
+    rng = random.Random(seed)
     records = []
     for partition in range(3):
         present = [o for o in range(PER_PARTITION) if o not in MISSING[partition]]
@@ -151,7 +152,42 @@ def test_sigkill_and_restart_on_a_standalone_cluster_keep_the_promise(
             raw_record(partition, o, key=b"k%d" % o, value=b"x" * 40) for o in sorted(offsets)
         ]
     records.append(heartbeat(2, PER_PARTITION - 1))
-    produce_records(downstream_kafka, raw, records)
+    produce_records(broker, raw, records)
+
+
+EXPECTED = {(p, b"k%d" % o) for p in range(3) for o in range(PER_PARTITION) if o not in MISSING[p]}
+
+
+def open_gaps(broker: object, gap_topic: str) -> set[tuple[int, int]]:
+    """(partition, offset) of every offset the gap topic's latest records report open."""
+    gap_records = consume_all(broker, gap_topic, timeout=30)
+    latest = {r.key: json.loads(r.value) for r in gap_records if r.value is not None}
+    return {
+        (g["partition"], o)
+        for g in latest.values()
+        if g["state"] == "open"
+        for o in range(g["first"], g["last"] + 1)
+    }
+
+
+def assert_the_promise(broker: object, raw: str) -> None:
+    """Every delivered source record exactly once in the clean topic (``read_committed``), the
+    missing ones reported as open gaps."""
+    clean = consume_all(broker, f"clean.{raw}.{SOURCE}", timeout=60)
+    counts = Counter((r.partition, r.key) for r in clean)
+    assert [k for k, n in counts.items() if n > 1] == []
+    assert set(counts) == EXPECTED
+    assert open_gaps(broker, f"gaps.{raw}") == {(p, o) for p, offs in MISSING.items() for o in offs}
+
+
+# slow (2 min on CI's machine: a Spark master and worker beside the brokers): CI keeps the same
+# SIGKILL and restart in local mode (tests/integration/test_dedup.py), the job being unchanged
+@pytest.mark.slow
+def test_sigkill_and_restart_on_a_standalone_cluster_keep_the_promise(
+    downstream_kafka, kafka_topic, tmp_path: Path, spark_cluster: str
+) -> None:
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    produce_input(downstream_kafka, raw, seed=17)
     env = {
         **job_env(downstream_kafka.bootstrap, raw, tmp_path, raw),
         "SPARK_MASTER": spark_cluster,
@@ -168,19 +204,139 @@ def test_sigkill_and_restart_on_a_standalone_cluster_keep_the_promise(
     assert before < 3 * PER_PARTITION - 4, "the kill came too late to test anything"
 
     finish(run_dedup(env, "--until-idle", "10"))
-    clean = consume_all(downstream_kafka, clean_topic, timeout=60)
-    counts = Counter((r.partition, r.key) for r in clean)
-    assert [k for k, n in counts.items() if n > 1] == []
-    expected = {
-        (p, b"k%d" % o) for p in range(3) for o in range(PER_PARTITION) if o not in MISSING[p]
+    assert_the_promise(downstream_kafka, raw)
+
+
+REPO = Path(__file__).resolve().parents[2]
+#: Seconds spark-submit may take to exit after a SIGTERM (it took a few here).
+STOP_WITHIN_S = 60
+
+
+def python_without_kafka_diode(venv: Path) -> Path:
+    """A python with kafka-diode's dependencies but not kafka-diode, as on an executor node whose
+    venv has only the third-party packages: the job's own code can come only from
+    ``--py-files``. This venv's packages are added by path, not installed, so the editable
+    install's finder (run by a ``.pth`` file there) is not. Each start of this python appends its
+    working directory to ``<venv>/started``: where it ran."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = venv / "bin" / "python"
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    Path(site, "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    Path(site, "started.pth").write_text(
+        f"import os; open({str(venv / 'started')!r}, 'a').write(os.getcwd() + '\\n')\n"
+    )
+    probe = "import confluent_kafka, pandas, pyarrow, pyroaring, pyspark; import dedup"
+    found = subprocess.run(
+        [str(python), "-c", probe], check=False, cwd=venv, capture_output=True, text=True
+    )
+    assert "No module named 'dedup'" in found.stderr, found.stderr
+    (venv / "started").unlink()
+    return python
+
+
+def group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+# slow (a Spark master, two workers, spark-submit's driver and two executors beside the
+# brokers: ~1 min here)
+@pytest.mark.slow
+def test_the_documented_spark_submit_command_runs_the_job_on_the_cluster(
+    downstream_kafka, kafka_topic, tmp_path: Path, spark_cluster: str
+) -> None:
+    """docs/dedup.md "Running on a Spark cluster", its commands as written there: the zip, and
+    spark-submit with the connector jars, the zip, the executors' python and the confs it
+    advises. The executors' python has the dependencies but not kafka-diode."""
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    produce_input(downstream_kafka, raw, seed=23)
+    venv_python = python_without_kafka_diode(tmp_path / "venv")
+    # the docs' "python": kafka-diode's own venv, activated
+    shell = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    zip_name = "kafka_diode_py.zip"
+    subprocess.run(
+        ["python", "-m", "zipfile", "-c", str(tmp_path / zip_name),
+         "common", "dedup", "kafka_diode", "runtime"],
+        cwd=REPO, env=shell, check=True,
+    )  # fmt: skip
+    jars = subprocess.run(
+        ["python", "-c",
+         'from runtime.maven import spark_connector_jars as j; print(",".join(map(str, j())))'],
+        cwd=REPO, env=shell, check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    env = {
+        **shell,
+        **job_env(downstream_kafka.bootstrap, raw, tmp_path, raw),  # SPARK_MASTER local[2]: ignored
+        "MAX_OFFSETS_PER_TRIGGER": "3000",
+        "PERSIST_INTERVAL_MS": "0",
     }
-    assert set(counts) == expected
-    gap_records = consume_all(downstream_kafka, f"gaps.{raw}", timeout=30)
-    latest = {r.key: json.loads(r.value) for r in gap_records if r.value is not None}
-    open_offsets = {
-        (g["partition"], o)
-        for g in latest.values()
-        if g["state"] == "open"
-        for o in range(g["first"], g["last"] + 1)
-    }
-    assert open_offsets == {(p, o) for p, offs in MISSING.items() for o in offs}
+    log = tmp_path / "spark-submit.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [
+                str(Path(pyspark.__file__).parent / "bin" / "spark-submit"),
+                "--master", spark_cluster,
+                "--jars", jars,
+                "--py-files", str(tmp_path / zip_name),
+                "--conf", f"spark.pyspark.python={venv_python}",
+                "--conf", f"spark.executorEnv.PYTHONPATH={zip_name}",
+                "--conf", "spark.executor.extraJavaOptions=-XX:+UseParallelGC",
+                "--driver-java-options", "-XX:+UseParallelGC",
+                "--conf", "spark.executorEnv.MALLOC_ARENA_MAX=2",
+                # one one-core executor in each worker's 640 MiB
+                "--executor-memory", "512m",
+                "--total-executor-cores", "2",
+                "dedup/spark_main.py",
+            ],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,  # the group of spark-submit and its Python driver
+        )  # fmt: skip
+    missing = {(p, o) for p, offs in MISSING.items() for o in offs}
+    try:
+
+        def delivered_and_reported() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(log.read_text(errors="replace")[-6000:])
+            try:
+                clean = consume_all(downstream_kafka, f"clean.{raw}.{SOURCE}", timeout=10)
+                return (
+                    len(clean) >= len(EXPECTED)
+                    and open_gaps(downstream_kafka, f"gaps.{raw}") >= missing
+                )
+            except RuntimeError:  # a topic not created yet
+                return False
+
+        wait_until(delivered_and_reported, timeout=600, interval=2.0, message="all delivered")
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)  # as an operator (or systemd) stops it
+        proc.wait(STOP_WITHIN_S)
+        took = time.monotonic() - began
+        wait_until(lambda: group_gone(proc.pid), timeout=STOP_WITHIN_S, message="driver gone")
+    finally:
+        if not group_gone(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    print(f"spark-submit exited {proc.returncode} {took:.1f} s after SIGTERM")
+    assert proc.returncode == 128 + signal.SIGTERM, "the JVM's exit on SIGTERM"
+
+    assert_the_promise(downstream_kafka, raw)
+    # the tasks ran on the cluster's executors, in this app, with the executors' python and the
+    # job's code from the zip (that python has no other): its starts are in the executors'
+    # working directories, <worker>/<app id>/<executor id>
+    connected = re.search(r"Connected to Spark cluster with app ID (app-[\d-]+)", log.read_text())
+    assert connected, log.read_text(errors="replace")[-6000:]
+    app = connected[1]
+    starts = set((tmp_path / "venv" / "started").read_text().split())
+    executors = {Path(d).relative_to(tmp_path).parts[:2] for d in starts if f"/{app}/" in d}
+    assert executors, starts
+    assert all(w.startswith("worker") for w, _ in executors), starts
+    finished = [
+        p for p in tmp_path.glob(f"worker*/{app}/*/stderr") if "Finished task" in p.read_text()
+    ]
+    assert finished, "no executor of the app ran a task"

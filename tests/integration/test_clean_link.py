@@ -11,6 +11,7 @@ been reported.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,11 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 REPLAY_WINDOW = 8192  # the receiver's default, which the README's receiver keeps
 
 Metrics = dict[str, float]
+
+
+#: What every test here shares: the netem relay without impairment, heartbeats and gap reports
+#: every 2 s. Each test replaces the workload and the sender's settings.
+CLEAN_LINK = PipelineSpec(profile="clean", heartbeat_interval=2.0, gap_emit_interval=2.0)
 
 
 def run_backlog(
@@ -64,24 +70,34 @@ def assert_first_time(
     assert {reason for reason, n in drops.items() if n} == set(), drops
 
 
+def delivered_first_time(
+    spec: PipelineSpec,
+    upstream: LocalBroker,
+    downstream: LocalBroker,
+    tmp_path: Path,
+    timeout: float,
+) -> tuple[Metrics, Metrics]:
+    """``run_backlog``, then ``assert_first_time``: the sender's and the relay's metrics."""
+    verdict, sender, receiver, relay, gaps = run_backlog(
+        spec, upstream, downstream, tmp_path, timeout
+    )
+    assert_first_time(verdict, spec, receiver, gaps)
+    return sender, relay
+
+
 def test_paced_backlog_with_large_records_needs_no_resend(
     upstream_kafka: LocalBroker, downstream_kafka: LocalBroker, tmp_path: Path
 ) -> None:
-    spec = PipelineSpec(
+    spec = replace(
+        CLEAN_LINK,
         records=3600,
         value_size=50,
         value_size_max=100_000,
         huge_every=1200,  # three records of 2-3 MB
         huge_size=2_500_000,
-        profile="clean",
         rate_bytes=8_000_000,
-        heartbeat_interval=2.0,
-        gap_emit_interval=2.0,
     )
-    verdict, sender, receiver, _, gaps = run_backlog(
-        spec, upstream_kafka, downstream_kafka, tmp_path, timeout=600
-    )
-    assert_first_time(verdict, spec, receiver, gaps)
+    sender, _ = delivered_first_time(spec, upstream_kafka, downstream_kafka, tmp_path, timeout=600)
     # The setting is what the issue asks for: the backlog was deeper than 4 replay windows.
     assert sender["kafka_diode_sender_datagrams_sent_total"] >= 4 * REPLAY_WINDOW
 
@@ -104,7 +120,8 @@ def test_pacing_at_80_percent_of_the_line_rate_with_fec_loses_nothing_at_the_lin
     ``rate_bytes`` 80 % of the line rate, FEC repairs counted in it, a backlog of ~200 MB released
     at once (about 25 s of sending): the relay never overflows and every record is delivered
     first time."""
-    spec = PipelineSpec(
+    spec = replace(
+        CLEAN_LINK,
         records=60_000,
         value_size=50,
         value_size_max=20_000,
@@ -113,14 +130,11 @@ def test_pacing_at_80_percent_of_the_line_rate_with_fec_loses_nothing_at_the_lin
         profile=LINK,
         fec_overhead=20,
         rate_bytes=LINE_RATE_BYTES * 0.8,
-        heartbeat_interval=2.0,
-        gap_emit_interval=2.0,
     )
-    verdict, sender, receiver, relay_metrics, gaps = run_backlog(
+    sender, relay_metrics = delivered_first_time(
         spec, upstream_kafka, downstream_kafka, tmp_path, timeout=300
     )
     relay = _labelled(relay_metrics, "kafka_diode_netem_datagrams_total", "event")
-    assert_first_time(verdict, spec, receiver, gaps)
     assert relay["dropped_queue_full"] == 0, relay
     assert relay["delayed"] > 0, relay  # the link's rate held datagrams back: it was in force
     # the relay is read after the sender: a heartbeat sent in between is the relay's only
@@ -136,21 +150,16 @@ def test_records_near_the_default_max_record_size_cross_the_whole_path_first_tim
     and dedup at the demo's 20 MB/s: up to ~11,000 datagrams each, reassembled and delivered
     once, no gap. (At 16 MB +25 % the sender skips a record as too large and the dedup reports
     its gap: a loss reported, never silent.)"""
-    spec = PipelineSpec(
+    spec = replace(
+        CLEAN_LINK,
         records=3000,
         value_size=200,
         value_size_max=10_000,
         huge_every=1000,
         huge_size=13_000_000,  # +-25 %
-        profile="clean",
         rate_bytes=20_000_000,
-        heartbeat_interval=2.0,
-        gap_emit_interval=2.0,
     )
-    verdict, _, receiver, _, gaps = run_backlog(
-        spec, upstream_kafka, downstream_kafka, tmp_path, timeout=600
-    )
-    assert_first_time(verdict, spec, receiver, gaps)
+    delivered_first_time(spec, upstream_kafka, downstream_kafka, tmp_path, timeout=600)
 
 
 @pytest.mark.slow
@@ -161,7 +170,8 @@ def test_jumbo_datagrams_and_zstd_on_text_cross_the_whole_path_first_time(
     ``compression = "zstd"`` for compressible values, under a backlog of ~330 MB of log lines
     (50 B to 20 KB, three of 2.5 MB): every record delivered first time, and both settings in
     force (datagrams near the jumbo size, well under half the bytes on the wire)."""
-    spec = PipelineSpec(
+    spec = replace(
+        CLEAN_LINK,
         records=100_000,
         value_size=50,
         value_size_max=20_000,
@@ -170,15 +180,9 @@ def test_jumbo_datagrams_and_zstd_on_text_cross_the_whole_path_first_time(
         text_values=True,
         compression="zstd",
         max_datagram_size=8952,
-        profile="clean",
         rate_bytes=8_000_000,
-        heartbeat_interval=2.0,
-        gap_emit_interval=2.0,
     )
-    verdict, sender, receiver, _, gaps = run_backlog(
-        spec, upstream_kafka, downstream_kafka, tmp_path, timeout=600
-    )
-    assert_first_time(verdict, spec, receiver, gaps)
+    sender, _ = delivered_first_time(spec, upstream_kafka, downstream_kafka, tmp_path, timeout=600)
     wire = sender["kafka_diode_sender_bytes_sent_total"]
     datagrams = sender["kafka_diode_sender_datagrams_sent_total"]
     assert wire < 0.4 * sender["kafka_diode_sender_bytes_read_total"], sender

@@ -32,6 +32,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from common import settings
@@ -355,7 +356,6 @@ def test_sysusers_and_tmpfiles_apply_to_an_empty_root(tmp_path: Path) -> None:
 
 
 def test_compose_file_matches_the_compose_schema() -> None:
-    import jsonschema  # noqa: PLC0415  a dev dependency only this test needs
     schema = json.loads(COMPOSE_SCHEMA.read_text())
     # The spec names draft-07 without the trailing '#', which jsonschema does not recognise.
     assert "draft-07" in schema["$schema"]

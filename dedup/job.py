@@ -40,7 +40,7 @@ from dedup.detect import DetectParams
 from dedup.jvm import CHECKPOINT_MANAGER_CLASS, checkpoint_manager_jar
 from dedup.layouts import LayoutImpl, checkpoint_layout, implementation, session_layout
 from dedup.writer_settings import KAFKA_TIMEOUT_S
-from runtime import kafka
+from runtime import cgroup_memory, kafka
 
 if TYPE_CHECKING:
     from dedup.batch_driver import TransactionalBatchWriter
@@ -229,18 +229,10 @@ def check_memory_limit(config: DedupConfig, sized: str | None) -> None:
         heap, source = memory_limit.spark_memory_mib(sized), "sized for MAX_RECORD_SIZE"
     else:
         heap, source = SPARK_DEFAULT_HEAP_MIB, "Spark's default"
-    limit = memory_limit.read_memory_limit(_read_text)
+    limit = cgroup_memory.service_memory_limit()
     warning = memory_limit.check_heap_fits(heap, limit, source)
     if warning is not None:
         log.warning("%s", warning)
-
-
-def _read_text(path: str) -> str | None:
-    try:
-        with open(path, encoding="ascii") as file:
-            return file.read()
-    except (OSError, UnicodeDecodeError):
-        return None
 
 
 def local_slots(master: str) -> int | None:

@@ -5,15 +5,13 @@ systemd's ``MemoryMax=`` (and a container's memory limit) is a cgroup limit: cgr
 local SparkSession whose heap, with what the process tree holds beside it, is larger than that
 limit runs until a backlog of large records fills the heap, and is then killed by the kernel
 with no word from the JVM: the dedup checks at start instead (docs/dedup.md "Settings",
-Memory). Pure but for :func:`read_memory_limit`, which takes the file reader.
+Memory). Pure; the limit comes from :mod:`runtime.cgroup_memory`.
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable
-from pathlib import PurePosixPath
 
 from common.errors import ConfigError
 
@@ -22,12 +20,8 @@ from common.errors import ConfigError
 #: workers. Measured: 962 MB peak Pss of the tree with a 512 MB heap, 998 MB with 747 MB (not
 #: all of it filled) at 20,000 records/s (docs/benchmarks.md "Dedup").
 BESIDE_HEAP_MIB = 512
-#: Limits at or above this are "no limit" (cgroup v1 writes 2**63 rounded down to a page).
-_UNLIMITED = 1 << 60
 _SIZE = re.compile(r"^\s*(\d+)\s*([kmgtp]?)b?\s*$", re.IGNORECASE)
 _UNIT_MIB = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024**2, "p": 1024**3}
-
-Reader = Callable[[str], "str | None"]
 
 
 def spark_memory_mib(value: str) -> int:
@@ -56,33 +50,6 @@ def submitted_driver_memory(submit_args: str) -> str | None:
         if word == "--driver-memory" and index + 1 < len(words):
             return words[index + 1]
     return None
-
-
-def read_memory_limit(read: Reader, root: str = "/sys/fs/cgroup") -> int | None:
-    """The smallest memory limit, in bytes, on this process's cgroup and its ancestors (v2 and
-    v1), or None without one. ``read(path)`` returns a file's text or None if it cannot."""
-    table = read("/proc/self/cgroup")
-    if table is None:
-        return None
-    limits: list[int] = []
-    for line in table.splitlines():
-        hierarchy, _, rest = line.partition(":")
-        controllers, _, path = rest.partition(":")
-        if hierarchy == "0" and controllers == "":
-            limits += _limits(read, PurePosixPath(root), path, "memory.max")
-        elif "memory" in controllers.split(","):
-            limits += _limits(read, PurePosixPath(root, "memory"), path, "memory.limit_in_bytes")
-    return min(limits, default=None)
-
-
-def _limits(read: Reader, base: PurePosixPath, path: str, name: str) -> list[int]:
-    found: list[int] = []
-    node = PurePosixPath("/", path)
-    for level in (node, *node.parents):
-        text = read(str(base.joinpath(*level.parts[1:], name)))
-        if text is not None and text.strip().isdigit() and int(text) < _UNLIMITED:
-            found.append(int(text))
-    return found
 
 
 def check_heap_fits(heap_mib: int, limit_bytes: int | None, source: str) -> str | None:

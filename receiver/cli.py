@@ -18,7 +18,8 @@ from common import logging as common_logging
 from common import settings
 from common.errors import ConfigError, KeyRingError
 from receiver.config import ENV_PREFIX, ReceiverConfig
-from runtime import config_file
+from receiver.memory_bound import check_memory_fits
+from runtime import cgroup_memory, config_file
 from runtime.named_files import check_files
 
 log = logging.getLogger(__name__)
@@ -85,6 +86,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode receive") -> int:
 
             load_verifier(config)
         check_files(config)  # every other file it names (ssl.ca.location, ...)
+        check_memory_fits(config, cgroup_memory.service_memory_limit())
     except (ConfigError, KeyRingError) as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

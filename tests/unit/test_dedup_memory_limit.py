@@ -13,14 +13,14 @@ from dedup.config import from_sources
 from dedup.memory_limit import (
     BESIDE_HEAP_MIB,
     check_heap_fits,
-    read_memory_limit,
     spark_memory_mib,
     submitted_driver_memory,
 )
+from runtime.cgroup_memory import Reader, read_memory_limit
 from tests.cgroup_helpers import MIB, enter_then_exec, limited_cgroup, needs_memory_cgroup
 
 
-def reader(files: dict[str, str]) -> job.memory_limit.Reader:
+def reader(files: dict[str, str]) -> Reader:
     return files.get
 
 
@@ -129,9 +129,7 @@ def test_driver_memory_from_submit_args(args: str, value: str | None) -> None:
 @needs_memory_cgroup
 def test_a_process_in_a_real_limited_cgroup_reads_its_limit() -> None:
     """The reader against the kernel: a child moved into a new cgroup with a 700 MiB limit."""
-    code = (
-        "from dedup import job, memory_limit; print(memory_limit.read_memory_limit(job._read_text))"
-    )
+    code = "from runtime import cgroup_memory; print(cgroup_memory.service_memory_limit())"
     with limited_cgroup(700) as procs:
         done = subprocess.run(
             enter_then_exec(procs, [sys.executable, "-c", code]),

@@ -83,7 +83,8 @@ def raw_topic_spec(config: ReceiverConfig, topic: str) -> kafka.TopicSpec:
 def check_template(config: ReceiverConfig) -> list[str]:
     """Start-up checks of a ``{topic}`` template, whose raw topics are made while running, from
     one metadata request: the cluster has ``raw_topic_replication`` brokers (``create_raw_topic``;
-    every creation would be refused otherwise), and every existing topic the template can name
+    every creation would be refused otherwise; a node that is down but holds replicas counts,
+    :func:`runtime.kafka.known_brokers`), and every existing topic the template can name
     admits the largest raw record (as :func:`raw_topic_problem`). A cluster that does not answer,
     or configurations it will not describe, are not an error here (logged: the receiver starts
     and each topic is checked at its first use). Returns the topics checked.

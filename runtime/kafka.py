@@ -311,7 +311,7 @@ def _wait_for_leaders(
 
 
 def broker_count(conf: Mapping[str, Any], timeout: float) -> int:
-    """How many brokers the cluster's metadata lists.
+    """How many brokers the cluster has, as :func:`cluster_metadata` counts them.
 
     Raises:
         KafkaClientError: the cluster did not answer within ``timeout`` seconds.
@@ -320,14 +320,30 @@ def broker_count(conf: Mapping[str, Any], timeout: float) -> int:
 
 
 def cluster_metadata(conf: Mapping[str, Any], timeout: float) -> tuple[int, list[str]]:
-    """How many brokers the cluster's metadata lists, and its topics' names (internal ones
-    included), from one metadata request.
+    """How many brokers the cluster has (:func:`known_brokers`), and its topics' names
+    (internal ones included), from one metadata request.
 
     Raises:
         KafkaClientError: the cluster did not answer within ``timeout`` seconds.
     """
     meta = _metadata(conf, timeout)
-    return len(meta.brokers), list(meta.topics)
+    return known_brokers(meta), list(meta.topics)
+
+
+def known_brokers(meta: Any) -> int:
+    """The brokers a metadata answer (``ClusterMetadata``) shows: those up, and those any
+    partition names as a replica.
+
+    The metadata lists only the brokers that are up, so a node that is down (a rolling restart,
+    a crash) is missing from it; it is still named among the replicas of the partitions it holds
+    (the internal topics of a three-node cluster are on all three). Counting both, a component
+    started while one node of three is down does not conclude that the cluster has two.
+    """
+    ids = set(meta.brokers)
+    for topic in meta.topics.values():
+        for partition in topic.partitions.values():
+            ids.update(partition.replicas)
+    return len(ids)
 
 
 def _metadata(conf: Mapping[str, Any], timeout: float) -> Any:

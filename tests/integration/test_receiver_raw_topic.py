@@ -2,7 +2,8 @@
 start-up with the partitions, replication, min.insync.replicas and max.message.bytes of its
 settings, and records reach it; so is each raw topic of a ``{topic}`` template when its first
 record arrives; too few brokers for the replication stops the start-up naming
-``raw_topic_replication``; ``create_raw_topic = false`` leaves it alone. (An existing topic that
+``raw_topic_replication``, but one node of three down does not; ``create_raw_topic = false``
+leaves it alone. (An existing topic that
 is too narrow still stops the start-up: tests/integration/test_receiver_limits.py.)"""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from confluent_kafka.admin import AdminClient  # type: ignore[attr-defined]
 from common.topic_limits import record_limit
 from common.wire import WireConfig
 from common.wire.encoder import Encoder
+from kafka_diode.local_kafka.broker import free_port
+from kafka_diode.local_kafka.cluster import LocalCluster
 from runtime import kafka
 from tests.integration.receiver_process import ReceiverProcess, write_key_file
 from tests.kafka_helpers import consume_all, create_topic, random_name, wait_until
@@ -187,3 +190,43 @@ def test_a_template_with_more_replicas_than_brokers_stops_the_start_up(
     assert "raw_topic_replication" in log
     assert "has 1 broker(s)" in log
     assert "Traceback" not in log
+
+
+@pytest.mark.slow
+def test_a_template_receiver_starts_while_one_node_of_three_is_down(tmp_path: Path) -> None:
+    """A node of a three-node cluster is down (a rolling restart, a crash) when the receiver
+    starts, as systemd restarts it: the metadata lists two brokers, but the node still holds
+    replicas, so the default replication of 3 is not refused at start (an exit 2 would keep
+    systemd from restarting it, RestartPreventExitStatus=2). Records reach the template's existing
+    raw topic through the two nodes left, and a new source topic's raw topic is made with three
+    replicas (Kafka places one on the fenced node, which catches up when it is back)."""
+    env = dict(os.environ, KAFKA_DIODE_RUN_DIR=str(tmp_path / "run"))
+    ports = tuple(free_port() for _ in range(3))
+    with LocalCluster("rx-down", ports=ports, data_dir=tmp_path / "cluster", env=env) as cluster:
+        bootstrap = cluster.bootstrap
+        prefix = random_name("rawt-down")
+        existing, new = f"{prefix}.s1", f"{prefix}.s2"
+        kafka.create_missing_topics(
+            {"bootstrap.servers": bootstrap},
+            [kafka.TopicSpec(name=existing, partitions=3, replication=3)],
+            timeout=60,
+        )
+        assert cluster.node(2).kill()
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        wait_until(  # the controller fenced it: the metadata lists two brokers
+            lambda: len(admin.list_topics(timeout=10).brokers) == 2, 60, message="node 2 fenced"
+        )
+        key_file = tmp_path / "keys.json"
+        ring = write_key_file(key_file)
+        with ReceiverProcess(bootstrap, f"{prefix}.{{topic}}", tmp_path, key_file=key_file) as rx:
+            _send(rx, ring, [(t, p, o) for t in ("s1", "s2") for p in range(3) for o in range(10)])
+            wait_until(lambda: rx.metric("delivered_records_total") >= 60, 90, message="records")
+            assert rx.drops() == {}
+            assert rx.terminate() == 0
+        log = rx.log()
+        assert f"created raw topic {new}: 6 partitions, replication 3" in log
+        assert {len(p.replicas) for p in _topics(bootstrap)[new].partitions.values()} == {3}
+        for raw in (existing, new):
+            got = consume_all(bootstrap, raw, expected_count=30, timeout=60, expand_runs=True)
+            assert len(got) == 30, raw
+        assert "Traceback" not in log

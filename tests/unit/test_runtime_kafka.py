@@ -116,3 +116,31 @@ def test_each_try_of_a_refused_creation_gets_only_what_is_left_of_the_timeout(
     assert fake.tries[0][1] == pytest.approx(2.5, abs=0.05)
     for at, given in fake.tries[1:]:
         assert given <= max(1.0, started + 2.5 - at) + 0.05, fake.tries
+
+
+def _cluster(up: list[int], replicas: dict[str, list[list[int]]]) -> Any:
+    """A metadata answer: the brokers up, and each topic's partitions' replica lists."""
+    return SimpleNamespace(
+        brokers={b: SimpleNamespace(id=b) for b in up},
+        topics={
+            name: SimpleNamespace(
+                partitions={i: SimpleNamespace(replicas=r) for i, r in enumerate(parts)}
+            )
+            for name, parts in replicas.items()
+        },
+    )
+
+
+@pytest.mark.parametrize(
+    ("up", "replicas", "known"),
+    [
+        ([1], {"__consumer_offsets": [[1]]}, 1),  # a single broker
+        ([1, 2, 3], {}, 3),  # a new cluster, every node up, no topic yet
+        ([1, 3], {"__consumer_offsets": [[1, 2, 3], [2, 3, 1]]}, 3),  # node 2 down
+        ([1, 3], {"raw": [[3]], "clean": [[1]]}, 2),  # node 2 down, and it holds nothing
+    ],
+)
+def test_a_node_that_is_down_counts_while_it_holds_replicas(
+    up: list[int], replicas: dict[str, list[list[int]]], known: int
+) -> None:
+    assert kafka.known_brokers(_cluster(up, replicas)) == known

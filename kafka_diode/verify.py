@@ -318,13 +318,15 @@ def _example(verdict: Verdict, text: str) -> None:
         verdict.examples.append(text)
 
 
-#: Answers while a partition's leader changes: asked again.
+#: Answers while a partition's leader changes: asked again. ``_DESTROY_BROKER``: the request
+#: was queued on the handle of a node that is down when librdkafka's metadata dropped that node.
 _LEADERSHIP_MOVING = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError._TIMED_OUT,
         KafkaError._TRANSPORT,
+        KafkaError._DESTROY_BROKER,
     }
 )
 

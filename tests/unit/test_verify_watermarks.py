@@ -24,8 +24,13 @@ class _Answers:
         return answer
 
 
-def test_not_leader_is_asked_again() -> None:
-    consumer = _Answers(KafkaError(KafkaError.NOT_LEADER_FOR_PARTITION), (0, 42))
+@pytest.mark.parametrize(
+    "code",
+    # the leader restarted a moment ago; or it is down, and its handle was dropped under the ask
+    [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError._DESTROY_BROKER],
+)
+def test_a_moving_leader_is_asked_again(code: int) -> None:
+    consumer = _Answers(KafkaError(code), (0, 42))
     assert _watermarks(consumer, TopicPartition("t", 0), time.monotonic() + 10) == (0, 42)
 
 

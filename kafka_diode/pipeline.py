@@ -107,6 +107,10 @@ class PipelineSpec:
     """The receiver's ``worker_processes``: one process per port."""
     run_dedup: bool = True
     """Whether to start the Spark dedup (the receiver benchmark does not need it)."""
+    dedup_creates_topics: bool = False
+    """Leave the clean and gap topics to the dedup, which creates them with its
+    ``NEW_TOPIC_PARTITIONS`` and ``NEW_TOPIC_REPLICATION`` (docs/deployment.md); by default they
+    are created here first, as operations.md advises."""
     extra_env: tuple[tuple[str, str], ...] = ()
     """Extra environment for every component."""
 
@@ -222,7 +226,8 @@ class Pipeline:
             setattr(self.ep, side, broker.bootstrap)
 
     def create_topics(self) -> None:
-        """Upstream sources; downstream raw, clean (one per source) and compacted gap topics."""
+        """Upstream sources; downstream raw, clean (one per source) and compacted gap topics
+        (the last two unless ``dedup_creates_topics``)."""
         n = self.spec.partitions
         largest = max(self.spec.value_size_max, self.spec.huge_size * 5 // 4)
         big = {"max.message.bytes": str(largest + 1024 * 1024)} if largest > 900_000 else {}
@@ -237,15 +242,20 @@ class Pipeline:
         clean_config = created_topic_config(DEFAULT_MAX_RECORD_SIZE, any_timestamp=True)
         raw = self.spec.raw_partitions or n
         downstream = [TopicSpec(name=self.ep.raw_topic, partitions=raw, config=raw_config)]
-        downstream += [
-            TopicSpec(
-                name=self.ep.clean_template.replace("{topic}", t), partitions=n, config=clean_config
+        if not self.spec.dedup_creates_topics:
+            downstream += [
+                TopicSpec(
+                    name=self.ep.clean_template.replace("{topic}", t),
+                    partitions=n,
+                    config=clean_config,
+                )
+                for t in self.ep.source_topics
+            ]
+            downstream.append(
+                TopicSpec(
+                    name=self.ep.gap_topic, partitions=1, config={"cleanup.policy": "compact"}
+                )
             )
-            for t in self.ep.source_topics
-        ]
-        downstream.append(
-            TopicSpec(name=self.ep.gap_topic, partitions=1, config={"cleanup.policy": "compact"})
-        )
         _create(self.ep.downstream, downstream, self.conf("downstream"))
 
     def make_key(self) -> None:

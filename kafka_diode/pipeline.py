@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from common.errors import ConfigError
+from common.errors import ConfigError, ServiceError
 from common.topic_limits import created_topic_config
 from common.wire.config import WireConfig
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
@@ -451,6 +451,15 @@ class Pipeline:
         self.group.add("sender", self.sender_argv(), env=env)
         if self.spec.run_dedup:
             self.group.add("dedup", self.dedup_argv(), env=self.dedup_env(), stop_timeout=60)
+
+    def start_with_backlog(self) -> None:
+        """Set up, produce the whole workload upstream, then start every component, the
+        receiver first: the sender meets a backlog, as after an outage of the link."""
+        self.setup()
+        produced = self.produce()
+        if produced != self.spec.records:
+            raise ServiceError(f"produced {produced} of {self.spec.records} records upstream")
+        self.start_components(receiver_first=True)
 
     def restart(self, name: str, *, crash: bool) -> None:
         """Kill (SIGKILL) or stop (SIGTERM) one component and start it again."""

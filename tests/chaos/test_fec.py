@@ -177,9 +177,7 @@ def test_volume_at_the_defaults(
     with Pipeline(
         spec, tmp_path, upstream=upstream_kafka.bootstrap, downstream=downstream_kafka.bootstrap
     ) as p:
-        p.setup()
-        assert p.produce() == spec.records  # the backlog waits upstream before the sender starts
-        p.start_components(receiver_first=True)
+        p.start_with_backlog()
         clean = sorted({clean_topic_for(p.ep.clean_template, t) for t in p.ep.source_topics})
         alive = list(p.group.processes.values())
         # cheap progress check first (watermarks count transaction markers too, so this only

@@ -47,9 +47,7 @@ def run_backlog(
     with Pipeline(
         spec, tmp_path, upstream=upstream.bootstrap, downstream=downstream.bootstrap
     ) as p:
-        p.setup()
-        assert p.produce() == spec.records
-        p.start_components(receiver_first=True)
+        p.start_with_backlog()
         verdict = p.wait_settled(timeout=timeout, want_ok=True)
         sender = scrape(p.ep.metrics["sender"])
         receiver = scrape(p.ep.metrics["receiver"])

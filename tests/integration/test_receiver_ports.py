@@ -259,9 +259,7 @@ def test_a_fast_link_over_two_worker_processes_is_deduped_exactly_once_without_g
     with Pipeline(
         spec, tmp_path, upstream=upstream_kafka.bootstrap, downstream=downstream_kafka.bootstrap
     ) as p:
-        p.setup()
-        assert p.produce() == spec.records
-        p.start_components(receiver_first=True)
+        p.start_with_backlog()
         verdict = p.wait_settled(timeout=600, want_ok=True)
         ports = [p.ep.metrics["receiver"], p.ep.metrics["receiver"] + 1]
         shares = [total([scrape(port)], "records_total") for port in ports]

@@ -120,9 +120,7 @@ def test_resend_in_rounds_with_max_records_fills_every_gap_once(
     with Pipeline(
         spec, tmp_path, upstream=upstream_kafka.bootstrap, downstream=downstream_kafka.bootstrap
     ) as p:
-        p.setup()
-        assert p.produce() == spec.records
-        p.start_components(receiver_first=True)
+        p.start_with_backlog()
         verdict = p.wait_settled(timeout=600)
         assert verdict.promise_kept, verdict.line()
         missing = open_offsets(p)

@@ -208,6 +208,8 @@ def test_sigkill_and_restart_on_a_standalone_cluster_keep_the_promise(
 
 
 REPO = Path(__file__).resolve().parents[2]
+#: spark-submit's line naming the application (its executors carry the id).
+APP_ID = re.compile(r"Connected to Spark cluster with app ID (app-[\d-]+)")
 #: Seconds spark-submit may take to exit after a SIGTERM (it took a few here).
 STOP_WITHIN_S = 60
 
@@ -235,6 +237,26 @@ def python_without_kafka_diode(venv: Path) -> Path:
     assert "No module named 'dedup'" in found.stderr, found.stderr
     (venv / "started").unlink()
     return python
+
+
+def executor_processes(app: str) -> list[tuple[list[str], dict[str, str]]]:
+    """The command line and environment of each executor JVM of ``app`` on this host."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = [a.decode() for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
+            if "org.apache.spark.executor.CoarseGrainedExecutorBackend" not in args:
+                continue
+            if app not in args:
+                continue
+            pairs = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:  # gone meanwhile
+            continue
+        env = dict(p.decode(errors="replace").split("=", 1) for p in pairs if b"=" in p)
+        found.append((args, env))
+    return found
 
 
 def group_gone(pgid: int) -> bool:
@@ -313,6 +335,15 @@ def test_the_documented_spark_submit_command_runs_the_job_on_the_cluster(
                 return False
 
         wait_until(delivered_and_reported, timeout=600, interval=2.0, message="all delivered")
+        # the collector and the malloc arenas the page advises reached both executors
+        connected = APP_ID.search(log.read_text())
+        assert connected, log.read_text(errors="replace")[-6000:]
+        app = connected[1]
+        running = executor_processes(app)
+        assert len(running) == 2, running
+        for args, executor_env in running:
+            assert "-XX:+UseParallelGC" in args, args
+            assert executor_env.get("MALLOC_ARENA_MAX") == "2", sorted(executor_env)
         began = time.monotonic()
         proc.send_signal(signal.SIGTERM)  # as an operator (or systemd) stops it
         proc.wait(STOP_WITHIN_S)
@@ -329,9 +360,6 @@ def test_the_documented_spark_submit_command_runs_the_job_on_the_cluster(
     # the tasks ran on the cluster's executors, in this app, with the executors' python and the
     # job's code from the zip (that python has no other): its starts are in the executors'
     # working directories, <worker>/<app id>/<executor id>
-    connected = re.search(r"Connected to Spark cluster with app ID (app-[\d-]+)", log.read_text())
-    assert connected, log.read_text(errors="replace")[-6000:]
-    app = connected[1]
     starts = set((tmp_path / "venv" / "started").read_text().split())
     executors = {Path(d).relative_to(tmp_path).parts[:2] for d in starts if f"/{app}/" in d}
     assert executors, starts

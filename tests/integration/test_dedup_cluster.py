@@ -199,7 +199,16 @@ def test_sigkill_and_restart_on_a_standalone_cluster_keep_the_promise(
         "SPARK_CONF_SPARK_CORES_MAX": "2",
     }
     clean_topic = f"clean.{raw}.{SOURCE}"
-    kill_once_committed(run_dedup(env), downstream_kafka, clean_topic, 2_000)
+    proc = run_dedup(env)
+
+    def executors_up() -> list[tuple[list[str], dict[str, str]]]:
+        assert proc.poll() is None, "the dedup exited before its executors started"
+        return executor_processes()
+
+    # the collector a local session uses reaches the cluster's executors (docs/dedup.md)
+    running = wait_until(executors_up, timeout=300, interval=0.5, message="executors")
+    assert all("-XX:+UseParallelGC" in args for args, _ in running), running
+    kill_once_committed(proc, downstream_kafka, clean_topic, 2_000)
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert before < 3 * PER_PARTITION - 4, "the kill came too late to test anything"
 
@@ -239,8 +248,9 @@ def python_without_kafka_diode(venv: Path) -> Path:
     return python
 
 
-def executor_processes(app: str) -> list[tuple[list[str], dict[str, str]]]:
-    """The command line and environment of each executor JVM of ``app`` on this host."""
+def executor_processes(app: str | None = None) -> list[tuple[list[str], dict[str, str]]]:
+    """The command line and environment of each executor JVM on this host (of ``app`` only,
+    when given)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -249,7 +259,7 @@ def executor_processes(app: str) -> list[tuple[list[str], dict[str, str]]]:
             args = [a.decode() for a in (entry / "cmdline").read_bytes().split(b"\0") if a]
             if "org.apache.spark.executor.CoarseGrainedExecutorBackend" not in args:
                 continue
-            if app not in args:
+            if app is not None and app not in args:
                 continue
             pairs = (entry / "environ").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile

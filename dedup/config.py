@@ -115,8 +115,11 @@ class DedupConfig:
     records of one transaction, and it caps the input rate: a receiver writes up to 50 runs a
     second per busy source partition, so a link spread over many partitions needs about 50 x
     partitions x the batch time (docs/operations.md "Many source partitions"). Links of records
-    above 64 KiB: lower it so that it times the record size stays within about half the heap.
-    Raise it while a v1 backlog drains (docs/dedup.md "Upgrading from layout v1")."""
+    above 64 KiB on the buckets layout: lower it so that it times the record size stays within
+    about half the heap (the direct layout streams each raw partition: ~600 MB of 16 MiB records
+    pass in one batch at this default, tests/integration/test_dedup_heap.py); for the time a
+    batch's transactions take, docs/operations.md "Known limitations". Raise it while a v1
+    backlog drains (docs/dedup.md "Upgrading from layout v1")."""
     arrow_max_records_per_batch: int = 100_000
     """Rows per Arrow batch between the JVM and Python (about 100k is fastest here)."""
     fail_on_data_loss: bool = False

@@ -46,6 +46,14 @@ class BatchWork(Protocol):
     def finish(self, producer: Producer, result: BatchResult) -> None:
         """Produce what says the batch is committed (a marker, a state record)."""
 
+    def part_due(self) -> bool:
+        """Whether to commit what was produced so far as a part of the batch, now (the direct
+        layout, whose state record can say where a part ends and a replay resumes; the buckets
+        layout's batch is always one transaction)."""
+
+    def finish_part(self, producer: Producer, result: BatchResult) -> None:
+        """Produce what says the batch is committed up to here (``part_due`` said so)."""
+
     def ended(self, committed: bool, abort_failed: bool) -> None:
         """The transaction committed, or was aborted (``abort_failed``: the abort itself failed)."""
 
@@ -83,6 +91,12 @@ def commit_batch(
        replays it from the same state version (the same output); the direct layout's state is
        the committed state record itself, so committed work is never redone.
 
+    A long part of a batch may commit in several transactions (``work.part_due``: the direct
+    layout, whose transaction would otherwise outlive ``transaction.timeout.ms`` and be aborted
+    by the broker at every attempt): each ends with what says how far the batch is committed,
+    and an attempt that finds a part committed goes on after it (``work.fence`` reports the
+    batch before, and ``work.produce`` passes over what the part covered).
+
     The fence runs at the first Arrow batch that publishes anything; a part with none opens no
     transaction and writes nothing (its replay has none either). ``before_commit`` runs after
     everything was produced, before the commit (tests: a zombie or a second attempt between).
@@ -112,6 +126,11 @@ def commit_batch(
                     return BatchResult(batch_id, skipped=True, fenced=True)
                 producer.begin_transaction()
             work.produce(producer, batch, result)
+            if work.part_due():
+                work.finish_part(producer, result)
+                producer.commit_transaction(KAFKA_TIMEOUT_S * 4)
+                fault("task-after-part", batch_id, work.fault_key)
+                producer.begin_transaction()
         if producer is None:
             result.skipped = True
             return result

@@ -270,6 +270,13 @@ class LiveBucket:
             part.next_rows(self.params, rows, self.now, budget)
         return part
 
+    def snapshot(self) -> detector_set.DetectorSet:
+        """Save the touched detectors into the bucket and go on (a part of a batch commits it;
+        the ``stat`` rows still come once, from :meth:`finish`); the bucket."""
+        for key, part in self._live.items():
+            self.bucket.put(key, part.detector.to_bytes(), part.last_scan)
+        return self.bucket
+
     def finish(self, out: Output) -> detector_set.DetectorSet:
         """Save the touched detectors into the bucket and add their ``stat`` rows; the bucket."""
         for key in sorted(self._live):

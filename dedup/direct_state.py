@@ -14,6 +14,11 @@ Record:
   ``raw_topic``, ``raw_partition``, ``records``, ``gaps``, ``committed_at_ms``), then the
   container's bytes.
 
+A **part** of a batch (a task that commits its share of a long batch in several transactions,
+``dedup/direct_task.py``) is the same record with ``through_offset`` in the header, the raw offset
+of the last input row the part covers, and ``PART_MAGIC`` in front: a version that knows no parts
+then refuses the record instead of taking the batch as complete and skipping the rest of it.
+
 Pure: bytes in, values out.
 """
 
@@ -28,6 +33,8 @@ from common.errors import GapStateError
 from dedup.detector_set import DetectorSet
 
 MAGIC: Final = b"KDDS1"
+#: A part's record: only a version that resumes a batch after its part may read it.
+PART_MAGIC: Final = b"KDDS2"
 _LENGTH: Final = struct.Struct(">I")
 #: The JSON header's bound: it holds a few numbers and two names.
 MAX_HEADER_BYTES: Final = 64 * 1024
@@ -55,20 +62,30 @@ class StateRecord:
     records: int = 0
     gaps: int = 0
     committed_at_ms: int = 0
+    #: a part of ``batch_id``: the raw offset of the last input row it covers (-1: the whole
+    #: batch is committed)
+    through_offset: int = -1
+
+    @property
+    def complete(self) -> bool:
+        """Whether the record ends its batch (not a part of it)."""
+        return self.through_offset < 0
 
     def encode(self) -> bytes:
-        header = json.dumps(
-            {
-                "batch_id": self.batch_id,
-                "raw_topic": self.raw_topic,
-                "raw_partition": self.raw_partition,
-                "records": self.records,
-                "gaps": self.gaps,
-                "committed_at_ms": self.committed_at_ms,
-            },
-            separators=(",", ":"),
-        ).encode()
-        return b"".join((MAGIC, _LENGTH.pack(len(header)), header, self.detectors.to_bytes()))
+        fields = {
+            "batch_id": self.batch_id,
+            "raw_topic": self.raw_topic,
+            "raw_partition": self.raw_partition,
+            "records": self.records,
+            "gaps": self.gaps,
+            "committed_at_ms": self.committed_at_ms,
+        }
+        magic = MAGIC
+        if not self.complete:
+            fields["through_offset"] = self.through_offset
+            magic = PART_MAGIC
+        header = json.dumps(fields, separators=(",", ":")).encode()
+        return b"".join((magic, _LENGTH.pack(len(header)), header, self.detectors.to_bytes()))
 
     @classmethod
     def decode(cls, value: bytes) -> StateRecord:
@@ -78,9 +95,10 @@ class StateRecord:
             GapStateError: not a state record of this version, truncated or inconsistent.
         """
         start = len(MAGIC) + _LENGTH.size
-        if value[: len(MAGIC)] != MAGIC or len(value) < start:
+        magic = value[: len(MAGIC)]
+        if magic not in {MAGIC, PART_MAGIC} or len(value) < start:
             raise GapStateError(
-                f"a record of the dedup's state topic is not a state record of version 1 "
+                f"a record of the dedup's state topic is not a state record of version 1 or 2 "
                 f"(starts with {value[:6]!r}): written by a newer version, or not by the dedup"
             )
         (length,) = _LENGTH.unpack_from(value, len(MAGIC))
@@ -96,10 +114,16 @@ class StateRecord:
             name: fields.get(name, 0)
             for name in ("batch_id", "raw_partition", "records", "gaps", "committed_at_ms")
         }
+        numbers["through_offset"] = fields.get("through_offset", -1)
         bad = [n for n, v in numbers.items() if type(v) is not int]  # bool and float are not
         if bad or "batch_id" not in fields or not isinstance(fields.get("raw_topic"), str):
             raise GapStateError(
                 f"a state record's header lacks or mistypes {bad or ['batch_id', 'raw_topic']}"
+            )
+        if (magic == PART_MAGIC) != (numbers["through_offset"] >= 0):
+            raise GapStateError(
+                f"a state record's header says through_offset {numbers['through_offset']} "
+                f"under {magic!r}: a part has both, a whole batch neither"
             )
         return cls(
             batch_id=numbers["batch_id"],
@@ -109,4 +133,5 @@ class StateRecord:
             records=numbers["records"],
             gaps=numbers["gaps"],
             committed_at_ms=numbers["committed_at_ms"],
+            through_offset=numbers["through_offset"],
         )

@@ -18,14 +18,21 @@ Effectively once: the commit path every layout takes (``dedup.commit.commit_batc
 the argument); here what says batch ``N`` is done for raw partition ``p`` is ``p``'s state record
 itself (``batch_id``), so a replay never redoes committed work, and ``now`` is the driver's clock
 at the batch (docs/dedup.md "The direct layout").
+
+A task whose transaction has been open for a third of ``transaction.timeout.ms`` commits what it
+wrote as a **part** of the batch: its state record then says through which raw offset the batch
+is committed, and an attempt that finds it goes on after that offset. Without parts a task with
+more to write than the timeout allows (a backlog of multi-megabyte records) would be aborted by
+the broker at every attempt and the query would replay the same batch for ever
+(docs/dedup-internals.md "Parts of a batch").
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, Final
 
 import numpy as np
 import pyarrow as pa
@@ -54,6 +61,18 @@ from dedup.transaction import PartitionWriter, gc_paused, record_count
 from dedup.writer_settings import BatchResult, TaskSpec
 
 log = logging.getLogger(__name__)
+
+#: librdkafka's ``transaction.timeout.ms`` when ``KAFKA_CONF_TRANSACTION_TIMEOUT_MS`` is unset.
+DEFAULT_TRANSACTION_TIMEOUT_MS: Final = 60_000
+#: A part commits once its transaction has been open this share of the timeout: its commit then
+#: still has two thirds of it to flush the producer's queue (at most 128 MiB).
+PART_SHARE: Final = 1 / 3
+
+
+def part_after_s(kafka_conf: Any) -> float:
+    """Seconds a task's transaction stays open before it commits a part of the batch."""
+    timeout_ms = int(kafka_conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS))
+    return timeout_ms * PART_SHARE / 1000
 
 
 def transactional_id(base: str, raw_topic: str, raw_partition: int) -> str:
@@ -84,7 +103,13 @@ def source_of(batch: pa.RecordBatch) -> tuple[str, int]:
 class DirectPartition:
     """One raw partition's transaction of one batch: fence, state, detect, write, commit."""
 
-    def __init__(self, spec: TaskSpec, raw_topic: str, raw_partition: int) -> None:
+    def __init__(
+        self,
+        spec: TaskSpec,
+        raw_topic: str,
+        raw_partition: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if spec.params is None:
             raise ValueError("a direct task needs the detectors' settings (TaskSpec.params)")
         self.spec = spec
@@ -111,6 +136,14 @@ class DirectPartition:
         self._live: LiveBucket | None = None
         self._state = b""
         self._written: list[int] = []
+        self._clock = clock
+        self.part_after_s = part_after_s(spec.settings.kafka_conf)
+        self._part_started = 0.0
+        #: the raw offset a committed part of this batch ends at (-1: none), and the last one read
+        self._resume_after = -1
+        self._last_offset = -1
+        #: parts committed by this attempt
+        self.parts = 0
 
     def run(
         self,
@@ -143,12 +176,65 @@ class DirectPartition:
             DIRECT_STATE_BYTES,
         )
         self._producer = producer
-        return producer, committed.batch_id if committed is not None else -1
+        self._part_started = self._clock()
+        if committed is None:
+            return producer, -1
+        if not committed.complete and committed.batch_id == self.spec.batch_id:
+            # a part of this batch is committed: go on after it
+            self._resume_after = self._last_offset = committed.through_offset
+            log.info(
+                "batch %d %s: a part through raw offset %d was committed; going on after it",
+                self.spec.batch_id,
+                self.name,
+                committed.through_offset,
+            )
+            return producer, self.spec.batch_id - 1
+        if not committed.complete and committed.batch_id < self.spec.batch_id:
+            # Spark completed no batch whose task did not finish: not reached by the query
+            # (another program wrote the state topic); the batch's uncommitted rest stays gaps
+            log.warning(
+                "%s: the state record holds a part of batch %d (through raw offset %d) and "
+                "Spark runs batch %d: the rest of batch %d is reported as gaps",
+                self.name,
+                committed.batch_id,
+                committed.through_offset,
+                self.spec.batch_id,
+                committed.batch_id,
+            )
+        return producer, committed.batch_id
 
     def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:
         assert self._live is not None  # made by fence()
         self._check_source(batch)
-        self._one_batch(producer, batch, self._live, result)
+        offsets = batch.column("offset")
+        last = pc.max(offsets).as_py()
+        if self._resume_after >= 0:
+            # rows a committed part covered; the rest of a batch keeps Spark's offset order
+            batch = batch.filter(pc.greater(offsets, self._resume_after))
+        if last is not None:
+            self._last_offset = max(self._last_offset, int(last))
+        if batch.num_rows:
+            self._one_batch(producer, batch, self._live, result)
+
+    def part_due(self) -> bool:
+        return self._clock() - self._part_started >= self.part_after_s
+
+    def finish_part(self, producer: Producer, result: BatchResult) -> None:
+        assert self._live is not None  # made by fence()
+        state = StateRecord(
+            batch_id=self.spec.batch_id,
+            raw_topic=self.raw_topic,
+            raw_partition=self.raw_partition,
+            detectors=self._live.snapshot(),
+            records=result.records,
+            gaps=result.gaps,
+            committed_at_ms=int(time.time() * 1000),
+            through_offset=self._last_offset,
+        )
+        produce_waiting(producer, self.settings.state_topic, state.encode(), self.key,
+                        self.raw_partition)  # fmt: skip
+        self.parts += 1
+        self._part_started = self._clock()
 
     def finish(self, producer: Producer, result: BatchResult) -> None:
         assert self._live is not None  # made by fence()

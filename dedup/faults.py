@@ -20,9 +20,10 @@ log = logging.getLogger(__name__)
 #: that batch (``*``: the first to get there) and partition the process exits (code
 #: ``FAULT_EXIT``), once: only if it can
 #: create the once-file. Points: ``task-before-commit``, ``task-in-commit`` (during the commit),
-#: ``task-after-commit`` (a Python worker of the task dies), ``driver-after-commit`` (every task
-#: committed, Spark's commit log not written: the driver dies). Crash tests set it; nothing else
-#: should.
+#: ``task-after-commit`` (a Python worker of the task dies), ``task-after-part`` (the same after
+#: a part of the batch committed, ``dedup.commit.commit_batch``), ``driver-after-commit`` (every
+#: task committed, Spark's commit log not written: the driver dies). Crash tests set it; nothing
+#: else should.
 FAULT_ENV = "KAFKA_DIODE_DEDUP_FAULT"
 FAULT_EXIT = 70
 

@@ -296,6 +296,15 @@ class _StatefulWork:
             MARKER_PARTITION,
         )
 
+    def part_due(self) -> bool:
+        # a replay recomputes the batch's rows from Spark's state; a marker cannot say where a
+        # part of them ended, so a batch is one transaction (docs/operations.md "Known
+        # limitations": the buckets layout bounds a batch by MAX_OFFSETS_PER_TRIGGER)
+        return False
+
+    def finish_part(self, producer: Producer, result: BatchResult) -> None:
+        raise AssertionError("the buckets layout commits a batch in one transaction")
+
     def ended(self, committed: bool, abort_failed: bool) -> None:
         if abort_failed:
             self.writer._producer = None

@@ -13,11 +13,14 @@ What one raw partition's task can go through (docs/dedup.md "The direct layout")
 4. A Python worker keeps the state record it committed (``dedup/state_reader.py``) and uses it
    only while the state partition has not moved since: a worker whose raw partition another
    worker ran meanwhile reads the newer record.
+5. A long task commits its batch in parts and dies after one: the next attempt goes on after
+   the part, and reads none of what the part covered again.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import socket
 import threading
@@ -78,14 +81,16 @@ def setup(bootstrap: str, raw_partitions: int = 1) -> tuple[WriterSettings, str,
     return settings, f"query-{tag}", raw
 
 
-def runs(raw: str, raw_partition: int, spans: list[tuple[int, int, int]]) -> pa.RecordBatch:
+def runs(
+    raw: str, raw_partition: int, spans: list[tuple[int, int, int]], first_offset: int = 0
+) -> pa.RecordBatch:
     """Raw records as Spark's source reads them: a v2 run per ``(source partition, first,
-    last)``, then the driver's tick."""
-    return topic_runs(raw, raw_partition, [(SOURCE, *span) for span in spans])
+    last)``, then the driver's tick, at raw offsets from ``first_offset`` on."""
+    return topic_runs(raw, raw_partition, [(SOURCE, *span) for span in spans], first_offset)
 
 
 def topic_runs(
-    raw: str, raw_partition: int, spans: list[tuple[str, int, int, int]]
+    raw: str, raw_partition: int, spans: list[tuple[str, int, int, int]], first_offset: int = 0
 ) -> pa.RecordBatch:
     """``runs`` of ``(source topic, source partition, first, last)``."""
     rows = []
@@ -98,8 +103,8 @@ def topic_runs(
     rows.append(
         {"key": b"tick", "value": b"", "headers": [{"key": "diode.control", "value": TICK}]}
     )
-    for row in rows:
-        row |= {"topic": raw, "partition": raw_partition}
+    for offset, row in enumerate(rows, first_offset):
+        row |= {"topic": raw, "partition": raw_partition, "offset": offset}
     return pa.RecordBatch.from_pylist(rows)
 
 
@@ -404,3 +409,76 @@ def test_a_record_in_the_wrong_raw_partition_is_malformed_not_a_second_detector(
     state = read_state(settings, state_key(query, raw, 0), 0)
     assert state is not None
     assert sorted(state.detectors) == [(SOURCE, 0), (SOURCE, 2)]
+
+
+def test_a_task_that_died_after_a_part_of_its_batch_is_resumed_after_the_part(
+    downstream_kafka,
+) -> None:
+    """A task commits a part of its batch whenever its transaction has been open a third of
+    ``transaction.timeout.ms`` (docs/dedup-internals.md "Parts of a batch"; here a clock that
+    makes it due after every Arrow batch). It dies after two parts: the state record says
+    through which raw offset the batch is committed, and the next attempt of the same batch
+    writes the rest only, without reading the parts' rows again (a reset among them would
+    otherwise be applied twice). Before parts the attempt would have skipped the batch."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    arrow_batches = [
+        runs(raw, 0, [(0, 0, 9)], first_offset=0),  # a run and a tick: offsets 0, 1
+        runs(raw, 0, [(0, 10, 19)], first_offset=2),
+        runs(raw, 0, [(0, 20, 29), (1, 0, 4)], first_offset=4),
+    ]
+
+    def dies_after_two() -> Iterator[pa.RecordBatch]:
+        yield from arrow_batches[:2]
+        raise RuntimeError("the Python worker died")
+
+    ticking = itertools.count(step=100.0).__next__
+    first = DirectPartition(spec(settings, query, 7), raw, 0, clock=ticking)
+    with pytest.raises(RuntimeError, match="died"):
+        first.run(dies_after_two(), lambda _: None)
+    assert first.parts == 2
+    part = read_state(settings, state_key(query, raw, 0), 0)
+    assert part is not None
+    assert (part.batch_id, part.through_offset, part.complete) == (7, 3, False)
+    assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(20)})
+
+    stats: list[pa.RecordBatch] = []
+    retry = DirectPartition(spec(settings, query, 7), raw, 0)
+    result = retry.run(arrow_batches, stats.append)
+    assert (result.records, result.skipped, retry.parts) == (15, False, 0)
+    rows = pa.Table.from_batches(stats).to_pylist()
+    assert sum(r["duplicates"] for r in rows) == 0, "the parts' rows were read again"
+    expected = {(0, o): 1 for o in range(30)} | {(1, o): 1 for o in range(5)}
+    assert clean(bootstrap, settings) == Counter(expected)
+    done = read_state(settings, state_key(query, raw, 0), 0)
+    assert done is not None
+    assert (done.batch_id, done.complete) == (7, True)
+    again = DirectPartition(spec(settings, query, 7), raw, 0)
+    assert again.run(arrow_batches, lambda _: None).skipped
+
+
+def test_a_task_that_writes_longer_than_the_transaction_timeout_commits_in_parts(
+    downstream_kafka,
+) -> None:
+    """The broker aborts a transaction open longer than the producer's ``transaction.timeout.ms``
+    (it looks every 10 s, Kafka's ``transaction.abort.timed.out.transaction.cleanup.interval.ms``),
+    and a replay of the batch would be as long (docs/dedup-internals.md "Parts of a batch"). A
+    task whose input takes 12 s to come (a large batch) at a timeout of 1 s commits a part every
+    third of a second and completes the batch exactly once; in one transaction it fails."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    settings = dataclasses.replace(settings, kafka_conf={"transaction.timeout.ms": "1000"})
+
+    def slow_input() -> Iterator[pa.RecordBatch]:
+        for i in range(24):
+            yield runs(raw, 0, [(0, 10 * i, 10 * i + 9)], first_offset=2 * i)
+            time.sleep(0.5)  # the work of a large Arrow batch: the transaction stays open
+
+    task = DirectPartition(spec(settings, query, 0), raw, 0)
+    result = task.run(slow_input(), lambda _: None)
+    assert result.records == 240
+    assert task.parts >= 8
+    assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(240)})
+    state = read_state(settings, state_key(query, raw, 0), 0)
+    assert state is not None
+    assert (state.batch_id, state.complete) == (0, True)

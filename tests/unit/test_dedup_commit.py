@@ -1,5 +1,6 @@
 """The one commit path (``dedup.commit.commit_batch``) with a stand-in producer, no Kafka: the
-order of its steps, the skip of a committed batch, and the abort on any failure."""
+order of its steps, the parts of a long batch, the skip of a committed batch, and the abort on
+any failure."""
 
 from __future__ import annotations
 
@@ -34,8 +35,13 @@ class FakeProducer:
 class Work:
     fault_key = 0
 
-    def __init__(self, committed: int, *, drain: bool, fail_commit: bool = False) -> None:
+    def __init__(
+        self, committed: int, *, drain: bool, fail_commit: bool = False, parts_after: int = 0
+    ) -> None:
         self.name = "partition 0"
+        #: a part is due after every this many produced batches (0: never)
+        self.parts_after = parts_after
+        self.produced = 0
         self.drain_skipped = drain
         self.committed = committed
         self.producer = FakeProducer(fail_commit)
@@ -53,6 +59,13 @@ class Work:
     def produce(self, producer: Any, batch: pa.RecordBatch, result: BatchResult) -> None:
         producer.calls.append(f"produce {batch.num_rows}")
         result.records += batch.num_rows
+        self.produced += 1
+
+    def part_due(self) -> bool:
+        return bool(self.parts_after) and self.produced % self.parts_after == 0
+
+    def finish_part(self, producer: Any, result: BatchResult) -> None:
+        producer.calls.append(f"part {result.records}")
 
     def finish(self, producer: Any, result: BatchResult) -> None:
         producer.calls.append("finish")
@@ -70,6 +83,33 @@ def test_fence_at_the_first_published_batch_then_produce_finish_commit() -> None
     result = commit_batch(work, _batches(1, 2, 3), 5)
     assert work.producer.calls == ["fence", "begin", "produce 2", "produce 3", "finish", "commit"]
     assert (result.records, result.skipped, work.ends) == (5, False, [(True, False)])
+
+
+def test_a_part_due_commits_what_was_produced_and_goes_on_in_a_new_transaction() -> None:
+    """The direct layout's parts of a long batch (docs/dedup-internals.md "Parts of a batch"):
+    each ends its transaction with what says how far the batch is committed."""
+    work = Work(committed=4, drain=True, parts_after=2)
+    result = commit_batch(work, _batches(2, 3, 4, 5, 6), 5)
+    assert work.producer.calls == [
+        "fence", "begin", "produce 2", "produce 3", "part 5", "commit",
+        "begin", "produce 4", "produce 5", "part 14", "commit",
+        "begin", "produce 6", "finish", "commit",
+    ]  # fmt: skip
+    assert (result.records, result.skipped, work.ends) == (20, False, [(True, False)])
+
+
+def test_a_failure_after_a_part_aborts_only_the_open_transaction() -> None:
+    work = Work(committed=-1, drain=True, parts_after=1)
+
+    def boom() -> None:
+        raise RuntimeError("task killed")
+
+    with pytest.raises(RuntimeError, match="task killed"):
+        commit_batch(work, _batches(2), 3, before_commit=boom)
+    assert work.producer.calls == [
+        "fence", "begin", "produce 2", "part 2", "commit", "begin", "finish", "abort",
+    ]  # fmt: skip
+    assert work.ends == [(False, False)]
 
 
 def test_nothing_published_opens_no_transaction() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from common.errors import GapStateError
 from dedup.detector_set import DetectorSet
-from dedup.direct_state import MAGIC, MAX_HEADER_BYTES, StateRecord, state_key
+from dedup.direct_state import MAGIC, MAX_HEADER_BYTES, PART_MAGIC, StateRecord, state_key
 
 ENTRIES = {("t", 0): (b"blob", 5), ("u", 3): (b"", 7)}
 
@@ -31,11 +31,13 @@ def _record(**fields) -> StateRecord:
     return StateRecord(**values)
 
 
-def _value(header: bytes, container: bytes | None = None, length: int | None = None) -> bytes:
+def _value(
+    header: bytes, container: bytes | None = None, length: int | None = None, magic: bytes = MAGIC
+) -> bytes:
     """A state record's value by hand: magic, announced length, header, container."""
     body = DetectorSet(ENTRIES).to_bytes() if container is None else container
     announced = len(header) if length is None else length
-    return MAGIC + struct.pack(">I", announced) + header + body
+    return magic + struct.pack(">I", announced) + header + body
 
 
 def _assert_same(back: StateRecord, record: StateRecord) -> None:
@@ -45,6 +47,7 @@ def _assert_same(back: StateRecord, record: StateRecord) -> None:
     assert back.records == record.records
     assert back.gaps == record.gaps
     assert back.committed_at_ms == record.committed_at_ms
+    assert back.through_offset == record.through_offset
     assert back.detectors.to_bytes() == record.detectors.to_bytes()
 
 
@@ -90,6 +93,22 @@ def test_the_counters_default_to_zero_when_the_header_omits_them() -> None:
     assert back.detectors.to_bytes() == DetectorSet(ENTRIES).to_bytes()
 
 
+def test_a_part_round_trips_under_its_own_magic() -> None:
+    """A part of a batch (docs/dedup-internals.md "Parts of a batch") starts with another magic
+    than a whole batch: a version that knows no parts refuses it (it would take the batch as
+    complete and skip its rest) instead of losing records."""
+    part = _record(through_offset=41)
+    value = part.encode()
+    assert value.startswith(PART_MAGIC)
+    assert not part.complete
+    back = StateRecord.decode(value)
+    _assert_same(back, part)
+    assert not back.complete
+    assert back.encode() == value
+    assert _record().complete
+    assert _record().encode().startswith(MAGIC)
+
+
 def test_the_key_is_query_topic_and_partition() -> None:
     key = state_key("3f2a-query", "raw.link", 11)
     assert isinstance(key, bytes)
@@ -104,7 +123,19 @@ GOOD_HEADER = b'{"batch_id":1,"raw_topic":"raw","raw_partition":0}'
 @pytest.mark.parametrize(
     "value",
     [
-        pytest.param(b"KDDS2" + _record().encode()[5:], id="wrong-magic"),
+        pytest.param(b"KDDS9" + _record().encode()[5:], id="wrong-magic"),
+        pytest.param(PART_MAGIC + _record().encode()[5:], id="part-magic-without-an-offset"),
+        pytest.param(
+            _value(b'{"batch_id":1,"raw_topic":"r","raw_partition":0,"through_offset":5}'),
+            id="an-offset-under-the-whole-batch-magic",
+        ),
+        pytest.param(
+            _value(
+                b'{"batch_id":1,"raw_topic":"r","raw_partition":0,"through_offset":"5"}',
+                magic=PART_MAGIC,
+            ),
+            id="a-mistyped-offset",
+        ),
         pytest.param(b"KDBK\x01" + _record().encode()[5:], id="a-bucket-container"),
         pytest.param(b"", id="empty"),
         pytest.param(MAGIC + b"\0\0", id="magic-and-half-a-length"),
@@ -161,6 +192,7 @@ def test_a_truncated_header_names_the_announced_length() -> None:
         max_size=8,
     ),
     counters=st.tuples(st.integers(0, 2**53), st.integers(0, 2**53), st.integers(0, 2**53)),
+    through_offset=st.integers(-1, 2**62),
 )
 def test_any_batch_and_detectors_round_trip(
     batch_id: int,
@@ -168,6 +200,7 @@ def test_any_batch_and_detectors_round_trip(
     raw_partition: int,
     entries: dict[tuple[str, int], tuple[bytes, int]],
     counters: tuple[int, int, int],
+    through_offset: int,
 ) -> None:
     records, gaps, committed_at_ms = counters
     record = StateRecord(
@@ -178,6 +211,7 @@ def test_any_batch_and_detectors_round_trip(
         records=records,
         gaps=gaps,
         committed_at_ms=committed_at_ms,
+        through_offset=through_offset,
     )
     value = record.encode()
     back = StateRecord.decode(value)

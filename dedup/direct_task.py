@@ -182,7 +182,7 @@ class DirectPartition:
         if not committed.complete and committed.batch_id == self.spec.batch_id:
             # a part of this batch is committed: go on after it
             self._resume_after = self._last_offset = committed.through_offset
-            log.info(
+            log.warning(  # after a crash or a retry: where operators look (WARNING and up)
                 "batch %d %s: a part through raw offset %d was committed; going on after it",
                 self.spec.batch_id,
                 self.name,
@@ -234,6 +234,17 @@ class DirectPartition:
         produce_waiting(producer, self.settings.state_topic, state.encode(), self.key,
                         self.raw_partition)  # fmt: skip
         self.parts += 1
+        # rare (a task writing for longer than a third of the timeout), and the executors log
+        # WARNING and up: an operator sees that batches outgrow a transaction
+        log.warning(
+            "batch %d %s: committing part %d, through raw offset %d, after %.0f s open "
+            "(a third of transaction.timeout.ms)",
+            self.spec.batch_id,
+            self.name,
+            self.parts,
+            self._last_offset,
+            self._clock() - self._part_started,
+        )
         self._part_started = self._clock()
 
     def finish(self, producer: Producer, result: BatchResult) -> None:

@@ -69,6 +69,8 @@ def test_a_task_that_died_after_a_part_of_a_long_batch_is_resumed_exactly_once(
     assert once.exists(), "no part was committed"
     log = run.log_path.read_text()  # type: ignore[attr-defined]
     assert "Python worker exited unexpectedly" in log, log[-3000:]
+    assert "committing part 1, through raw offset" in log
+    assert "was committed; going on after it" in log
     clean = consume_all(downstream_kafka, f"clean.{raw}.{SOURCE}", expected_count=RECORDS,
                         timeout=120, config=LARGE)  # fmt: skip
     seen = Counter(int(r.value[: r.value.index(b":")]) for r in clean)

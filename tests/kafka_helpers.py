@@ -26,7 +26,7 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 from confluent_kafka.cimpl import NewTopic
 
 from common.raw_run import SESSION_HEADER, RunBuilder, expand_run
@@ -378,12 +378,29 @@ def start_test_broker(role: str, data_dir: Path, partitions: int = 3) -> LocalBr
         _started.append(broker)
         try:
             broker.start()
+            keep_old_records(broker.bootstrap)
             return broker
         except Exception as exc:
             broker.stop()
             last = exc
     assert last is not None
     raise last
+
+
+def keep_old_records(bootstrap: str) -> None:
+    """No deletion by age on a test broker (each node's dynamic ``log.retention.ms`` -1). Tests
+    write records with fixed timestamps years old, and the broker's retention check (30 s after
+    its start, then every 5 minutes) deletes a segment whose records are all older than its 7
+    days, the active one included, under a test that reads them back."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    entry = ConfigEntry("log.retention.ms", "-1", incremental_operation=AlterConfigOpType.SET)
+    nodes = admin.list_topics(timeout=30).brokers
+    resources = [
+        ConfigResource(ConfigResource.Type.BROKER, str(node), incremental_configs=[entry])
+        for node in nodes
+    ]
+    for future in admin.incremental_alter_configs(resources).values():
+        future.result(30)
 
 
 def stop_test_brokers() -> None:

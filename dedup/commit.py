@@ -91,9 +91,9 @@ def commit_batch(
        replays it from the same state version (the same output); the direct layout's state is
        the committed state record itself, so committed work is never redone.
 
-    A long part of a batch may commit in several transactions (``work.part_due``: the direct
-    layout, whose transaction would otherwise outlive ``transaction.timeout.ms`` and be aborted
-    by the broker at every attempt): each ends with what says how far the batch is committed,
+    A task's share of a long batch may commit in several transactions (``work.part_due``: the
+    direct layout, whose transaction would otherwise outlive ``transaction.timeout.ms`` and be
+    aborted by the broker at every attempt): each ends with what says how far it is committed,
     and an attempt that finds a part committed goes on after it (``work.fence`` reports the
     batch before, and ``work.produce`` passes over what the part covered).
 

@@ -465,16 +465,17 @@ def test_a_task_that_writes_longer_than_the_transaction_timeout_commits_in_parts
     """The broker aborts a transaction open longer than the producer's ``transaction.timeout.ms``
     (it looks every 10 s, Kafka's ``transaction.abort.timed.out.transaction.cleanup.interval.ms``),
     and a replay of the batch would be as long (docs/dedup-internals.md "Parts of a batch"). A
-    task whose input takes 12 s to come (a large batch) at a timeout of 1 s commits a part every
-    third of a second and completes the batch exactly once; in one transaction it fails."""
+    task whose input takes 15.6 s to come (a large batch) at a timeout of 3 s commits a part
+    every second (each open ~1.3 s: room on a loaded host) and completes the batch exactly once;
+    in one transaction it fails (open past 3 s + the broker's 10 s between looks)."""
     bootstrap = downstream_kafka.bootstrap
     settings, query, raw = setup(bootstrap)
-    settings = dataclasses.replace(settings, kafka_conf={"transaction.timeout.ms": "1000"})
+    settings = dataclasses.replace(settings, kafka_conf={"transaction.timeout.ms": "3000"})
 
     def slow_input() -> Iterator[pa.RecordBatch]:
         for i in range(24):
             yield runs(raw, 0, [(0, 10 * i, 10 * i + 9)], first_offset=2 * i)
-            time.sleep(0.5)  # the work of a large Arrow batch: the transaction stays open
+            time.sleep(0.65)  # the work of a large Arrow batch: the transaction stays open
 
     task = DirectPartition(spec(settings, query, 0), raw, 0)
     result = task.run(slow_input(), lambda _: None)

@@ -2,10 +2,11 @@
 
 A backlog of large records makes a batch whose task writes for longer than the producer's
 ``transaction.timeout.ms``; the task commits it in parts (docs/dedup-internals.md "Parts of a
-batch"). Here the timeout is Kafka's least (1 s, a part every third of it) and ~200 MB of 4 MiB
-records sit in one raw partition: the task commits a part, its Python worker dies after it
-(``task-after-part``), and Spark's retry of the task resumes the batch after the part. The clean
-topic, read ``read_committed``, holds every record exactly once; before parts the retry took the
+batch"). Here the timeout is 3 s (a part every second) and ~400 MB of 4 MiB records sit in one
+raw partition (a task of several seconds; the first part came after ~80 MB here): the task
+commits a part, its Python worker dies after it (``task-after-part``), and Spark's retry of the
+task resumes the batch after the part. The clean topic, read ``read_committed``, holds every
+record exactly once; before parts the retry took the
 batch as committed and lost its rest.
 """
 
@@ -24,7 +25,7 @@ from tests.kafka_helpers import Record, consume_all, produce_records
 
 pytestmark = [pytest.mark.kafka, pytest.mark.spark, pytest.mark.slow]
 
-RECORDS = 48
+RECORDS = 96
 RECORD_BYTES = 4 << 20
 LARGE = {"fetch.max.bytes": 64 << 20, "receive.message.max.bytes": 80 << 20}
 
@@ -62,7 +63,7 @@ def test_a_task_that_died_after_a_part_of_a_long_batch_is_resumed_exactly_once(
                     config={"message.max.bytes": 64 << 20, "linger.ms": 0})  # fmt: skip
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
     env |= {"STATE_LAYOUT": "direct", "STATE_TOPIC": f"state.{raw}", "SPARK_MASTER": "local[2,3]",
-            "KAFKA_CONF_TRANSACTION_TIMEOUT_MS": "1000", "PERSIST_INTERVAL_MS": "1000"}  # fmt: skip
+            "KAFKA_CONF_TRANSACTION_TIMEOUT_MS": "3000", "PERSIST_INTERVAL_MS": "1000"}  # fmt: skip
     once = tmp_path / "after-part"
     run = run_dedup({**env, FAULT_ENV: f"task-after-part:*:0:{once}"}, "--until-idle", "6")
     finish(run)

@@ -226,6 +226,7 @@ class TransactionalBatchWriter:
             self.metrics.write_record_bytes.inc(record_bytes)
             self.metrics.forwarded.inc(records)
             self.metrics.gap_reports.inc(gap_count)
+            self.metrics.transaction_parts.inc(int(pc.sum(tasks.column("parts")).as_py() or 0))
             if not result.skipped:
                 self.metrics.batches.inc()
             if fenced:

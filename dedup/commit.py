@@ -9,6 +9,7 @@ direct one. :func:`produce_waiting` is the one produce-retry loop and :func:`abo
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -22,6 +23,10 @@ from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult
 
 log = logging.getLogger(__name__)
 
+#: A transaction open this share of ``transaction.timeout.ms`` logs a WARNING (once): past the
+#: timeout the broker aborts it, and a replay of the batch takes as long.
+LONG_SHARE = 0.5
+
 
 class BatchWork(Protocol):
     """One write task's part of a batch, as the layout sees it (``commit_batch`` drives it)."""
@@ -33,6 +38,8 @@ class BatchWork(Protocol):
     #: after a skip, the rest of the input is still read (the buckets layout: its rows come
     #: from Spark's stateful step in the same stage, which must see its input to the end)
     drain_skipped: bool
+    #: seconds the broker lets a transaction stay open (the producer's ``transaction.timeout.ms``)
+    timeout_s: float
 
     def publishes(self, batch: pa.RecordBatch) -> bool:
         """Whether ``batch`` has anything to publish (called for every Arrow batch)."""
@@ -107,6 +114,8 @@ def commit_batch(
     result = BatchResult(batch_id)
     producer: Producer | None = None
     pending = iter(batches)
+    opened: float | None = None  # when the open transaction began
+    warned = False
     try:
         for batch in pending:
             if not work.publishes(batch):
@@ -125,12 +134,17 @@ def commit_batch(
                             work.publishes(rest)
                     return BatchResult(batch_id, skipped=True, fenced=True)
                 producer.begin_transaction()
+                opened = time.monotonic()
             work.produce(producer, batch, result)
             if work.part_due():
                 work.finish_part(producer, result)
                 producer.commit_transaction(KAFKA_TIMEOUT_S * 4)
+                result.parts += 1
                 fault("task-after-part", batch_id, work.fault_key)
                 producer.begin_transaction()
+                opened, warned = time.monotonic(), False
+            elif not warned and opened is not None:
+                warned = _warn_long(work, batch_id, time.monotonic() - opened)
         if producer is None:
             result.skipped = True
             return result
@@ -141,11 +155,12 @@ def commit_batch(
         with fault_during("task-in-commit", batch_id, work.fault_key):
             producer.commit_transaction(KAFKA_TIMEOUT_S * 4)
     except KafkaException as exc:
+        open_s = None if opened is None else time.monotonic() - opened
         if producer is not None:
             work.ended(False, not abort(producer, work.name))
         raise ServiceError(
             f"writing batch {batch_id} {work.name} failed and was aborted "
-            f"(nothing of it is visible): {exc}"
+            f"(nothing of it is visible): {exc}" + _outlived(work, open_s)
         ) from exc
     except BaseException:
         if producer is not None:
@@ -155,6 +170,41 @@ def commit_batch(
     work.ended(True, False)
     fault("task-after-commit", batch_id, work.fault_key)
     return result
+
+
+def _warn_long(work: BatchWork, batch_id: int, open_s: float) -> bool:
+    """Log that the transaction is long (past ``LONG_SHARE`` of its timeout); True if it is.
+
+    The executors log WARNING and up: an operator sees a batch outgrow its transaction before
+    the broker aborts it (the direct layout commits a part at a third: it never gets here)."""
+    if open_s < work.timeout_s * LONG_SHARE:
+        return False
+    log.warning(
+        "batch %d %s: its transaction has been open %.0f s of the %.0f s transaction.timeout.ms "
+        "allows; lower MAX_OFFSETS_PER_TRIGGER or raise KAFKA_CONF_TRANSACTION_TIMEOUT_MS before "
+        'batches outgrow it (docs/operations.md "Known limitations")',
+        batch_id,
+        work.name,
+        open_s,
+        work.timeout_s,
+    )
+    return True
+
+
+def _outlived(work: BatchWork, open_s: float | None) -> str:
+    """What to do when the failed transaction was open past ``transaction.timeout.ms``: the
+    broker aborts such a transaction, and every replay of the batch (Spark's offset log keeps
+    it) is as long, so the query fails at every restart until the timeout is raised."""
+    if open_s is None or open_s < work.timeout_s:
+        return ""
+    return (
+        f"; the transaction was open {open_s:.0f} s, past transaction.timeout.ms "
+        f"({work.timeout_s:.0f} s), after which the broker aborts a transaction, and a "
+        "restart replays the same batch: set KAFKA_CONF_TRANSACTION_TIMEOUT_MS above the "
+        "batch's write time (at most the brokers' transaction.max.timeout.ms, 900000 by "
+        "default) and restart "
+        '(docs/operations.md "Known limitations")'
+    )
 
 
 def abort(producer: Producer, name: str) -> bool:

@@ -58,21 +58,13 @@ from dedup.rows import (
 )
 from dedup.state_reader import forget, read_state, remember
 from dedup.transaction import PartitionWriter, gc_paused, record_count
-from dedup.writer_settings import BatchResult, TaskSpec
+from dedup.writer_settings import BatchResult, TaskSpec, transaction_timeout_s
 
 log = logging.getLogger(__name__)
 
-#: librdkafka's ``transaction.timeout.ms`` when ``KAFKA_CONF_TRANSACTION_TIMEOUT_MS`` is unset.
-DEFAULT_TRANSACTION_TIMEOUT_MS: Final = 60_000
 #: A part commits once its transaction has been open this share of the timeout: its commit then
 #: still has two thirds of it to flush the producer's queue (at most 128 MiB).
 PART_SHARE: Final = 1 / 3
-
-
-def part_after_s(kafka_conf: Any) -> float:
-    """Seconds a task's transaction stays open before it commits a part of the batch."""
-    timeout_ms = int(kafka_conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS))
-    return timeout_ms * PART_SHARE / 1000
 
 
 def transactional_id(base: str, raw_topic: str, raw_partition: int) -> str:
@@ -137,13 +129,13 @@ class DirectPartition:
         self._state = b""
         self._written: list[int] = []
         self._clock = clock
-        self.part_after_s = part_after_s(spec.settings.kafka_conf)
+        self.timeout_s = transaction_timeout_s(spec.settings.kafka_conf)
+        #: seconds a transaction stays open before the task commits a part of the batch
+        self.part_after_s = self.timeout_s * PART_SHARE
         self._part_started = 0.0
         #: the raw offset a committed part of this batch ends at (-1: none), and the last one read
         self._resume_after = -1
         self._last_offset = -1
-        #: parts committed by this attempt
-        self.parts = 0
 
     def run(
         self,
@@ -233,7 +225,6 @@ class DirectPartition:
         )
         produce_waiting(producer, self.settings.state_topic, state.encode(), self.key,
                         self.raw_partition)  # fmt: skip
-        self.parts += 1
         # rare (a task writing for longer than a third of the timeout), and the executors log
         # WARNING and up: an operator sees that batches outgrow a transaction
         log.warning(
@@ -241,7 +232,7 @@ class DirectPartition:
             "(a third of transaction.timeout.ms)",
             self.spec.batch_id,
             self.name,
-            self.parts,
+            result.parts + 1,
             self._last_offset,
             self._clock() - self._part_started,
         )

@@ -42,6 +42,10 @@ class DedupMetrics:
         self.batches = Counter(
             "batches", "Micro-batches committed", namespace=ns, subsystem=sub, registry=reg
         )
+        self.transaction_parts = Counter(
+            "transaction_parts", "Task transactions committed as parts of a longer batch",
+            namespace=ns, subsystem=sub, registry=reg,
+        )  # fmt: skip
         self.replayed = Counter(
             "batches_skipped", "Replayed micro-batches skipped by the fence", namespace=ns,
             subsystem=sub, registry=reg,

@@ -38,6 +38,7 @@ RESULT_COLUMNS = (
     ("replaced", "bigint"),
     ("payload_bytes", "bigint"),
     ("record_bytes", "bigint"),
+    ("parts", "bigint"),
     ("skipped", "boolean"),
     ("fence_ms", "bigint"),
     ("write_ms", "bigint"),
@@ -80,6 +81,7 @@ def task_result(  # noqa: PLR0917  one call per task
     columns["replaced"][n] = 0 if result.fenced else result.replaced
     columns["payload_bytes"][n] = result.payload_bytes
     columns["record_bytes"][n] = result.record_bytes
+    columns["parts"][n] = result.parts
     columns["skipped"][n] = result.fenced
     columns["fence_ms"][n] = fence_ms
     columns["write_ms"][n] = write_ms

@@ -36,7 +36,12 @@ from dedup.fence import (
     read_last_marker,
 )
 from dedup.rows import KIND_GAP, KIND_RUN, KIND_STAT, unpack_selection
-from dedup.writer_settings import KAFKA_TIMEOUT_S, BatchResult, WriterSettings
+from dedup.writer_settings import (
+    KAFKA_TIMEOUT_S,
+    BatchResult,
+    WriterSettings,
+    transaction_timeout_s,
+)
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +256,7 @@ class _StatefulWork:
         self.on_stats = on_stats
         self.name = f"partition {writer.partition}"
         self.fault_key = writer.partition
+        self.timeout_s = transaction_timeout_s(writer.settings.kafka_conf)
         self._runs: pa.RecordBatch | None = None
         self._gaps: pa.RecordBatch | None = None
 

@@ -20,6 +20,13 @@ if TYPE_CHECKING:
 
 #: Seconds any one Kafka call of the writer may take (commits: four times this).
 KAFKA_TIMEOUT_S = 30.0
+#: librdkafka's ``transaction.timeout.ms`` when ``KAFKA_CONF_TRANSACTION_TIMEOUT_MS`` is unset.
+DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
+
+
+def transaction_timeout_s(kafka_conf: Mapping[str, str]) -> float:
+    """Seconds the broker lets a write task's transaction stay open before it aborts it."""
+    return int(kafka_conf.get("transaction.timeout.ms", DEFAULT_TRANSACTION_TIMEOUT_MS)) / 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,3 +109,6 @@ class BatchResult:
     once")."""
     record_bytes: int = 0
     """Bytes of the keys, values and headers of every record in those runs (delivered or not)."""
+    parts: int = 0
+    """Transactions committed as parts of the batch before its last one (the direct layout,
+    docs/dedup-internals.md "Parts of a batch")."""

@@ -5,10 +5,16 @@
    values, a ``diode.*`` name and order kept), timestamp; records not selected are not written,
    and nothing is read back from the raw topic.
 2. A run payload that does not decode fails the batch; nothing of it becomes visible.
+3. A batch written for longer than ``transaction.timeout.ms`` (one transaction: the buckets
+   layout) fails with the setting that lets its replay commit, and commits with it raised.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -155,3 +161,56 @@ def test_a_run_that_does_not_decode_fails_the_batch(downstream_kafka) -> None:
     finally:
         writer.close()
     assert consume_all(downstream_kafka, f"progress.{tag}", timeout=10) == []
+
+
+def test_a_batch_written_past_the_transaction_timeout_names_the_setting_that_lets_it_commit(
+    downstream_kafka, caplog
+) -> None:
+    """The broker aborts a transaction open longer than the producer's ``transaction.timeout.ms``
+    (it looks every 10 s), and Spark replays the same batch after every restart: with a timeout
+    of 3 s, a partition's rows taking 15.6 s to come (a large batch) log a WARNING at half the
+    timeout and fail naming ``KAFKA_CONF_TRANSACTION_TIMEOUT_MS``, nothing visible; with it
+    raised as the error says, the same batch commits exactly once (docs/operations.md "Known
+    limitations")."""
+    raw = create_topic(downstream_kafka, partitions=1)
+    tag = raw
+    for o in range(24):
+        raw_record(0, o, b"k", b"v%d" % o, (), 1_700_000_000_000 + o)
+    tables = [decisions([(0, o, o)]) for o in range(24)]
+
+    def slow_rows() -> Iterator[pa.RecordBatch]:
+        for table in tables:
+            yield from table.to_batches()
+            time.sleep(0.65)  # the stateful step's work on a large batch: the transaction is open
+
+    writer = make_writer(downstream_kafka.bootstrap, raw, tag)
+    settings = writer.settings
+    short = PartitionWriter(
+        dataclasses.replace(settings, kafka_conf={"transaction.timeout.ms": "3000"}),
+        f"query-{tag}",
+        0,
+    )
+    try:
+        with (
+            caplog.at_level(logging.WARNING, logger="dedup.commit"),
+            pytest.raises(ServiceError, match="set KAFKA_CONF_TRANSACTION_TIMEOUT_MS above"),
+        ):
+            short.write_batches(slow_rows(), 0)
+    finally:
+        short.close()
+    assert [r.getMessage() for r in caplog.records if "has been open" in r.getMessage()]
+    assert consume_all(downstream_kafka, f"progress.{tag}", timeout=10) == []
+    assert consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=10) == []
+
+    raised = PartitionWriter(
+        dataclasses.replace(settings, kafka_conf={"transaction.timeout.ms": "60000"}),
+        f"query-{tag}",
+        0,
+    )
+    try:
+        result = raised.write_batches(slow_rows(), 0)
+    finally:
+        raised.close()
+    assert (result.records, result.skipped) == (24, False)
+    clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", 24, timeout=30)
+    assert sorted(r.value for r in clean) == sorted(b"v%d" % o for o in range(24))

@@ -1,5 +1,8 @@
 """The driver folds its write tasks' result rows into the metrics (pure: no Kafka, no Spark).
 
+The parts a task committed of a long batch (docs/dedup-internals.md "Parts of a batch") are
+counted in ``transaction_parts``.
+
 Records written with the dedup's time (their clean topic would refuse the source timestamp) are
 counted in the tasks; the driver adds those of the tasks that wrote (not of fenced replays) to
 ``timestamps_replaced`` and says so in one WARNING per batch.
@@ -58,6 +61,19 @@ def test_replaced_timestamps_of_the_writing_tasks_are_counted_and_logged(
     assert "diode.original-timestamp" in warnings[0]
     writer.account(tasks([(0, 4, 0, False), (1, 0, 0, False)]), 8)
     assert metrics.timestamps_replaced._value.get() == 5
+
+
+def test_the_parts_tasks_committed_are_counted() -> None:
+    metrics = DedupMetrics()
+    writer = TransactionalBatchWriter(SETTINGS, metrics)
+    rows = tasks([(0, 10, 0, False), (1, 5, 0, False), (2, 0, 0, False)])
+    rows = rows.set_column(
+        RESULT_SCHEMA.get_field_index("parts"), "parts", pa.array([2, None, 1], pa.int64())
+    )
+    writer.account(rows, 7)
+    assert metrics.transaction_parts._value.get() == 3
+    writer.account(tasks([(0, 4, 0, False)]), 8)
+    assert metrics.transaction_parts._value.get() == 3
 
 
 def with_stats(task_rows: pa.Table, stats: list[dict[str, int]]) -> pa.Table:

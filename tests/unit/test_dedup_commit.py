@@ -4,6 +4,7 @@ any failure."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pyarrow as pa
@@ -36,9 +37,16 @@ class Work:
     fault_key = 0
 
     def __init__(
-        self, committed: int, *, drain: bool, fail_commit: bool = False, parts_after: int = 0
+        self,
+        committed: int,
+        *,
+        drain: bool,
+        fail_commit: bool = False,
+        parts_after: int = 0,
+        timeout_s: float = 3600.0,
     ) -> None:
         self.name = "partition 0"
+        self.timeout_s = timeout_s
         #: a part is due after every this many produced batches (0: never)
         self.parts_after = parts_after
         self.produced = 0
@@ -151,3 +159,42 @@ def test_any_other_failure_aborts_too_and_is_raised_as_it_is() -> None:
         commit_batch(work, _batches(2), 3, before_commit=boom)
     assert work.producer.calls[-2:] == ["finish", "abort"]
     assert work.ends == [(False, False)]
+
+
+def test_a_long_transaction_warns_once_and_its_failure_says_how_to_let_the_batch_commit(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Past half of ``transaction.timeout.ms`` a WARNING (once per transaction); a failure past
+    all of it (the broker aborts such a transaction, and every replay of the batch is as long)
+    names the setting that lets it commit (docs/operations.md "Known limitations")."""
+    work = Work(committed=-1, drain=True, fail_commit=True, timeout_s=0.0)
+    with (
+        caplog.at_level(logging.WARNING, logger="dedup.commit"),
+        pytest.raises(ServiceError, match="set KAFKA_CONF_TRANSACTION_TIMEOUT_MS above"),
+    ):
+        commit_batch(work, _batches(2, 3, 4), 7)
+    long = [r.getMessage() for r in caplog.records if "has been open" in r.getMessage()]
+    assert len(long) == 1
+    assert long[0].startswith("batch 7 partition 0: its transaction has been open")
+    assert "MAX_OFFSETS_PER_TRIGGER" in long[0]
+
+
+def test_a_short_transaction_neither_warns_nor_blames_the_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    work = Work(committed=-1, drain=True, fail_commit=True)
+    with (
+        caplog.at_level(logging.WARNING, logger="dedup.commit"),
+        pytest.raises(ServiceError) as failed,
+    ):
+        commit_batch(work, _batches(2, 3), 7)
+    assert "TRANSACTION_TIMEOUT" not in str(failed.value)
+    assert not [r for r in caplog.records if "has been open" in r.getMessage()]
+
+
+def test_each_part_restarts_the_long_transaction_clock(caplog: pytest.LogCaptureFixture) -> None:
+    """A part ends its transaction: the next one is new and may warn again."""
+    work = Work(committed=-1, drain=True, parts_after=2, timeout_s=0.0)
+    with caplog.at_level(logging.WARNING, logger="dedup.commit"):
+        commit_batch(work, _batches(2, 3, 4, 5), 7)
+    assert len([r for r in caplog.records if "has been open" in r.getMessage()]) == 2

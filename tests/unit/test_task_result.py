@@ -36,7 +36,7 @@ def test_spark_carries_one_binary_column() -> None:
 
 
 def test_rows_of_several_tasks_come_back_as_written() -> None:
-    wrote = BatchResult(7, records=40, gaps=2, replaced=1)
+    wrote = BatchResult(7, records=40, gaps=2, replaced=1, parts=3)
     first = list(task_result(3, 1, wrote, [stat_batch([0, 1])], 5, 9))
     fenced = list(task_result(4, 0, BatchResult(7, records=8, fenced=True), [], 6, 10))
     assert [b.num_rows for b in first + fenced] == [1, 1]  # one cell per task
@@ -47,9 +47,9 @@ def test_rows_of_several_tasks_come_back_as_written() -> None:
     assert rows.column(STAT_COLUMNS[0]).to_pylist() == [0, 10, None, None]
     assert rows.column("task_partition").to_pylist() == [3, 3, 3, 4]
     tasks = rows.filter(pa.compute.equal(rows.column("kind"), "task")).to_pylist()
-    assert [(t["records"], t["gaps"], t["replaced"], t["skipped"]) for t in tasks] == [
-        (40, 2, 1, False),
-        (0, 0, 0, True),  # a fenced replay counts nothing
+    assert [(t["records"], t["gaps"], t["replaced"], t["skipped"], t["parts"]) for t in tasks] == [
+        (40, 2, 1, False, 3),
+        (0, 0, 0, True, 0),  # a fenced replay counts nothing
     ]
     assert [(t["attempt"], t["fence_ms"], t["write_ms"]) for t in tasks] == [(1, 5, 9), (0, 6, 10)]
 

@@ -183,8 +183,7 @@ def test_a_batch_written_past_the_transaction_timeout_names_the_setting_that_let
             yield from table.to_batches()
             time.sleep(0.65)  # the stateful step's work on a large batch: the transaction is open
 
-    writer = make_writer(downstream_kafka.bootstrap, raw, tag)
-    settings = writer.settings
+    settings = make_writer(downstream_kafka.bootstrap, raw, tag).settings  # and its topics
     short = PartitionWriter(
         dataclasses.replace(settings, kafka_conf={"transaction.timeout.ms": "3000"}),
         f"query-{tag}",

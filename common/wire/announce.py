@@ -412,9 +412,11 @@ class LearnedKey:
 class _SessionState:
     epoch: int
     key_id: int
-    previous_key_id: int | None = None
-    """A key older than ``epoch`` accepted in this session (None: none yet, so the key of
-    ``epoch - 1`` may still arrive late, once)."""
+    previous_epoch: int | None = None
+    """The newest epoch older than ``epoch`` accepted in this session (None: none yet). Unless
+    it is ``epoch - 1``, the key of ``epoch - 1`` may still arrive late, once: its announcements
+    were all lost (an outage spanning a whole key's life ends with the next key's announcement
+    sent first, ``KeyAnnouncer.poll``)."""
 
 
 class AnnouncementVerifier:
@@ -472,12 +474,12 @@ class AnnouncementVerifier:
         slot = (a.sender_fingerprint, a.session_id)
         state = self._sessions.get(slot)
         # The key before the newest may arrive after it: its announcements were lost while the
-        # sender still used it (the new key is announced ``announce_lead`` ahead). When no older
-        # key of the session was ever accepted it is taken once, as already superseded (the
-        # receiver retires it ``retire_grace`` later); any other older epoch, or another key for
-        # a seen epoch, is a rollback.
+        # sender still used it (the new key is announced ``announce_lead`` ahead). When no key of
+        # that epoch was ever accepted it is taken once, as already superseded (the receiver
+        # retires it ``retire_grace`` later); any other older epoch, or another key for a seen
+        # epoch, is a rollback.
         late_previous = (
-            state is not None and a.epoch == state.epoch - 1 and state.previous_key_id is None
+            state is not None and a.epoch == state.epoch - 1 and state.previous_epoch != a.epoch
         )
         if (
             state is not None
@@ -503,10 +505,10 @@ class AnnouncementVerifier:
                 self._sessions.popitem(last=False)
         elif late_previous:
             superseded = (a.key_id,)
-            state.previous_key_id = a.key_id
+            state.previous_epoch = a.epoch
         elif a.epoch > state.epoch:
             superseded = (state.key_id,)
-            state.previous_key_id = state.key_id
+            state.previous_epoch = state.epoch
             state.epoch, state.key_id = a.epoch, a.key_id
         self._sessions.move_to_end(slot)
         signer = self.trusted.get(a.sender_fingerprint)

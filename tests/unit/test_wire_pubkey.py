@@ -368,3 +368,15 @@ def test_the_key_before_the_newest_may_arrive_late_once() -> None:
     v2 = verifier()
     v2.verify(announcement(epoch=4)[1], T0_MS)
     assert _refusal(announcement(epoch=2)[1], v=v2) is DropReason.ANNOUNCE_ROLLBACK  # two back
+
+
+def test_the_key_before_the_newest_may_arrive_late_after_an_older_one_was_taken() -> None:
+    """Epoch 1 taken, every announcement of epoch 2 lost, then the sender's next burst: epoch 3
+    first, then epoch 2 (it is still in use for ``announce_lead``); both taken, once each."""
+    v = verifier()
+    v.verify(announcement(epoch=1)[1], T0_MS)
+    v.verify(announcement(epoch=3)[1], T0_MS)
+    _, late = announcement(epoch=2)
+    assert v.verify(late, T0_MS).superseded == (parse_announcement(late).key_id,)
+    assert _refusal(announcement(epoch=2)[1], v=v) is DropReason.ANNOUNCE_ROLLBACK  # another key
+    assert _refusal(announcement(epoch=1)[1], v=v) is DropReason.ANNOUNCE_ROLLBACK

@@ -45,7 +45,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from dataclasses import replace
 from pathlib import Path
 
@@ -53,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
@@ -136,24 +136,25 @@ class RangesReader(DataSourceStreamReader):
             options["out"],
         )
         self.ranges = options.get("mode") == "ranges"
-        self.consumer = None
+        self.admin = None
+        self.raw_partitions: list[int] | None = None
 
     def __getstate__(self) -> dict:
-        # the reader is pickled to each task; its planning consumer stays in the driver's worker
-        return {**self.__dict__, "consumer": None}
+        # the reader is pickled to each task; its planning client stays in the driver's worker
+        return {**self.__dict__, "admin": None}
 
     def _ends(self) -> dict:
-        if self.consumer is None:
-            self.consumer = Consumer(
-                {"bootstrap.servers": self.bootstrap, "group.id": f"ends-{uuid.uuid4()}"}
-            )
-        meta = self.consumer.list_topics(self.topic, timeout=10).topics[self.topic]
-        return {
-            str(p): self.consumer.get_watermark_offsets(
-                TopicPartition(self.topic, p), timeout=10, cached=False
-            )[1]
-            for p in sorted(meta.partitions)
-        }
+        """Each raw partition's log end: one ListOffsets request per broker, as Spark's source."""
+        if self.admin is None:
+            self.admin = AdminClient({"bootstrap.servers": self.bootstrap})
+        if self.raw_partitions is None:
+            meta = self.admin.list_topics(self.topic, timeout=10).topics[self.topic]
+            self.raw_partitions = sorted(meta.partitions)
+        futures = self.admin.list_offsets(
+            {TopicPartition(self.topic, p): OffsetSpec.latest() for p in self.raw_partitions},
+            request_timeout=10,
+        )
+        return {str(tp.partition): f.result().offset for tp, f in futures.items()}
 
     def initialOffset(self) -> dict:  # noqa: N802
         return self._ends()  # the topic's end: as startingOffsets=latest

@@ -40,6 +40,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -381,6 +382,7 @@ def main() -> int:
             writer.kill()
             writer.wait()
         broker.stop()
+        shutil.rmtree(work, ignore_errors=True)  # GBs of raw and clean records
 
     def median(case: str, key: str) -> float | None:
         values = [r[key] for r in runs[case] if r[key] is not None]

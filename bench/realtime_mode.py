@@ -45,6 +45,7 @@ import itertools
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -432,6 +433,7 @@ def main() -> int:
             writer.kill()
             writer.wait()
         broker.stop()
+        shutil.rmtree(work, ignore_errors=True)  # GBs of raw and clean records
 
     def median(case: str, key: str) -> float | None:
         values = [r[key] for r in runs[case] if r[key] is not None]

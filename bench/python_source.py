@@ -37,12 +37,6 @@ Prints one line per case and round, and one JSON object as the last line.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import platform
-import shutil
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,24 +51,20 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from bench.dedup import PACED_WRITER_PIDS, tree_cpu
 from bench.realtime_mode import (
     TOPIC,
-    WRITER,
+    alternate,
     arrow_counter,
-    counted,
+    case_parser,
     dedup_spec,
     job_config,
+    measure,
     micro_batch_dedup,
-    paced_writer,
     save,
 )
 from dedup import job
 from dedup.direct_task import DirectPartition
 from dedup.writer_settings import TaskSpec
-from kafka_diode.local_kafka.broker import LocalBroker, free_port
-from runtime.maven import spark_connector_jars
-from tests.kafka_helpers import create_topic
 
 CASES = (
     "kafka_source",
@@ -312,101 +302,21 @@ def run_case(spark, bootstrap: str, case: str, work: Path, args: argparse.Namesp
         .trigger(processingTime="1 second")
         .start()
     )
-    try:
-        query.awaitTermination(args.warm)  # returns at the timeout unless the query failed
-        if not query.isActive:
-            raise RuntimeError(f"{case} stopped: {query.exception()}")
-        before, seen, start = tree_cpu(), counted(out), time.monotonic()
-        records = counted(out, ".records")
-        query.awaitTermination(args.seconds)
-        split = {k: v - before[k] for k, v in tree_cpu().items()}
-        cpu, seen = sum(split.values()), counted(out) - seen
-        records = counted(out, ".records") - records
-        seconds = time.monotonic() - start
-        if not query.isActive:
-            raise RuntimeError(f"{case} stopped: {query.exception()}")
-    finally:
-        query.stop()
-    return {
-        "case": case,
-        "mb_per_s": round(seen / seconds / 1e6, 2),
-        "clean_records_per_s": round(records / seconds),
-        "cpu_s_per_s": round(cpu / seconds, 3),
-        "cpu_s_per_gb": round(cpu / (seen / 1e9), 1) if seen else None,
-        "cpu_s_per_s_by_process": {k: round(v / seconds, 3) for k, v in split.items()},
-    }
+    return measure(query, case, out, args)
 
 
 def main() -> int:
-    if len(sys.argv) == 6 and sys.argv[1] == WRITER:
-        return paced_writer(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
-    parser.add_argument("--mbps", type=float, default=10.0)
-    parser.add_argument("--value-bytes", type=int, default=10_000)
-    parser.add_argument("--raw-partitions", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--warm", type=float, default=30.0)
-    parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--cases", default=",".join(CASES))
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-pysource-"))
-    broker = LocalBroker("bench-pysource", free_port(), data_dir=work / "kafka")
-    broker.start()
-    writer = None
-    try:
-        create_topic(broker.bootstrap, TOPIC, partitions=args.raw_partitions)
-        master = f"local[{max(2, args.raw_partitions)}]"
-        spark = job.build_session(
-            job_config(broker.bootstrap, work, master), [str(p) for p in spark_connector_jars()]
-        )
+    args = case_parser(__doc__, CASES).parse_args()
+
+    def prepare(spark):
         # by reference to this module, not pickled by value from __main__ (cloudpickle cannot
         # rebuild librdkafka's classes in a worker)
         from bench import python_source  # noqa: PLC0415
 
         spark.dataSource.register(python_source.RawRanges)
-        writer = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("realtime_mode.py")), WRITER]
-            + [broker.bootstrap]
-            + [str(v) for v in (args.mbps, args.value_bytes, args.raw_partitions)]
-        )
-        PACED_WRITER_PIDS.add(writer.pid)
-        cases = args.cases.split(",")
-        runs: dict[str, list[dict]] = {case: [] for case in cases}
-        for round_ in range(args.rounds):
-            for case in cases if round_ % 2 == 0 else cases[::-1]:
-                result = run_case(spark, broker.bootstrap, case, work, args)
-                print(json.dumps({"round": round_, **result}), flush=True)
-                runs[case].append(result)
-    finally:
-        if writer is not None:
-            writer.kill()
-            writer.wait()
-        broker.stop()
-        shutil.rmtree(work, ignore_errors=True)  # GBs of raw and clean records
+        return run_case
 
-    def median(case: str, key: str) -> float | None:
-        values = [r[key] for r in runs[case] if r[key] is not None]
-        return round(statistics.median(values), 2) if values else None
-
-    print(
-        json.dumps(
-            {
-                "bench": "python_source",
-                "machine": f"{platform.machine()} {os.cpu_count()} cpus",
-                "mbps": args.mbps,
-                "value_bytes": args.value_bytes,
-                "raw_partitions": args.raw_partitions,
-                "master": master,
-                **{
-                    f"{case}_{key}": median(case, key)
-                    for case in cases
-                    for key in ("mb_per_s", "cpu_s_per_s", "cpu_s_per_gb")
-                },
-                "rounds": runs,
-            }
-        )
-    )
-    return 0
+    return alternate("python_source", args, prepare)
 
 
 if __name__ == "__main__":

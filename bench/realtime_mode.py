@@ -41,6 +41,7 @@ Prints one line per case and round, and one JSON object as the last line.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -331,7 +332,12 @@ def run_case(
         writer = writer.trigger(realTime=REAL_TIME_BATCH)
     else:
         writer = writer.trigger(processingTime="1 second")
-    query = writer.start()
+    return measure(writer.start(), case, out, args)
+
+
+def measure(query, case: str, out: Path, args: argparse.Namespace) -> dict:
+    """``--warm`` seconds of ``query``, then ``--seconds`` measured: what its sinks counted in
+    ``out`` and this process tree's CPU; the query is stopped after."""
     try:
         query.awaitTermination(args.warm)  # returns at the timeout unless the query failed
         if not query.isActive:
@@ -358,9 +364,12 @@ def run_case(
 
 
 def dedup_spec(bootstrap: str, work: Path) -> TaskSpec:
-    """A direct task's spec on a query id of its own, its state, gap and clean topics made."""
+    """A direct task's spec on a query id and transactional ids of its own (a stopped case's
+    task may still be running, and would fence the next case's), its topics made."""
     config = job_config(bootstrap, work)
+    query_id = f"bench-{uuid.uuid4()}"
     settings = writer_settings(config, WriterSettings)
+    settings = replace(settings, transactional_id=f"{settings.transactional_id}-{query_id}")
     partitions = job.raw_partition_count(config)
     create_dedup_topics(
         settings,
@@ -373,7 +382,7 @@ def dedup_spec(bootstrap: str, work: Path) -> TaskSpec:
     create_dedup_topics(settings, ["clean.src"])
     return TaskSpec(
         settings=settings,
-        query_id=f"bench-{uuid.uuid4()}",
+        query_id=query_id,
         batch_id=0,
         layout=Layout.DIRECT,
         params=job.detect_params(config),
@@ -392,21 +401,26 @@ def job_config(bootstrap: str, work: Path, master: str = "local[2]"):
     return from_sources(env, {"spark_conf": {"spark.driver.memory": "512m"}})
 
 
-def main() -> int:
-    if len(sys.argv) == 6 and sys.argv[1] == WRITER:
-        return paced_writer(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
+def case_parser(doc: str, cases: tuple[str, ...]) -> argparse.ArgumentParser:
+    """The options every bench of alternated Spark cases takes."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--mbps", type=float, default=10.0)
     parser.add_argument("--value-bytes", type=int, default=10_000)
     parser.add_argument("--raw-partitions", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--warm", type=float, default=30.0)
     parser.add_argument("--seconds", type=float, default=60.0)
-    parser.add_argument("--cases", default=",".join(CASES))
-    parser.add_argument("--group-ms", type=float, default=100.0)
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="bench-realtime-"))
-    broker = LocalBroker("bench-realtime", free_port(), data_dir=work / "kafka")
+    parser.add_argument("--cases", default=",".join(cases))
+    return parser
+
+
+def alternate(name: str, args: argparse.Namespace, prepare) -> int:
+    """Run ``args.cases`` in one SparkSession on a raw topic the paced writer fills, in
+    alternating order per round; print each result and then one JSON object of medians.
+
+    ``prepare(spark)`` returns ``run(spark, bootstrap, case, work, args) -> dict``."""
+    work = Path(tempfile.mkdtemp(prefix=f"bench-{name}-"))
+    broker = LocalBroker(f"bench-{name}", free_port(), data_dir=work / "kafka")
     broker.start()
     writer = None
     try:
@@ -415,7 +429,7 @@ def main() -> int:
         spark = job.build_session(
             job_config(broker.bootstrap, work, master), [str(p) for p in spark_connector_jars()]
         )
-        arrow_records = spark.conf.get(ARROW_RECORDS)
+        run = prepare(spark)
         writer = subprocess.Popen(
             [sys.executable, __file__, WRITER, broker.bootstrap]
             + [str(v) for v in (args.mbps, args.value_bytes, args.raw_partitions)]
@@ -425,7 +439,7 @@ def main() -> int:
         runs: dict[str, list[dict]] = {case: [] for case in cases}
         for round_ in range(args.rounds):
             for case in cases if round_ % 2 == 0 else cases[::-1]:
-                result = run_case(spark, broker.bootstrap, case, work, args, arrow_records)
+                result = run(spark, broker.bootstrap, case, work, args)
                 print(json.dumps({"round": round_, **result}), flush=True)
                 runs[case].append(result)
     finally:
@@ -442,7 +456,7 @@ def main() -> int:
     print(
         json.dumps(
             {
-                "bench": "realtime_mode",
+                "bench": name,
                 "machine": f"{platform.machine()} {os.cpu_count()} cpus",
                 "mbps": args.mbps,
                 "value_bytes": args.value_bytes,
@@ -458,6 +472,20 @@ def main() -> int:
         )
     )
     return 0
+
+
+def main() -> int:
+    if len(sys.argv) == 6 and sys.argv[1] == WRITER:
+        return paced_writer(sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
+    parser = case_parser(__doc__, CASES)
+    parser.add_argument("--group-ms", type=float, default=100.0)
+    args = parser.parse_args()
+
+    def prepare(spark):
+        # each case sets its own batch size; the others get the session's
+        return functools.partial(run_case, arrow_records=spark.conf.get(ARROW_RECORDS))
+
+    return alternate("realtime_mode", args, prepare)
 
 
 if __name__ == "__main__":

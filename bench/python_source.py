@@ -87,8 +87,6 @@ RAW_SCHEMA = pa.schema(
 #: raw records per Arrow batch handed to the task (~4 MiB of 64 KiB runs: the direct layout's
 #: ``arrow.maxBytesPerBatch``)
 ARROW_RUNS = 64
-#: records a task's consumer hands over per call
-CONSUME_BATCH = 512
 #: a task that has not read its range by then fails the query (the broker is gone)
 READ_TIMEOUT_S = 60.0
 

@@ -37,6 +37,7 @@ from dedup.detect import DetectParams
 from dedup.faults import fault
 from dedup.layouts import Layout, StateLayout, implementation
 from dedup.metrics import DedupMetrics
+from dedup.range_reader import RangeReading
 from dedup.task_result import RESULT_DDL, decode_results, task_attempt, task_result
 from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER
 from dedup.writer_settings import BatchResult, TaskSpec, WriterSettings
@@ -82,6 +83,8 @@ class TransactionalBatchWriter:
         self.layout = StateLayout(Layout.BUCKETS)
         #: the detectors' settings, set by a layout whose tasks detect (``dedup/layouts/direct.py``)
         self.params: DetectParams | None = None
+        #: how the tasks read their offset ranges, set by the direct layout's librdkafka reader
+        self.reading: RangeReading | None = None
         #: set by ``request_stop``; ``between_batches`` is set when a batch call returns after it
         self._stop_requested = threading.Event()
         self.between_batches = threading.Event()
@@ -122,7 +125,7 @@ class TransactionalBatchWriter:
 
     def __call__(self, df: Any, batch_id: int) -> None:
         """Write micro-batch ``batch_id``: a DataFrame in ``dedup.rows.OUTPUT_SCHEMA`` (the
-        buckets layout), or of Spark's Kafka source columns (the direct layout)."""
+        buckets layout), or the direct layout's offset ranges or Spark's Kafka source columns."""
         self.in_batch = True
         try:
             self._write_batch(df, batch_id)
@@ -148,6 +151,7 @@ class TransactionalBatchWriter:
             params=self.params,
             now_ms=int(time.time() * 1000),
             raw_partitions=self.layout.raw_partitions,
+            reading=self.reading,
         )
         task = functools.partial(write_task, spec)
         # One action; no shuffle between the stateful step and the tasks (see the class doc).

@@ -48,6 +48,8 @@ PASS_THROUGH = {
     "kafka_source": "KAFKA_SOURCE_",
 }
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+#: ``DIRECT_READER``'s choices: the tasks read their offset ranges, or Spark's Kafka source does.
+DIRECT_READERS = ("librdkafka", "spark")
 #: Bounds that keep one micro-batch and one state value within memory a single host has.
 MAX_WINDOW_SIZE = 1 << 30
 MAX_MAX_WINDOWS = 1 << 20
@@ -84,6 +86,11 @@ class DedupConfig:
     buckets (Spark's stateful step, RocksDB state; any number of raw topics), or auto: direct
     for one raw topic (chains too, when every chain's receiver writes it), buckets for several
     (docs/dedup.md "The direct layout")."""
+    direct_reader: str = "librdkafka"
+    """How the direct layout's tasks get the raw records: librdkafka (Spark plans each batch's
+    offset ranges, each task reads its own range with librdkafka; no payload passes through
+    Spark's JVM) or spark (Spark's Kafka source reads them in the JVM). Either reads on from a
+    checkpoint the other wrote (docs/dedup.md "The direct layout")."""
     state_topic: str = "kafka-diode.dedup.state"
     """The direct layout's state topic (compacted, one partition per raw partition; created by
     the job)."""
@@ -123,9 +130,10 @@ class DedupConfig:
     arrow_max_records_per_batch: int = 100_000
     """Rows per Arrow batch between the JVM and Python (about 100k is fastest here)."""
     fail_on_data_loss: bool = False
-    """Stop the query when raw records were deleted by retention before being read. Off: Spark
-    skips them (counted; they become gaps if the sender never resends them). Spark's read is the
-    only one: the write tasks take the payload from the rows, so nothing read can vanish later."""
+    """Stop the query when raw records were deleted by retention before being read. Off: the
+    read skips them (counted; they become gaps if the sender never resends them). A payload is
+    read once, by the task that writes it (or by Spark's source, whose rows the task takes), so
+    nothing read can vanish later."""
     transactional_id: str | None = None
     """transactional.id of the writer; default derived from STATE_DIR_CONFIG. One per checkpoint:
     two running instances with the same one fence each other (the older fails)."""
@@ -257,6 +265,12 @@ class DedupConfig:
                 "STATE_TOPIC", "is also another of the job's topics", "give it its own name"
             )
         layouts.check_choice(self.state_layout, self.raw_topics, self.kafka_source)
+        if self.direct_reader not in DIRECT_READERS:
+            raise ConfigError(
+                "DIRECT_READER",
+                f"is {self.direct_reader!r}",
+                "use librdkafka (the default) or spark",
+            )
 
     # -- derived values ------------------------------------------------------------------------
 

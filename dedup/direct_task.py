@@ -1,8 +1,9 @@
 """The direct layout: one task per raw partition detects, writes and keeps its own state.
 
 Runs in the **executors** (``dedup.batch_driver.write_task``, mapped by the driver's
-``TransactionalBatchWriter`` over each micro-batch of Spark's Kafka source as it reads it: one task
-per raw topic-partition, no projection, no shuffle; the task classifies its records itself,
+``TransactionalBatchWriter`` over each micro-batch: one task per raw topic-partition with input,
+which reads its offset range itself, ``dedup/range_reader.py``, or gets Spark's Kafka source's
+rows; no projection, no shuffle; the task classifies its records itself,
 ``dedup/classify_python.py``).
 No stateful operator and no RocksDB: the detectors of every source partition the raw partition
 carries live in one record of ``STATE_TOPIC`` (``dedup/direct_state.py``), written in the same

@@ -17,6 +17,7 @@ from dedup.worker_heap import FreezeOnLoad
 
 if TYPE_CHECKING:
     from dedup.detect import DetectParams
+    from dedup.range_reader import RangeReading
 
 #: Seconds any one Kafka call of the writer may take (commits: four times this).
 KAFKA_TIMEOUT_S = 30.0
@@ -83,6 +84,9 @@ class TaskSpec:
     """The direct layout: the raw topic's partition count (the driver checked it is fixed); a
     record of source partition ``p`` belongs in raw partition ``p mod raw_partitions`` (0: not
     checked)."""
+    reading: RangeReading | None = None
+    """The direct layout with ``DIRECT_READER=librdkafka``: how each task reads its offset range
+    (None: the rows come from Spark's Kafka source)."""
     heap: FreezeOnLoad = field(default_factory=FreezeOnLoad)
     """Unpickled in a Python worker, freezes its loaded code out of the collector's walks
     (``dedup/worker_heap.py``)."""

@@ -1,9 +1,12 @@
 """The direct layout: one task per raw partition detects, writes and keeps its own state.
 
-Plan (driver): Spark's Kafka source over the one raw topic alone, its rows as they come (no
-projection, no shuffle, no stateful operator); the state topic gets one partition per raw partition.
-Tasks (executors): one per raw partition, which classifies, detects and commits its records with its
-detectors' state record in one transaction (``dedup/direct_task.py``). Ticks go into every raw
+Plan (driver): the one raw topic alone, through ``dedup/raw_ranges.py``'s source (one row per raw
+partition with input: its offset range; ``DIRECT_READER=librdkafka``, the default) or Spark's
+Kafka source (its rows as they come; ``DIRECT_READER=spark``); no projection, no shuffle, no
+stateful operator; the state topic gets one partition per raw partition.
+Tasks (executors): one per raw partition, which reads its range (``dedup/range_reader.py``) or
+takes the source's rows, and classifies, detects and commits its records with its detectors'
+state record in one transaction (``dedup/direct_task.py``). Ticks go into every raw
 partition, since each raw partition's own task runs its gap scans; a reset goes into the raw
 partition its source partition lands in (``common.raw_topic.raw_partition_of``).
 """
@@ -13,13 +16,14 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from common.errors import GapStateError
+from common.errors import GapStateError, ServiceError
 from common.raw_topic import raw_partition_of
 from dedup.direct_state import STATE_RECORD_LIMIT
 from dedup.direct_task import DirectPartition, source_of
 from dedup.layouts import ResetTopics, StateLayout, TaskRun
+from dedup.range_reader import RangeReading, read_range
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -74,12 +78,44 @@ def plan(
     writer: TransactionalBatchWriter,
     layout: StateLayout,
 ) -> DataFrame:
-    """The raw topic's rows as they come (each task classifies its own), after readying the state
-    topic and ``writer`` (``ready``)."""
+    """The raw topic's offset ranges, or its rows as they come from Spark's Kafka source
+    (``DIRECT_READER``; each task classifies its own), after readying the state topic and
+    ``writer`` (``ready``)."""
     from dedup import job  # noqa: PLC0415  imports pyspark (the driver only)
 
     ready(writer, config, layout)
-    return job.raw_stream(spark, config, source_topics(config))
+    if config.direct_reader == "spark":
+        return job.raw_stream(spark, config, source_topics(config))
+    return range_stream(spark, config, writer)
+
+
+#: The group id of the tasks' consumers: they never join it nor commit (assign, read, unassign).
+READER_GROUP: Final = "kafka-diode-dedup.raw-reader"
+
+
+def range_stream(
+    spark: SparkSession, config: DedupConfig, writer: TransactionalBatchWriter
+) -> DataFrame:
+    """``dedup/raw_ranges.py``'s source over the raw topic; ``writer``'s tasks read the ranges
+    with the consumer settings the retention probe has (``raw_position.consumer_conf``)."""
+    from dedup import raw_ranges  # noqa: PLC0415  imports pyspark (the driver only)
+    from dedup.raw_position import consumer_conf  # noqa: PLC0415
+
+    base = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
+    conf = consumer_conf(
+        base, config.kafka_source, group_id=READER_GROUP, max_record_size=config.max_record_size
+    )
+    writer.reading = RangeReading(conf=conf, fail_on_data_loss=config.fail_on_data_loss)
+    options = raw_ranges.source_options(
+        config.raw_topics[0],
+        conf,
+        base,
+        max_offsets=config.max_offsets_per_trigger,
+        fail_on_data_loss=config.fail_on_data_loss,
+        kafka_source=config.kafka_source,
+    )
+    spark.dataSource.register(raw_ranges.RawRangesSource)
+    return spark.readStream.format(raw_ranges.SOURCE_NAME).options(**options).load()
 
 
 def source_topics(config: DedupConfig) -> tuple[str, ...]:
@@ -125,10 +161,12 @@ def ready(writer: TransactionalBatchWriter, config: DedupConfig, layout: StateLa
         )
     writer.params = job.detect_params(config)
     log.info(
-        "state layout: direct (one task per partition of %s, %d partitions; state in %s)",
+        "state layout: direct (one task per partition of %s, %d partitions; state in %s; "
+        "raw records read by %s)",
         config.raw_topics[0],
         layout.raw_partitions,
         config.state_topic,
+        "each task with librdkafka" if config.direct_reader == "librdkafka" else "Spark's source",
     )
 
 
@@ -139,15 +177,38 @@ def run_task(
     on_stats: Callable[[pa.RecordBatch], None],
 ) -> TaskRun | None:
     """The raw records of one raw partition, detected and committed (``DirectPartition``); None
-    without input (no fence, no state read, nothing written)."""
+    without input (no fence, no state read, nothing written).
+
+    Raises:
+        ServiceError: a task given several offset ranges (nothing is written).
+    """
     del partition  # Spark's task number: the raw partition comes with the rows
     first = next(batches, None)
     if first is None:
         return None
+    if "start" in first.schema.names:
+        return _run_range(spec, [r for b in itertools.chain((first,), batches)
+                                 for r in b.to_pylist()], on_stats)  # fmt: skip
     raw_topic, raw_partition = source_of(first)
     task = DirectPartition(spec, raw_topic, raw_partition)
     result = task.run(itertools.chain((first,), batches), on_stats)
     return TaskRun(raw_partition, result, task.fence_ms)
+
+
+def _run_range(
+    spec: TaskSpec, ranges: list[dict[str, Any]], on_stats: Callable[[pa.RecordBatch], None]
+) -> TaskRun:
+    """One raw partition's offset range, read and committed."""
+    if len(ranges) != 1 or spec.reading is None:
+        raise ServiceError(
+            f"a direct task got {len(ranges)} offset ranges (one expected) or no reader settings: "
+            "nothing is written"
+        )
+    topic, partition = str(ranges[0]["topic"]), int(ranges[0]["partition"])
+    task = DirectPartition(spec, topic, partition)
+    records = read_range(spec.reading, topic, partition, ranges[0]["start"], ranges[0]["end"])
+    result = task.run(records, on_stats)
+    return TaskRun(partition, result, task.fence_ms)
 
 
 def tick_targets(config: DedupConfig, layout: StateLayout) -> list[tuple[str, int]]:

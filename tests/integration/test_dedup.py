@@ -455,3 +455,31 @@ def test_a_reset_in_the_direct_layout_clears_its_source_partitions_state(
     counts = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
     assert {k for k, n in counts.items() if n > 1} == {(1, o) for o in range(10)}
     assert set(counts) == {(p, o) for p in (0, 1) for o in range(50)}
+
+
+def test_a_direct_checkpoint_reads_on_with_either_reader(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    """docs/dedup.md "The direct layout": ``DIRECT_READER`` may change between two starts of a
+    checkpoint (both readers' offsets are the Kafka source's JSON): librdkafka, then Spark's
+    source, then librdkafka again, each on new runs and repeats of old ones; every record once.
+    (Spark's source then librdkafka is the upgrade, tests/integration/test_dedup_upgrade.py.)"""
+    raw = kafka_topic(downstream_kafka, partitions=3)
+    tag = raw
+    create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=3)
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": "direct"}
+    expected: set[tuple[int, int]] = set()
+    for step, reader in enumerate(("librdkafka", "spark", "librdkafka")):
+        first, last = 40 * step, 40 * step + 39
+        # new offsets, and a repeat of the previous step's tail (duplicates)
+        produce_records(downstream_kafka, raw, [run_record(p, max(0, first - 10), last)
+                                                for p in range(3)])  # fmt: skip
+        expected |= {(p, o) for p in range(3) for o in range(last + 1)}
+        proc = run_dedup(env | {"DIRECT_READER": reader}, "--until-idle", "6")
+        finish(proc)
+        log = proc.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
+        assert ("each task with librdkafka" if reader == "librdkafka" else "Spark's source") in log
+        clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
+        seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
+        assert [k for k, n in seen.items() if n > 1] == [], reader
+        assert set(seen) == expected, reader

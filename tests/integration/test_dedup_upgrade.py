@@ -46,6 +46,9 @@ pytestmark = [pytest.mark.kafka, pytest.mark.spark]
 PREVIOUS = {
     # 2026-11-29, v2 runs and state by bucket, the last commit before this test
     "0c88856882e1dacae2f7f7b91be94a4662ff1a1a": "buckets",
+    # 2026-12-05, direct with Spark's Kafka source, the last commit before the librdkafka reader
+    # (its offset log is the Kafka source's, which dedup/raw_ranges.py reads on)
+    "30474ccc3ef3c94057074c1599824aa9013117db": "direct",
 }
 #: 2026-11-25, the last commit before raw layout v2: no layout file (one group per source
 #: partition, the retired partitions layout) and the driver-side whole-batch writer's era.

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEDUP = ROOT / "dedup"
 #: Modules that may import pyspark at module level (the others load it lazily, inside a task):
 #: the session's wiring, and the worker daemon Spark runs as a process of its own.
-PYSPARK_MODULES = {"job.py", "classify_sql.py", "worker_daemon.py"}
+PYSPARK_MODULES = {"job.py", "classify_sql.py", "worker_daemon.py", "raw_ranges.py"}
 #: Names of the row contract (dedup/rows.py) that no other module may define.
 CONTRACT = {"KIND_RUN", "KIND_GAP", "KIND_STAT", "STAT_COLUMNS", "OUTPUT_COLUMNS", "OUTPUT_DDL"}
 

@@ -1,0 +1,201 @@
+"""A direct task's raw records: one offset range of one raw partition, read with librdkafka.
+
+Runs in the **executors** (``dedup/layouts/direct.py``'s task, given a row of
+``dedup/raw_ranges.py``'s source). The records come as Arrow batches of the columns Spark's
+Kafka source gives (:data:`RAW_SCHEMA`), which the direct task classifies as before; a batch holds
+at most ``max_batch_bytes`` of values (one record more than that alone), so a task holds one
+batch of payload at a time whatever the record size.
+
+Each Python worker keeps one consumer per configuration between tasks (a reader cannot be
+fenced, unlike the task's transactional producer): assigned at the range's start, unassigned at
+its end. A range ends by the consumer's position, not by the last record seen, since a
+transaction's commit marker takes an offset no record has. Records below the log start
+(deleted by retention before this batch read them) stop the task with ``fail_on_data_loss``,
+else are passed over with a WARNING, as Spark's source does; the retention probe counts them
+(``dedup/raw_position.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, cast
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+
+from common.errors import ServiceError
+from runtime import kafka
+
+log = logging.getLogger(__name__)
+
+#: The columns of Spark's Kafka source that the direct task reads.
+RAW_SCHEMA: Final = pa.schema(
+    [
+        ("key", pa.binary()),
+        ("value", pa.binary()),
+        ("topic", pa.string()),
+        ("partition", pa.int32()),
+        ("offset", pa.int64()),
+        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
+    ]
+)
+#: Values per Arrow batch: the direct layout's ``arrow.maxBytesPerBatch`` with Spark's source.
+MAX_BATCH_BYTES: Final = 4 << 20
+#: Records asked of librdkafka per call (a raw record is a run of up to 64 KiB by default).
+CONSUME_RECORDS: Final = 256
+#: Seconds one consume call waits for records.
+CONSUME_WAIT_S: Final = 0.5
+#: Seconds without progress before the task fails (Spark's source: ``pollTimeoutMs``, 120 s).
+STALL_S: Final = 120.0
+#: Consumers a Python worker keeps (one per configuration; a dedup has one).
+MAX_KEPT: Final = 4
+
+_HEADERS_TYPE: Final = RAW_SCHEMA.field("headers").type
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RangeReading:
+    """What a task needs to read its range (shipped in ``TaskSpec``)."""
+
+    conf: Mapping[str, Any] = field(default_factory=dict)
+    """librdkafka settings of the consumer (``dedup.raw_position.consumer_conf``)."""
+    fail_on_data_loss: bool = False
+    """``FAIL_ON_DATA_LOSS``: records deleted before they were read stop the task."""
+
+
+_kept: dict[str, Consumer] = {}
+
+
+def _consumer(conf: Mapping[str, Any]) -> Consumer:
+    key = json.dumps(dict(conf), sort_keys=True)
+    consumer = _kept.get(key)
+    if consumer is None:
+        if len(_kept) >= MAX_KEPT:
+            close()
+        consumer = _kept[key] = kafka.consumer(conf)
+    return consumer
+
+
+def close() -> None:
+    """Close the kept consumers (tests; a worker's exit closes them too)."""
+    for consumer in _kept.values():
+        consumer.close()
+    _kept.clear()
+
+
+def read_range(
+    reading: RangeReading,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    *,
+    max_batch_bytes: int = MAX_BATCH_BYTES,
+    stall_s: float = STALL_S,
+) -> Iterator[pa.RecordBatch]:
+    """The raw records ``[start, end)`` of ``topic``/``partition`` as Arrow batches.
+
+    Raises:
+        ServiceError: records deleted before they were read and ``fail_on_data_loss``; no
+            progress for ``stall_s`` (the broker is gone: Spark retries the task, then the
+            batch); a consumer error that is not transient.
+    """
+    consumer = _consumer(reading.conf)
+    consumer.assign([TopicPartition(topic, partition, start)])
+    at, last_progress = start, time.monotonic()
+    pending: list[Message] = []
+    size = 0
+    try:
+        while at < end:
+            for message in consumer.consume(CONSUME_RECORDS, CONSUME_WAIT_S):
+                error = message.error()
+                if error is not None:
+                    at = _on_error(consumer, reading, error, (topic, partition), (at, end))
+                    last_progress = time.monotonic()
+                    continue
+                offset = int(message.offset() or 0)
+                if offset < at or offset >= end:
+                    continue  # before a reset, or the next batch's
+                pending.append(message)
+                size += len(message.value() or b"")
+                at = offset + 1
+                last_progress = time.monotonic()
+                if size >= max_batch_bytes:
+                    yield arrow_batch(pending, topic, partition)
+                    pending, size = [], 0
+            if at < end:
+                # a commit marker or an aborted transaction's records may end the range
+                position = int(consumer.position([TopicPartition(topic, partition)])[0].offset or 0)
+                if position > at:
+                    at, last_progress = min(position, end), time.monotonic()
+            if at < end and time.monotonic() - last_progress > stall_s:
+                raise ServiceError(
+                    f"raw partition {topic}:{partition}: no record past offset {at} of "
+                    f"[{start}, {end}) for {stall_s:.0f} s; is the broker reachable?"
+                )
+        if pending:
+            yield arrow_batch(pending, topic, partition)
+    finally:
+        consumer.unassign()
+
+
+def _on_error(
+    consumer: Consumer,
+    reading: RangeReading,
+    error: KafkaError,
+    where: tuple[str, int],
+    span: tuple[int, int],
+) -> int:
+    """Where the range ``span`` (next offset, end) reads on after ``error`` (its next offset:
+    nothing changes)."""
+    topic, partition = where
+    at, end = span
+    code = error.code()
+    if code == KafkaError._PARTITION_EOF:
+        return at
+    if code not in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+        if error.fatal() or not error.retriable():
+            raise ServiceError(f"raw partition {topic}:{partition}: {error.str()}")
+        log.warning("raw partition %s:%d: %s (retrying)", topic, partition, error.str())
+        return at
+    low, _high = consumer.get_watermark_offsets(
+        TopicPartition(topic, partition), timeout=30, cached=False
+    )
+    if low <= at:
+        raise ServiceError(f"raw partition {topic}:{partition}: offset {at}: {error.str()}")
+    message = (
+        f"raw records {at}..{min(low, end) - 1} of {topic}:{partition} were deleted by retention "
+        "before the dedup read them"
+    )
+    if reading.fail_on_data_loss:
+        raise ServiceError(message + "; FAIL_ON_DATA_LOSS=true stops the query")
+    log.warning("%s: passed over (FAIL_ON_DATA_LOSS=false)", message)
+    if low < end:
+        consumer.assign([TopicPartition(topic, partition, low)])
+    return min(low, end)
+
+
+def arrow_batch(messages: list[Message], topic: str, partition: int) -> pa.RecordBatch:
+    """``messages`` in :data:`RAW_SCHEMA`."""
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array([m.key() for m in messages], pa.binary()),
+            pa.array([m.value() for m in messages], pa.binary()),
+            pa.array([topic] * len(messages), pa.string()),
+            pa.array([partition] * len(messages), pa.int32()),
+            pa.array([m.offset() for m in messages], pa.int64()),
+            pa.array(
+                [[{"key": k, "value": v} for k, v in _headers(m)] for m in messages],
+                _HEADERS_TYPE,
+            ),
+        ],
+        schema=RAW_SCHEMA,
+    )
+
+
+def _headers(message: Message) -> Sequence[tuple[str, bytes | None]]:
+    return cast("Sequence[tuple[str, bytes | None]]", message.headers() or ())

@@ -141,8 +141,9 @@ class DedupConfig:
     """Largest record (key + value + headers) the link carries: the sender's and receiver's
     max_record_size. The writer's producer is sized for it; clean topics the job creates admit
     it; an existing clean topic that does not stops the job with an error naming its
-    max.message.bytes (docs/operations.md "Large records"). In local mode it also sizes the
-    JVM's heap: ~9 copies of the record per task at once (docs/dedup.md "Settings")."""
+    max.message.bytes (docs/operations.md "Large records"). In local mode with
+    DIRECT_READER=spark it also sizes the JVM's heap: ~9 copies of the record per task at once
+    (docs/dedup.md "Settings")."""
     new_topic_partitions: int = 1
     """Partitions of clean topics the job creates when missing (gap/progress/control get 1)."""
     new_topic_replication: int = -1

@@ -188,10 +188,12 @@ HEAP_FILL = 0.6
 
 def driver_heap_mib(least: int, config: DedupConfig, raw_partitions: int = 0) -> int:
     """The heap of a local-mode JVM that runs direct tasks: ``least``, or what the tasks that run
-    at once need for records of ``MAX_RECORD_SIZE`` if more. With 16 MiB records and two task
-    slots ~750 MiB; on two slots up to ~9 MiB records the least (512)."""
+    at once need for records of ``MAX_RECORD_SIZE`` read by Spark's source if more. With 16 MiB
+    records and two task slots ~750 MiB; on two slots up to ~9 MiB records the least (512)."""
     slots = local_slots(config.spark_master)
-    if slots is None:  # a cluster's driver handles no record
+    if slots is None or config.direct_reader == "librdkafka":
+        # a cluster's driver handles no record; the librdkafka reader's tasks read theirs in
+        # the Python workers (dedup/range_reader.py), never in the JVM
         return least
     if raw_partitions:
         slots = min(slots, raw_partitions)

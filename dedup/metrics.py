@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 
 from common.metrics import CollectorRegistry, Counter, Gauge
+from dedup.raw_position import records_read
 
 
 class DedupMetrics:
@@ -140,9 +141,12 @@ class DedupMetrics:
         self.chains_missing.set(sum(self._missing.values()))
 
     def observe_progress(self, progress: Mapping[str, Any]) -> None:
-        """Take rates and duration from a StreamingQueryProgress (as JSON)."""
-        self.input_rate.set(float(progress.get("inputRowsPerSecond") or 0.0))
-        self.processed_rate.set(float(progress.get("processedRowsPerSecond") or 0.0))
+        """Take rates and duration from a StreamingQueryProgress (as JSON): Spark's rates of its
+        rows, in raw records (``raw_position.records_read``: a row may be a range of them)."""
+        rows = int(progress.get("numInputRows") or 0)
+        scale = records_read(progress) / rows if rows else 0.0
+        self.input_rate.set(float(progress.get("inputRowsPerSecond") or 0.0) * scale)
+        self.processed_rate.set(float(progress.get("processedRowsPerSecond") or 0.0) * scale)
         duration = (progress.get("durationMs") or {}).get("triggerExecution")
         if duration is not None:
             self.batch_seconds.set(float(duration) / 1000.0)

@@ -112,6 +112,31 @@ def positions_from_progress(
     return out
 
 
+def records_read(progress: Mapping[str, Any]) -> int:
+    """Raw records a micro-batch read: what each source's offsets moved by, or its
+    ``numInputRows`` where they do not say (a first batch, a source that is not Kafka's).
+
+    Spark counts the rows its sources give; the direct layout's librdkafka reader gives one row
+    per raw partition's range (``dedup/raw_ranges.py``), whose records the task reads itself.
+    """
+    total = 0
+    for source in progress.get("sources") or ():
+        try:
+            begin = _offsets(source.get("startOffset"))
+            end = _offsets(source.get("endOffset"))
+        except (ValueError, TypeError, AttributeError):
+            begin = end = {}
+        if begin and end:
+            total += sum(
+                max(0, offset - begin.get(topic, {}).get(partition, offset))
+                for topic, parts in end.items()
+                for partition, offset in parts.items()
+            )
+        else:
+            total += int(source.get("numInputRows") or 0)
+    return total
+
+
 def reads_behind(progress: Mapping[str, Any]) -> bool:
     """Whether a micro-batch ended short of what its sources held when it was planned (a batch
     bounded by ``maxOffsetsPerTrigger`` in a backlog): more input is there to read."""

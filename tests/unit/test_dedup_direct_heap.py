@@ -68,17 +68,20 @@ def test_local_star_has_a_slot_per_core(monkeypatch: pytest.MonkeyPatch) -> None
 def test_the_heap_grows_with_the_largest_record_and_the_tasks_at_once() -> None:
     """The 512 MiB least ran out of heap with 16 MiB records on two slots (the slow
     tests/integration/test_dedup_heap.py); each task slot holds ~9 copies of the record."""
-    default = config("/tmp/x", SPARK_MASTER="local[2]")
+    default = config("/tmp/x", SPARK_MASTER="local[2]", DIRECT_READER="spark")
     heap = driver_heap_mib(512, default)
     assert 700 <= heap <= 800  # 16 MiB records on two slots: 512 ran out of heap, 700 passed
     assert driver_heap_mib(512, default, raw_partitions=1) < heap  # one task at a time
     assert driver_heap_mib(512, default, raw_partitions=12) == heap  # the slots bound it
-    four = config("/tmp/x", SPARK_MASTER="local[4]")
+    four = config("/tmp/x", SPARK_MASTER="local[4]", DIRECT_READER="spark")
     assert driver_heap_mib(512, four) - heap == pytest.approx(2 * 9 * 16 / HEAP_FILL, abs=1)
-    small = config("/tmp/x", SPARK_MASTER="local[2]", MAX_RECORD_SIZE=str(1 << 20))
+    small = config("/tmp/x", SPARK_MASTER="local[2]", MAX_RECORD_SIZE=str(1 << 20),
+                   DIRECT_READER="spark")  # fmt: skip
     assert driver_heap_mib(512, small) == 512  # the least, up to records of a few MiB
-    cluster = config("/tmp/x", SPARK_MASTER="spark://host:7077")
+    cluster = config("/tmp/x", SPARK_MASTER="spark://host:7077", DIRECT_READER="spark")
     assert driver_heap_mib(512, cluster) == 512  # its driver handles no record
+    # the librdkafka reader's records never enter the JVM (tests/integration/test_dedup_heap.py)
+    assert driver_heap_mib(512, config("/tmp/x", SPARK_MASTER="local[2]")) == 512
 
 
 def test_the_start_up_line_names_the_heap_in_use() -> None:

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from prometheus_client import generate_latest
 
 from common.metrics import CollectorRegistry
-from dedup.raw_position import ExpiryCounter, Position, RawPositionMetrics, positions_from_progress
+from dedup.metrics import DedupMetrics
+from dedup.raw_position import (
+    ExpiryCounter,
+    Position,
+    RawPositionMetrics,
+    positions_from_progress,
+    records_read,
+)
 
 
 def _progress(end: dict[str, Any], latest: dict[str, Any] | None, *, text: bool) -> dict[str, Any]:
@@ -117,3 +124,28 @@ def test_a_failing_probe_never_raises() -> None:
 
     metrics = RawPositionMetrics(CollectorRegistry(), ["raw"], broken, clock=lambda: 0.0)
     metrics.observe_progress(_progress({"raw": {"0": 1}}, None, text=True))
+
+
+def test_the_rates_count_raw_records_when_a_row_is_a_range_of_them() -> None:
+    """The librdkafka reader's batch is one row per raw partition's range: Spark's rates of its
+    rows become rates of the records the ranges span; Spark's Kafka source's rows are records."""
+    registry = CollectorRegistry()
+    metrics = DedupMetrics(registry)
+    ranges = {
+        "numInputRows": 2,
+        "inputRowsPerSecond": 2.0,
+        "processedRowsPerSecond": 4.0,
+        "sources": [{"description": "kafka_diode_raw_ranges",
+                     "startOffset": json.dumps({"raw": {"0": 100, "1": 50}}),
+                     "endOffset": json.dumps({"raw": {"0": 400, "1": 50, "2": 7}}),
+                     "numInputRows": 2}],
+    }  # fmt: skip
+    # 300 records of partition 0; partition 2 is new (no start): nothing counted for it
+    assert records_read(ranges) == 300
+    metrics.observe_progress(ranges)
+    text = generate_latest(registry).decode()
+    assert "kafka_diode_dedup_input_records_per_second 300.0" in text
+    assert "kafka_diode_dedup_processed_records_per_second 600.0" in text
+    first = {**ranges, "sources": [{**ranges["sources"][0], "startOffset": None}]}
+    assert records_read(first) == 2  # no start yet: Spark's rows
+    assert records_read({"numInputRows": 0, "sources": []}) == 0

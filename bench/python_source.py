@@ -15,15 +15,13 @@ dedup builds it, alternated per round, on a raw topic a paced writer fills with 
 
 - ``kafka_source``: Spark's Kafka source -> ``mapInArrow`` counting the bytes (what the dedup's
   tasks get);
-- ``python_source``: the Python source; ``read`` counts the bytes of its range (a consumer per
-  task, as the dedup's tasks have a producer each);
+- ``python_source``: the Python source; ``read`` counts the bytes of its range;
 - ``kafka_source_dedup``: Spark's Kafka source -> ``mapInArrow`` running the direct layout's task
   (``dedup.direct_task.DirectPartition``: producer, fence, state read, detection, transaction;
   ``bench/realtime_mode.py``'s ``micro_batch_dedup``), without the driver's ``foreachBatch``;
-- ``python_source_dedup``: the Python source handing each task one row, its raw partition's range;
-  ``mapInArrow`` reads the range with librdkafka into Arrow batches of the columns Spark's source
-  gives (key, value, topic, partition, offset, headers) and runs the same task on them;
-- ``python_source_dedup_kept``: the same, each Python worker keeping its consumer across tasks.
+- ``python_source_dedup_kept``: the Python source handing each task one row, its raw partition's
+  range; ``mapInArrow`` reads the range with the dedup's reader (``dedup/range_reader.py``, a
+  consumer kept per Python worker) and runs the same task on the batches.
 
 Per case: MB/s of raw values, and the CPU of this process tree (driver, JVM, Python workers;
 not the broker nor the writer) per second and per GB.
@@ -46,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -64,31 +62,16 @@ from bench.realtime_mode import (
 )
 from dedup import job
 from dedup.direct_task import DirectPartition
+from dedup.range_reader import RangeReading, read_range
+from dedup.raw_position import consumer_conf
 from dedup.writer_settings import TaskSpec
 
 CASES = (
     "kafka_source",
     "python_source",
     "kafka_source_dedup",
-    "python_source_dedup",
     "python_source_dedup_kept",
 )
-#: the columns of Spark's Kafka source that the direct task reads
-RAW_SCHEMA = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-    ]
-)
-#: raw records per Arrow batch handed to the task (~4 MiB of 64 KiB runs: the direct layout's
-#: ``arrow.maxBytesPerBatch``)
-ARROW_RUNS = 64
-#: a task that has not read its range by then fails the query (the broker is gone)
-READ_TIMEOUT_S = 60.0
 
 
 class RangePartition(InputPartition):
@@ -163,7 +146,7 @@ class RangesReader(DataSourceStreamReader):
             yield (partition.partition, partition.start, partition.end)
             return
         seen = 0
-        for batch in read_range(self.bootstrap, self.topic, *partition.value):
+        for batch in read_range(reading(self.bootstrap), self.topic, *partition.value):
             seen += batch.column("value").buffers()[2].size
         save(f"{partition.out}/py-{partition.partition}-{partition.start}", seen)
         yield (partition.partition, seen)
@@ -172,69 +155,13 @@ class RangesReader(DataSourceStreamReader):
         pass
 
 
-#: a Python worker's kept consumer per bootstrap (``python_source_dedup_kept``): a reader, unlike
-#: a transactional producer, cannot be fenced, so a worker may keep it across tasks
-_KEPT: dict[str, Consumer] = {}
+def reading(bootstrap: str) -> RangeReading:
+    """The dedup's range reading (``dedup/range_reader.py``: a consumer kept per worker)."""
+    return RangeReading(conf=consumer_conf({"bootstrap.servers": bootstrap}, {},
+                                           group_id="python-source"))  # fmt: skip
 
 
-def _consumer(bootstrap: str) -> Consumer:
-    return Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": "python-source",
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 10,
-            "queued.max.messages.kbytes": 16384,
-        }
-    )
-
-
-def read_range(
-    bootstrap: str, topic: str, partition: int, start: int, end: int, *, kept: bool = False
-):
-    """Raw records ``[start, end)`` of one partition as Arrow batches of ``RAW_SCHEMA``."""
-    if kept:
-        if bootstrap not in _KEPT:
-            _KEPT[bootstrap] = _consumer(bootstrap)
-        consumer = _KEPT[bootstrap]
-    else:
-        consumer = _consumer(bootstrap)
-    at, deadline = start, time.monotonic() + READ_TIMEOUT_S
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        while at < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"raw partition {partition}: at {at} of [{start}, {end})")
-            messages = [
-                m
-                for m in consumer.consume(ARROW_RUNS, 1.0)
-                if m.error() is None and m.offset() < end
-            ]
-            if not messages:
-                continue
-            at = messages[-1].offset() + 1
-            yield pa.RecordBatch.from_arrays(
-                [
-                    pa.array([m.key() for m in messages], pa.binary()),
-                    pa.array([m.value() for m in messages], pa.binary()),
-                    pa.array([topic] * len(messages), pa.string()),
-                    pa.array([partition] * len(messages), pa.int32()),
-                    pa.array([m.offset() for m in messages], pa.int64()),
-                    pa.array(
-                        [[{"key": k, "value": v} for k, v in m.headers() or ()] for m in messages],
-                        RAW_SCHEMA.field("headers").type,
-                    ),
-                ],
-                schema=RAW_SCHEMA,
-            )
-    finally:
-        if kept:
-            consumer.unassign()
-        else:
-            consumer.close()
-
-
-def range_dedup(spec: TaskSpec, out: str, bootstrap: str, *, kept: bool = False):
+def range_dedup(spec: TaskSpec, out: str, bootstrap: str):
     """The direct task over the ranges the Python source hands it, each read with librdkafka."""
 
     def task(batches):
@@ -247,7 +174,7 @@ def range_dedup(spec: TaskSpec, out: str, bootstrap: str, *, kept: bool = False)
             def counting(row=row):
                 nonlocal seen
                 for batch in read_range(
-                    bootstrap, TOPIC, row["partition"], row["start"], row["end"], kept=kept
+                    reading(bootstrap), TOPIC, row["partition"], row["start"], row["end"]
                 ):
                     seen += batch.column("value").buffers()[2].size
                     yield batch
@@ -284,15 +211,13 @@ def run_case(spark, bootstrap: str, case: str, work: Path, args: argparse.Namesp
             .option("bootstrap", bootstrap)
             .option("topic", TOPIC)
             .option("out", str(out))
-            .option("mode", "ranges" if case.endswith(("_dedup", "_kept")) else "count")
+            .option("mode", "ranges" if case.endswith("_kept") else "count")
             .load()
         )
         if case.startswith("python_source_dedup"):
             from bench import python_source  # noqa: PLC0415  by reference, as in main
 
-            task = python_source.range_dedup(
-                dedup_spec(bootstrap, work), str(out), bootstrap, kept=case.endswith("_kept")
-            )
+            task = python_source.range_dedup(dedup_spec(bootstrap, work), str(out), bootstrap)
             stream = stream.mapInArrow(task, "value binary")
     query = (
         stream.writeStream.format("noop")

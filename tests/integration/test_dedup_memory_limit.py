@@ -25,6 +25,7 @@ def test_a_heap_beyond_the_services_memory_limit_stops_the_start_naming_the_fixe
         "RAW_TOPICS": raw,
         "STATE_DIR_CONFIG": str(tmp_path / "checkpoint"),
         "SPARK_MASTER": "local[2]",  # 747 MiB for the default MAX_RECORD_SIZE on 2 slots
+        "DIRECT_READER": "spark",  # whose tasks hold their records in the heap (sized for them)
     }
     with limited_cgroup(700) as procs:
         done = subprocess.run(

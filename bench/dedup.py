@@ -22,7 +22,8 @@ per million **source** records read (copies included), robust to other load on a
 Beside it, not part of it: the broker's CPU per million (``broker_cpu_s_per_million``, when the
 bench started the broker) and the JIT's compile seconds inside the JVM's share
 (``jvm_jit_s_per_million``, from JMX). ``--clean-topics-exist`` creates each dedup's clean topics
-before it starts, as a deployment past its first batch has them.
+before it starts, as a deployment past its first batch has them. ``DIRECT_READER`` in the
+environment chooses how the direct dedup reads (docs/dedup.md "The direct layout").
 
 ``--chains N`` (with ``--only runs``) measures copy chains (docs/sender.md "Chains"): N receivers
 each write every unit. The buckets dedup reads them as chains run on it, one raw topic per chain
@@ -88,6 +89,7 @@ from common.raw_run import RunBuilder  # noqa: E402
 from dedup import job  # noqa: E402
 from dedup.batch_driver import TransactionalBatchWriter  # noqa: E402
 from dedup.config import DedupConfig, from_sources  # noqa: E402
+from dedup.raw_position import records_read  # noqa: E402
 from dedup.runner import idle_ticker, writer_settings  # noqa: E402
 from dedup.writer_settings import WriterSettings  # noqa: E402
 from kafka_diode.local_kafka.broker import LocalBroker, free_port  # noqa: E402
@@ -417,7 +419,7 @@ def steady(progresses) -> dict:
     """Rows per second and batch times over the batches with input after the first two (JIT
     warm-up, first fetches), from Spark's own ``triggerExecution`` durations."""
     batches = [
-        (p["numInputRows"], p["durationMs"]["triggerExecution"] / 1000.0)
+        (records_read(p), p["durationMs"]["triggerExecution"] / 1000.0)
         for p in sorted(progresses, key=lambda p: p["batchId"])
         if p.get("numInputRows")
     ]
@@ -749,8 +751,10 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             "SHUFFLE_PARTITIONS": str(args.state_partitions),
             "PERSIST_INTERVAL_MS": str(trigger_ms),
         }
-        # the dedup's Kafka client settings, as `kafka-diode dedup` takes them (KAFKA_CONF_*)
-        env.update({k: v for k, v in os.environ.items() if k.startswith("KAFKA_CONF_")})
+        # the dedup's Kafka client settings, as `kafka-diode dedup` takes them (KAFKA_CONF_*),
+        # and how a direct checkpoint reads (DIRECT_READER)
+        env.update({k: v for k, v in os.environ.items()
+                    if k.startswith("KAFKA_CONF_") or k == "DIRECT_READER"})  # fmt: skip
         env.update(kv.split("=", 1) for kv in extra)
         if args.max_offsets_per_trigger:
             env["MAX_OFFSETS_PER_TRIGGER"] = str(args.max_offsets_per_trigger)

@@ -91,6 +91,10 @@ def plan(
 
 #: The group id of the tasks' consumers: they never join it nor commit (assign, read, unassign).
 READER_GROUP: Final = "kafka-diode-dedup.raw-reader"
+#: librdkafka's prefetch per assigned raw partition, in KiB: what it fetched past a range's end
+#: is dropped at the task's end (and fetched again by the next batch's task), so the queue holds
+#: two of the task's Arrow batches, not the retention probe's 32 MiB.
+READER_QUEUE_KBYTES: Final = 8192
 
 
 def range_stream(
@@ -105,6 +109,8 @@ def range_stream(
     conf = consumer_conf(
         base, config.kafka_source, group_id=READER_GROUP, max_record_size=config.max_record_size
     )
+    if "queued.max.messages.kbytes" not in config.kafka_conf:
+        conf["queued.max.messages.kbytes"] = READER_QUEUE_KBYTES
     writer.reading = RangeReading(conf=conf, fail_on_data_loss=config.fail_on_data_loss)
     options = raw_ranges.source_options(
         config.raw_topics[0],

@@ -203,6 +203,19 @@ class RangeOptions:
         )
 
 
+#: The Kafka source's options this source takes (Spark's names ignore case): lower case -> name.
+SHARED_OPTIONS: Final = {
+    name.lower(): name
+    for name in (
+        "startingOffsets",
+        "minOffsetsPerTrigger",
+        "maxTriggerDelay",
+        "failOnDataLoss",
+        "maxOffsetsPerTrigger",
+    )
+}
+
+
 def source_options(
     topic: str,
     consumer_conf: Mapping[str, Any],
@@ -218,8 +231,6 @@ def source_options(
     Raises:
         ConfigError: a shared option that does not parse.
     """
-    shared = {"startingoffsets", "minoffsetspertrigger", "maxtriggerdelay", "failondataloss",
-              "maxoffsetspertrigger"}  # fmt: skip
     options = {
         "topic": topic,
         "conf": json.dumps(dict(consumer_conf), sort_keys=True),
@@ -227,12 +238,9 @@ def source_options(
         "maxOffsetsPerTrigger": str(max_offsets),
         "failOnDataLoss": str(fail_on_data_loss).lower(),
     }
-    names = {"startingoffsets": "startingOffsets", "minoffsetspertrigger": "minOffsetsPerTrigger",
-             "maxtriggerdelay": "maxTriggerDelay", "failondataloss": "failOnDataLoss",
-             "maxoffsetspertrigger": "maxOffsetsPerTrigger"}  # fmt: skip
     for key, value in kafka_source.items():
-        if key.lower() in shared:
-            options[names[key.lower()]] = value
+        if key.lower() in SHARED_OPTIONS:
+            options[SHARED_OPTIONS[key.lower()]] = value
     for key in ("minOffsetsPerTrigger", "maxOffsetsPerTrigger"):
         if key in options and not (options[key].isdigit() and int(options[key]) >= 0):
             raise ConfigError(

@@ -242,19 +242,19 @@ class TransactionalBatchWriter:
 def write_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """The write task of one micro-batch part (``mapInArrow``; runs in an executor), every layout.
 
-    The layout's module runs it (``dedup/layouts/``: a state partition's output rows, or a raw
-    partition's records, which the task detects itself). Either commits through
-    ``dedup.commit.commit_batch`` with a fresh producer per task attempt, whose
+    The layout's module runs it (``dedup/layouts/``: a state partition's output rows, or the
+    records of one or more raw partitions' offset ranges, which the task reads and detects
+    itself, one range after another). Each partition commits through
+    ``dedup.commit.commit_batch`` with a fresh producer per attempt, whose
     ``init_transactions`` fences every earlier attempt (retries, zombies) before it reads what
-    was committed, and hands back the ``stat`` rows and one ``task`` row. The rows stream in:
-    one Arrow batch of payload in the task at a time.
+    was committed, and hands back its ``stat`` rows and one ``task`` row as soon as it has
+    committed. The rows stream in: one Arrow batch of payload in the task at a time.
     """
     partition, attempt = task_attempt()
     started = time.monotonic()
-    stat_parts: list[pa.RecordBatch] = []
     nonempty = (b for b in batches if b.num_rows)
-    run = implementation(spec.layout).run_task(spec, partition, nonempty, stat_parts.append)
-    if run is None:
-        return
-    write_ms = round((time.monotonic() - started) * 1000)
-    yield from task_result(run.partition, attempt, run.result, stat_parts, run.fence_ms, write_ms)
+    for run in implementation(spec.layout).run_task(spec, partition, nonempty):
+        write_ms = round((time.monotonic() - started) * 1000)
+        yield from task_result(run.partition, attempt, run.result, run.stats, run.fence_ms,
+                               write_ms)  # fmt: skip
+        started = time.monotonic()

@@ -6,8 +6,9 @@ Arrow for the Python task: most of a direct task's CPU per byte outside Python
 only. Its offsets are the raw partitions' next offsets, in the Kafka source's JSON shape
 (``{"raw": {"0": 1200, "1": 1180}}``), so Spark plans, logs and replays them as it did the Kafka
 source's: a checkpoint written by either source reads on with the other. Each micro-batch is
-one row per raw partition with input, ``(topic, partition, start, end)``; the direct task reads
-``[start, end)`` itself with librdkafka (``dedup/range_reader.py``) and no payload enters the JVM.
+one row per raw partition with input, ``(topic, partition, start, end)``, in at most as many
+tasks as Spark runs at once (:func:`task_groups`); the direct task reads each ``[start, end)``
+itself with librdkafka (``dedup/range_reader.py``) and no payload enters the JVM.
 
 The planning (which offsets a batch takes) is pure (:func:`plan_ends`, :func:`rate_limit`,
 :func:`starting_offsets`); :class:`RawRangesReader` asks Kafka for the log ends and runs in the
@@ -180,6 +181,8 @@ class RangeOptions:
     starting: Mapping[str, int] | str
     admission: Admission
     fail_on_data_loss: bool
+    tasks: int
+    """Spark tasks per micro-batch at most (0: one per raw partition with input)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> RangeOptions:
@@ -200,6 +203,7 @@ class RangeOptions:
                 ),
             ),
             fail_on_data_loss=options.get("failOnDataLoss", "false").lower() == "true",
+            tasks=int(options.get("tasks", "0")),
         )
 
 
@@ -224,6 +228,7 @@ def source_options(
     max_offsets: int,
     fail_on_data_loss: bool,
     kafka_source: Mapping[str, str],
+    tasks: int = 0,
 ) -> dict[str, str]:
     """The options of ``spark.readStream.format(SOURCE_NAME)`` from the dedup's settings; the
     Kafka source options this source shares (``KAFKA_SOURCE_<NAME>``, any case) win.
@@ -237,6 +242,7 @@ def source_options(
         "admin": json.dumps(dict(admin_conf), sort_keys=True),
         "maxOffsetsPerTrigger": str(max_offsets),
         "failOnDataLoss": str(fail_on_data_loss).lower(),
+        "tasks": str(tasks),
     }
     for key, value in kafka_source.items():
         if key.lower() in SHARED_OPTIONS:
@@ -250,20 +256,44 @@ def source_options(
     return options
 
 
+Range = tuple[str, int, int, int]
+"""``(topic, partition, start, end)``: one raw partition's offsets ``[start, end)``."""
+
+
 class RangePartition(InputPartition):
-    """One raw partition's offsets ``[start, end)`` of a micro-batch."""
+    """The offset ranges one task of a micro-batch reads, one raw partition after another."""
 
-    def __init__(self, topic: str, partition: int, start: int, end: int) -> None:
-        super().__init__((topic, partition, start, end))
+    def __init__(self, group: Sequence[Range]) -> None:
+        super().__init__(tuple(group))
 
 
-def ranges(topic: str, start: Offsets, end: Offsets) -> list[tuple[str, int, int, int]]:
+def ranges(topic: str, start: Offsets, end: Offsets) -> list[Range]:
     """``(topic, partition, start, end)`` of every partition with records in ``[start, end)``."""
     return [
         (topic, int(p), start.get(p, e), e)
         for p, e in sorted(end.items(), key=lambda item: int(item[0]))
         if e > start.get(p, e)
     ]
+
+
+def task_groups(found: Sequence[Range], tasks: int) -> list[list[Range]]:
+    """``found`` in at most ``tasks`` groups (0: one range each) of about equal offsets, each in
+    partition order; the same ranges and count always give the same groups.
+
+    A Spark task costs ~20 ms of CPU beside what its ranges cost (two Python evaluations: the
+    source's ``read`` and the write task; docs/dedup-internals.md "Tasks of a micro-batch"), so
+    a batch of 8 raw partitions on 2 cores takes 2 tasks, not 8. The longest range goes first,
+    into the group with the fewest offsets so far (a backlog of one partition stays alone).
+    """
+    if tasks <= 0 or len(found) <= tasks:
+        return [[r] for r in found]
+    groups: list[list[Range]] = [[] for _ in range(tasks)]
+    load = [0] * tasks
+    for r in sorted(found, key=lambda r: (-(r[3] - r[2]), r[1])):
+        least = min(range(tasks), key=lambda i: (load[i], i))
+        groups[least].append(r)
+        load[least] += r[3] - r[2]
+    return sorted((sorted(g, key=lambda r: r[1]) for g in groups), key=lambda g: g[0][1])
 
 
 class RawRangesSource(DataSource):
@@ -345,10 +375,11 @@ class RawRangesReader(DataSourceStreamReader):
         topic = self.options.topic
         begin = {str(p): int(o) for p, o in (start.get(topic) or {}).items()}
         until = {str(p): int(o) for p, o in (end.get(topic) or {}).items()}
-        return [RangePartition(*r) for r in ranges(topic, begin, until)]
+        found = ranges(topic, begin, until)
+        return [RangePartition(g) for g in task_groups(found, self.options.tasks)]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[str, int, int, int]]:
-        yield partition.value
+    def read(self, partition: InputPartition) -> Iterator[Range]:
+        yield from partition.value
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to commit: the checkpoint's offset log is where the dedup reads on."""

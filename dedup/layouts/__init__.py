@@ -116,12 +116,13 @@ class StateLayout:
 
 @dataclass(frozen=True, slots=True)
 class TaskRun:
-    """What a layout's write task did: its partition (for the result rows), the result, and the
-    milliseconds of its fence."""
+    """What a layout's write task did for one partition: the partition (for the result rows),
+    the result, the milliseconds of its fence, and its ``stat`` rows."""
 
     partition: int
     result: BatchResult
     fence_ms: int
+    stats: list[pa.RecordBatch]
 
 
 class LayoutImpl(Protocol):
@@ -156,10 +157,9 @@ class LayoutImpl(Protocol):
         spec: TaskSpec,
         partition: int,
         batches: Iterator[pa.RecordBatch],
-        on_stats: Callable[[pa.RecordBatch], None],
-    ) -> TaskRun | None:
-        """Run one write task (``partition``: Spark's) over its non-empty Arrow batches; None
-        if it had nothing to do."""
+    ) -> Iterator[TaskRun]:
+        """Run one write task (``partition``: Spark's) over its non-empty Arrow batches: one
+        run per partition it committed (none if it had nothing to do), each as it ends."""
         ...
 
     def tick_targets(self, config: DedupConfig, layout: StateLayout) -> list[tuple[str, int]]:

@@ -80,16 +80,16 @@ def run_task(
     spec: TaskSpec,
     partition: int,
     batches: Iterator[pa.RecordBatch],
-    on_stats: Callable[[pa.RecordBatch], None],
-) -> TaskRun:
+) -> Iterator[TaskRun]:
     """State partition ``partition``'s output rows of the batch, committed
     (``PartitionWriter``)."""
     writer = PartitionWriter(spec.settings, spec.query_id, partition, windows=spec.windows)
+    stats: list[pa.RecordBatch] = []
     try:
-        result = writer.write_batches(batches, spec.batch_id, on_stats=on_stats)
+        result = writer.write_batches(batches, spec.batch_id, on_stats=stats.append)
     finally:
         writer.close()
-    return TaskRun(partition, result, writer.fence_ms)
+    yield TaskRun(partition, result, writer.fence_ms, stats)
 
 
 def tick_targets(config: DedupConfig, layout: StateLayout) -> list[tuple[str, int]]:

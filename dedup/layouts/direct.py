@@ -4,9 +4,10 @@ Plan (driver): the one raw topic alone, through ``dedup/raw_ranges.py``'s source
 partition with input: its offset range; ``DIRECT_READER=librdkafka``, the default) or Spark's
 Kafka source (its rows as they come; ``DIRECT_READER=spark``); no projection, no shuffle, no
 stateful operator; the state topic gets one partition per raw partition.
-Tasks (executors): one per raw partition, which reads its range (``dedup/range_reader.py``) or
-takes the source's rows, and classifies, detects and commits its records with its detectors'
-state record in one transaction (``dedup/direct_task.py``). Ticks go into every raw
+Tasks (executors): as many as Spark runs at once, each reading its raw partitions' ranges one
+after another (``dedup/range_reader.py``), or one per raw partition taking Spark's source's
+rows; each raw partition's records are classified, detected and committed with its detectors'
+state record in one transaction of its own (``dedup/direct_task.py``). Ticks go into every raw
 partition, since each raw partition's own task runs its gap scans; a reset goes into the raw
 partition its source partition lands in (``common.raw_topic.raw_partition_of``).
 """
@@ -119,6 +120,7 @@ def range_stream(
         max_offsets=config.max_offsets_per_trigger,
         fail_on_data_loss=config.fail_on_data_loss,
         kafka_source=config.kafka_source,
+        tasks=spark.sparkContext.defaultParallelism,
     )
     spark.dataSource.register(raw_ranges.RawRangesSource)
     return spark.readStream.format(raw_ranges.SOURCE_NAME).options(**options).load()
@@ -177,44 +179,43 @@ def ready(writer: TransactionalBatchWriter, config: DedupConfig, layout: StateLa
 
 
 def run_task(
-    spec: TaskSpec,
-    partition: int,
-    batches: Iterator[pa.RecordBatch],
-    on_stats: Callable[[pa.RecordBatch], None],
-) -> TaskRun | None:
-    """The raw records of one raw partition, detected and committed (``DirectPartition``); None
-    without input (no fence, no state read, nothing written).
+    spec: TaskSpec, partition: int, batches: Iterator[pa.RecordBatch]
+) -> Iterator[TaskRun]:
+    """The raw records of each raw partition the task was given, detected and committed
+    (``DirectPartition``), one after another; nothing without input (no fence, no state read,
+    nothing written).
 
     Raises:
-        ServiceError: a task given several offset ranges (nothing is written).
+        ServiceError: offset ranges without the reader's settings (nothing is written).
     """
-    del partition  # Spark's task number: the raw partition comes with the rows
+    del partition  # Spark's task number: the raw partitions come with the rows
     first = next(batches, None)
     if first is None:
-        return None
+        return
     if "start" in first.schema.names:
-        return _run_range(spec, [r for b in itertools.chain((first,), batches)
-                                 for r in b.to_pylist()], on_stats)  # fmt: skip
+        ranges = [r for b in itertools.chain((first,), batches) for r in b.to_pylist()]
+        for one in ranges:
+            yield _run_range(spec, one)
+        return
     raw_topic, raw_partition = source_of(first)
     task = DirectPartition(spec, raw_topic, raw_partition)
-    result = task.run(itertools.chain((first,), batches), on_stats)
-    return TaskRun(raw_partition, result, task.fence_ms)
+    stats: list[pa.RecordBatch] = []
+    result = task.run(itertools.chain((first,), batches), stats.append)
+    yield TaskRun(raw_partition, result, task.fence_ms, stats)
 
 
-def _run_range(
-    spec: TaskSpec, ranges: list[dict[str, Any]], on_stats: Callable[[pa.RecordBatch], None]
-) -> TaskRun:
+def _run_range(spec: TaskSpec, one: dict[str, Any]) -> TaskRun:
     """One raw partition's offset range, read and committed."""
-    if len(ranges) != 1 or spec.reading is None:
+    if spec.reading is None:
         raise ServiceError(
-            f"a direct task got {len(ranges)} offset ranges (one expected) or no reader settings: "
-            "nothing is written"
+            "a direct task got offset ranges without the reader's settings: nothing is written"
         )
-    topic, partition = str(ranges[0]["topic"]), int(ranges[0]["partition"])
+    topic, partition = str(one["topic"]), int(one["partition"])
     task = DirectPartition(spec, topic, partition)
-    records = read_range(spec.reading, topic, partition, ranges[0]["start"], ranges[0]["end"])
-    result = task.run(records, on_stats)
-    return TaskRun(partition, result, task.fence_ms)
+    stats: list[pa.RecordBatch] = []
+    records = read_range(spec.reading, topic, partition, one["start"], one["end"])
+    result = task.run(records, stats.append)
+    return TaskRun(partition, result, task.fence_ms, stats)
 
 
 def tick_targets(config: DedupConfig, layout: StateLayout) -> list[tuple[str, int]]:

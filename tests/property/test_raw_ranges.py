@@ -1,14 +1,15 @@
 """What a micro-batch of the direct layout takes of each raw partition (``dedup/raw_ranges.py``),
 over any backlog and ``MAX_OFFSETS_PER_TRIGGER``: never past a log end nor before where it
 reads on, never more than the limit allows, always something while anything is behind, and
-ranges that cover exactly what the batch took."""
+ranges that cover exactly what the batch took, in at most as many tasks as asked, each range in
+exactly one, none of them empty, no task far heavier than it must be."""
 
 from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedup.raw_ranges import Admission, plan_ends, ranges
+from dedup.raw_ranges import Admission, plan_ends, ranges, task_groups
 
 partitions = st.integers(min_value=1, max_value=16)
 
@@ -40,3 +41,22 @@ def test_a_batch_takes_within_the_limit_and_always_makes_progress(
         assert taken >= 1
     covered = {str(p): (s, e) for _, p, s, e in ranges("raw", start, end)}
     assert covered == {p: (start[p], end[p]) for p in start if end[p] > start[p]}
+
+
+@given(backlogs(), st.integers(min_value=0, max_value=20))
+def test_tasks_take_every_range_once_and_share_the_offsets(
+    backlog: tuple[dict[str, int], dict[str, int]], tasks: int
+) -> None:
+    start, end = backlog
+    found = ranges("raw", start, end)
+    groups = task_groups(found, tasks)
+    assert sorted(r for g in groups for r in g) == sorted(found)
+    assert all(groups)
+    assert all(g == sorted(g, key=lambda r: r[1]) for g in groups)
+    assert len(groups) == (len(found) if tasks == 0 else min(tasks, len(found)))
+    if groups:
+        # longest first into the lightest: no task exceeds an even share by more than one range
+        loads = [sum(r[3] - r[2] for r in g) for g in groups]
+        longest = max(r[3] - r[2] for r in found)
+        assert max(loads) <= sum(loads) / len(groups) + longest
+    assert task_groups(found, tasks) == groups

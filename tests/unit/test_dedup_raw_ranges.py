@@ -3,6 +3,7 @@ raw partition, planned without a broker (its log starts and ends are given)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
@@ -20,9 +21,11 @@ from dedup.raw_ranges import (
     duration_ms,
     initial_offsets,
     plan_ends,
+    ranges,
     rate_limit,
     source_options,
     starting_offsets,
+    task_groups,
 )
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
@@ -131,11 +134,11 @@ def test_a_batch_takes_at_most_max_offsets_and_the_rest_follows() -> None:
     # the log ends as planned: the progress's latestOffset (raw_offsets_behind)
     assert source.reportLatestOffset() == {"raw": {"0": 30_000, "1": 10_000}}
     assert [p.value for p in source.partitions(start, first)] == [
-        ("raw", 0, 0, 7500), ("raw", 1, 0, 2500),
+        (("raw", 0, 0, 7500),), (("raw", 1, 0, 2500),),
     ]  # fmt: skip
     # Spark's own limit (Trigger.AvailableNow) overrides the option
     assert source.latestOffset(first, ReadAllAvailable()) == {"raw": {"0": 30_000, "1": 10_000}}
-    # a range is one row, read by the task: the reader yields it as it is
+    # a range is one row, read by the task: the reader yields its task's ranges as they are
     assert list(source.read(source.partitions(start, first)[1])) == [("raw", 1, 0, 2500)]
 
 
@@ -158,8 +161,26 @@ def test_ranges_cover_exactly_what_the_batch_took() -> None:
     end = {"raw": {"0": 20, "1": 5, "2": 9, "3": 4}}
     # partition 1 has nothing; partition 3 is new (its start is its end: no range yet)
     assert [p.value for p in source.partitions(start, end)] == [
-        ("raw", 0, 10, 20), ("raw", 2, 8, 9),
+        (("raw", 0, 10, 20),), (("raw", 2, 8, 9),),
     ]  # fmt: skip
+
+
+def test_a_batch_of_many_partitions_takes_as_many_tasks_as_spark_runs_at_once() -> None:
+    source, _ = reader({"0": 0}, {"0": 0})
+    source.options = dataclasses.replace(source.options, tasks=2)
+    start = {"raw": {str(p): 0 for p in range(8)}}
+    end = {"raw": {"0": 10, "1": 10, "2": 10, "3": 10, "4": 100, "5": 10, "6": 10, "7": 0}}
+    tasks = [p.value for p in source.partitions(start, end)]
+    # the backlog of partition 4 alone, the other six in the second task, in partition order
+    assert tasks == [
+        tuple(("raw", p, 0, 10) for p in (0, 1, 2, 3, 5, 6)), (("raw", 4, 0, 100),),
+    ]  # fmt: skip
+    assert list(source.read(source.partitions(start, end)[0])) == list(tasks[0])
+    # as many tasks as ranges when there are fewer, and the same groups for the same batch
+    assert task_groups(ranges("raw", start["raw"], end["raw"])[:2], 4) == [
+        [("raw", 0, 0, 10)], [("raw", 1, 0, 10)],
+    ]  # fmt: skip
+    assert [p.value for p in source.partitions(start, end)] == tasks
 
 
 def test_a_partition_new_since_the_last_batch_starts_at_its_log_start() -> None:

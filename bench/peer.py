@@ -521,7 +521,7 @@ class RunContext:
     persist_interval_ms: int = 1000
     """Our dedup's PERSIST_INTERVAL_MS (its trigger interval; the default 1000)."""
     spark_master: str = "local[2]"
-    """Our dedup's SPARK_MASTER (task slots: one task per raw partition in the direct layout)."""
+    """Our dedup's SPARK_MASTER (task slots: the direct layout's tasks per batch)."""
     rate_bytes: float = 0.0
     """Our sender's pace in bytes/s (``--rate-bytes``; 0: unpaced)."""
     dedup_env: tuple[tuple[str, str], ...] = ()

@@ -14,7 +14,7 @@ its part)::
     the state layouts (the seam: nothing else branches on a layout)
       layouts/__init__.py  the layout file (its one reader), decide(), the auto rule, the interface
       layouts/buckets.py   Spark's stateful operator; ticks and resets into the control topic
-      layouts/direct.py    one task per raw partition; ticks and resets into the raw partitions
+      layouts/direct.py    a transaction per raw partition; ticks and resets into the raw partitions
     the query and its batches (driver)
       job.py               the Spark session and query: source, the layout's plan, foreachBatch
       batch_driver.py      foreachBatch: maps a batch to its write task (write_task), folds results

@@ -80,8 +80,8 @@ class DedupConfig:
     control_topic: str = "kafka-diode.dedup.control"
     """Topic the job also reads for operator commands (kafka-diode dedup reset)."""
     state_layout: str = "auto"
-    """Layout of a NEW checkpoint (an existing one keeps its own): direct (one task per raw
-    partition detects, writes and keeps its detectors in STATE_TOPIC, in the same transaction;
+    """Layout of a NEW checkpoint (an existing one keeps its own): direct (each raw
+    partition is detected, written and keeps its detectors in STATE_TOPIC, in one transaction;
     no shuffle, no stateful operator; one raw topic, whose partition count is then fixed),
     buckets (Spark's stateful step, RocksDB state; any number of raw topics), or auto: direct
     for one raw topic (chains too, when every chain's receiver writes it), buckets for several

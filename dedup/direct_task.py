@@ -1,9 +1,9 @@
-"""The direct layout: one task per raw partition detects, writes and keeps its own state.
+"""The direct layout: each raw partition is detected, written and keeps its own state by itself.
 
 Runs in the **executors** (``dedup.batch_driver.write_task``, mapped by the driver's
-``TransactionalBatchWriter`` over each micro-batch: one task per raw topic-partition with input,
-which reads its offset range itself, ``dedup/range_reader.py``, or gets Spark's Kafka source's
-rows; no projection, no shuffle; the task classifies its records itself,
+``TransactionalBatchWriter`` over each micro-batch: per raw topic-partition with input, which
+its task reads itself, ``dedup/range_reader.py``, several one after another, or gets Spark's
+Kafka source's rows; no projection, no shuffle; the task classifies its records itself,
 ``dedup/classify_python.py``).
 No stateful operator and no RocksDB: the detectors of every source partition the raw partition
 carries live in one record of ``STATE_TOPIC`` (``dedup/direct_state.py``), written in the same
@@ -87,7 +87,7 @@ def source_of(batch: pa.RecordBatch) -> tuple[str, int]:
         raise ServiceError(
             "a direct task got rows of several raw partitions "
             f"({topics.to_pylist()} / {partitions.to_pylist()}): Spark's Kafka source must make "
-            "one task per raw partition (unset KAFKA_SOURCE_MINPARTITIONS and "
+            "each raw partition's rows in one task (unset KAFKA_SOURCE_MINPARTITIONS and "
             "KAFKA_SOURCE_MAXRECORDSPERPARTITION)"
         )
     return str(topics[0].as_py()), int(partitions[0].as_py())

@@ -280,10 +280,11 @@ def task_groups(found: Sequence[Range], tasks: int) -> list[list[Range]]:
     """``found`` in at most ``tasks`` groups (0: one range each) of about equal offsets, each in
     partition order; the same ranges and count always give the same groups.
 
-    A Spark task costs ~20 ms of CPU beside what its ranges cost (two Python evaluations: the
-    source's ``read`` and the write task; docs/dedup-internals.md "Tasks of a micro-batch"), so
-    a batch of 8 raw partitions on 2 cores takes 2 tasks, not 8. The longest range goes first,
-    into the group with the fewest offsets so far (a backlog of one partition stays alone).
+    A Spark task costs two Python evaluations (the source's ``read`` and the write task) beside
+    what its ranges cost, so a batch of 8 raw partitions on 2 cores takes 2 tasks, not 8: 11-15 %
+    less CPU live at 10 MB/s (docs/dedup-internals.md "A task's fixed cost"). The longest range
+    goes first, into the group with the fewest offsets so far (a backlog of one partition stays
+    alone).
     """
     if tasks <= 0 or len(found) <= tasks:
         return [[r] for r in found]

@@ -7,8 +7,8 @@
   (``dedup/detector_set.py``), in the RocksDB state store; one write task per state partition.
 - **direct** (``dedup/layouts/direct.py``; ``auto``'s choice for one raw topic read one task per
   raw partition, chains whose receivers all write it included, or ``STATE_LAYOUT=direct``): no
-  stateful operator; one task per raw partition detects, writes and keeps its detectors in the
-  state topic. The raw topic's partition count is recorded: the receiver places a source
+  stateful operator; each raw partition's records are detected and written, its detectors kept
+  in the state topic, in a transaction of its own. The raw topic's partition count is recorded: the receiver places a source
   partition by it (``common.raw_topic.raw_partition_of``), so it may not change.
 
 A third, **partitions** (one Spark group per source partition; every checkpoint created before
@@ -234,7 +234,7 @@ def check_choice(choice: str, raw_topics: Sequence[str], kafka_source: Mapping[s
         raise ConfigError(
             "KAFKA_SOURCE_" + split[0],
             "splits or merges raw partitions across Spark tasks, and the direct layout needs "
-            "one task per raw partition",
+            "each raw partition's records in one task",
             "remove it",
         )
 

@@ -1,4 +1,4 @@
-"""The direct layout: one task per raw partition detects, writes and keeps its own state.
+"""The direct layout: each raw partition is detected, written and keeps its own state by itself.
 
 Plan (driver): the one raw topic alone, through ``dedup/raw_ranges.py``'s source (one row per raw
 partition with input: its offset range; ``DIRECT_READER=librdkafka``, the default) or Spark's

@@ -8,8 +8,9 @@
 - **direct** (``dedup/layouts/direct.py``; ``auto``'s choice for one raw topic read one task per
   raw partition, chains whose receivers all write it included, or ``STATE_LAYOUT=direct``): no
   stateful operator; each raw partition's records are detected and written, its detectors kept
-  in the state topic, in a transaction of its own. The raw topic's partition count is recorded: the receiver places a source
-  partition by it (``common.raw_topic.raw_partition_of``), so it may not change.
+  in the state topic, in a transaction of its own. The raw topic's partition count is
+  recorded: the receiver places a source partition by it
+  (``common.raw_topic.raw_partition_of``), so it may not change.
 
 A third, **partitions** (one Spark group per source partition; every checkpoint created before
 2026-11-28 has it, with or without a layout file), is retired: :func:`decide` refuses it with

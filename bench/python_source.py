@@ -17,7 +17,7 @@ dedup builds it, alternated per round, on a raw topic a paced writer fills with 
   tasks get);
 - ``python_source``: the Python source; ``read`` counts the bytes of its range;
 - ``kafka_source_dedup``: Spark's Kafka source -> ``mapInArrow`` running the direct layout's task
-  (``dedup.direct_task.DirectPartition``: producer, fence, state read, detection, transaction;
+  (``dedup.direct_task.DirectTransaction``: producer, fence, state read, detection, transaction;
   ``bench/realtime_mode.py``'s ``micro_batch_dedup``), without the driver's ``foreachBatch``;
 - ``python_source_dedup_kept``: the Python source handing each task one row, its raw partition's
   range; ``mapInArrow`` reads the range with the dedup's reader (``dedup/range_reader.py``, a
@@ -61,7 +61,7 @@ from bench.realtime_mode import (
     save,
 )
 from dedup import job
-from dedup.direct_task import DirectPartition
+from dedup.direct_task import DirectTransaction
 from dedup.range_reader import RangeReading, read_range
 from dedup.raw_position import consumer_conf
 from dedup.writer_settings import TaskSpec
@@ -180,7 +180,7 @@ def range_dedup(spec: TaskSpec, out: str, bootstrap: str):
                     yield batch
 
             spec_n = replace(spec, batch_id=batch_id, now_ms=time.time_ns() // 1_000_000)
-            part = DirectPartition(spec_n, TOPIC, row["partition"])
+            part = DirectTransaction(spec_n, TOPIC, row["partition"])
             records += part.run(counting(), lambda stats: None).records
         save(name, seen)
         save(f"{name}.records", records)

@@ -20,7 +20,7 @@ the topic from its end for ``--warm`` seconds, then is measured for ``--seconds`
   (``spark.sql.streaming.realTimeMode.allowlistCheck=false``) and one raw record per Arrow batch
   (a real-time task hands Python an Arrow batch only when it is full: no time bound);
 - ``micro_batch_dedup``: ``mapInArrow`` running the direct layout's task
-  (``dedup.direct_task.DirectPartition``: a fresh producer, the fence, the state read, detection
+  (``dedup.direct_task.DirectTransaction``: a fresh producer, the fence, the state read, detection
   and the transaction per task) with the batch id from Spark's task properties; no
   ``foreachBatch``, so without the driver's share of a batch;
 - ``real_time_dedup``: a prototype, not the product: the same task in a real-time task, one
@@ -71,7 +71,7 @@ from dedup.config import from_sources
 from dedup.detect import LiveBucket, Output
 from dedup.detector_set import DetectorSet
 from dedup.direct_state import DIRECT_STATE_BYTES
-from dedup.direct_task import DirectPartition, source_of
+from dedup.direct_task import DirectTransaction, source_of
 from dedup.layouts import Layout
 from dedup.layouts.direct import STATE_TOPIC_CONFIG
 from dedup.runner import writer_settings
@@ -158,7 +158,7 @@ def save(name: str, count: int) -> None:
     os.replace(f"{name}.tmp", name)
 
 
-class KeptPartition(DirectPartition):
+class KeptPartition(DirectTransaction):
     """The direct layout's task of one raw partition (``dedup/direct_task.py``), run once per
     commit interval of a long-lived task: the first interval fences and reads the state as a
     micro-batch's task does, the next ones keep its producer and the detectors it committed."""
@@ -166,15 +166,19 @@ class KeptPartition(DirectPartition):
     kept: ClassVar[dict[bytes, tuple[Producer, DetectorSet, int]]] = {}
 
     def fence(self) -> tuple[Producer, int]:
-        if self.key not in self.kept:
+        member = self._current
+        assert member is not None
+        if member.key not in self.kept:
             return super().fence()
-        producer, detectors, committed = self.kept[self.key]
-        self._live = LiveBucket(self.params, detectors, self.spec.now_ms, DIRECT_STATE_BYTES)
+        producer, detectors, committed = self.kept[member.key]
+        member.live = LiveBucket(self.params, detectors, self.spec.now_ms, DIRECT_STATE_BYTES)
         self._producer = producer
         return producer, committed
 
     def finish(self, producer: Producer, result: BatchResult) -> None:
-        live = self._live
+        member = self._current
+        assert member is not None
+        live = member.live
         assert live is not None
         detectors = live.finish
         self._committing: DetectorSet | None = None
@@ -188,8 +192,10 @@ class KeptPartition(DirectPartition):
 
     def ended(self, committed: bool, abort_failed: bool) -> None:
         super().ended(committed, abort_failed)
+        member = self._current
         if committed and self._producer is not None and self._committing is not None:
-            self.kept[self.key] = (self._producer, self._committing, self.spec.batch_id)
+            assert member is not None
+            self.kept[member.key] = (self._producer, self._committing, self.spec.batch_id)
 
 
 def micro_batch_dedup(spec: TaskSpec, out: str):
@@ -216,7 +222,7 @@ def micro_batch_dedup(spec: TaskSpec, out: str):
         batch_id = int(context.getLocalProperty("streaming.sql.batchId"))
         now = time.time_ns() // 1_000_000
         spec_n = replace(spec, batch_id=batch_id, now_ms=now)
-        part = DirectPartition(spec_n, raw_topic, raw_partition)
+        part = DirectTransaction(spec_n, raw_topic, raw_partition)
         result = part.run(itertools.chain((first,), pending), lambda stats: None)
         save(name, seen)
         save(f"{name}.records", result.records)

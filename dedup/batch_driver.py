@@ -151,6 +151,7 @@ class TransactionalBatchWriter:
             params=self.params,
             now_ms=int(time.time() * 1000),
             raw_partitions=self.layout.raw_partitions,
+            transaction_groups=self.layout.transaction_groups,
             reading=self.reading,
         )
         task = functools.partial(write_task, spec)

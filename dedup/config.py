@@ -90,7 +90,15 @@ class DedupConfig:
     """How the direct layout's tasks get the raw records: librdkafka (Spark plans each batch's
     offset ranges, each task reads its own range with librdkafka; no payload passes through
     Spark's JVM) or spark (Spark's Kafka source reads them in the JVM). Either reads on from a
-    checkpoint the other wrote (docs/dedup.md "The direct layout")."""
+    checkpoint the other wrote, but spark only without transaction groups (DIRECT_TRANSACTIONS;
+    docs/dedup.md "The direct layout")."""
+    direct_transactions: int = 0
+    """Transactions per micro-batch of a NEW direct checkpoint (an existing one keeps its own):
+    raw partition p commits with the others of group p mod this, one fence and one commit per
+    group instead of per raw partition, and a batch runs one task per group. 0 = Spark's
+    default parallelism at the first start (local[N]: N); a value of at least the raw topic's
+    partition count, or DIRECT_READER=spark, commits each raw partition alone. It caps the
+    tasks a batch runs at once for the checkpoint's life (docs/dedup.md "The direct layout")."""
     state_topic: str = "kafka-diode.dedup.state"
     """The direct layout's state topic (compacted, one partition per raw partition; created by
     the job)."""
@@ -212,6 +220,7 @@ class DedupConfig:
             )
         _check_range("PERSIST_INTERVAL_MS", self.persist_interval_ms, 0, 3_600_000)
         _check_range("SHUFFLE_PARTITIONS", self.shuffle_partitions, 0, 100_000)
+        _check_range("DIRECT_TRANSACTIONS", self.direct_transactions, 0, 100_000)
         _check_range("MAX_OFFSETS_PER_TRIGGER", self.max_offsets_per_trigger, 1, 50_000_000)
         _check_range("ARROW_MAX_RECORDS_PER_BATCH", self.arrow_max_records_per_batch, 1, 10_000_000)
         _check_range("NEW_TOPIC_PARTITIONS", self.new_topic_partitions, 1, 100_000)

@@ -320,7 +320,9 @@ def start_query(
     if transform is not None:
         output = transform(raw_stream(spark, config))
     else:
-        layout = checkpoint_layout(spark, config, raw_partition_count(config))
+        layout = checkpoint_layout(
+            spark, config, raw_partition_count(config), spark.sparkContext.defaultParallelism
+        )
         writer.layout = layout
         output = layout.impl.plan(spark, config, writer, layout)
     query = (

@@ -6,8 +6,9 @@ Arrow for the Python task: most of a direct task's CPU per byte outside Python
 only. Its offsets are the raw partitions' next offsets, in the Kafka source's JSON shape
 (``{"raw": {"0": 1200, "1": 1180}}``), so Spark plans, logs and replays them as it did the Kafka
 source's: a checkpoint written by either source reads on with the other. Each micro-batch is
-one row per raw partition with input, ``(topic, partition, start, end)``, in at most as many
-tasks as Spark runs at once (:func:`task_groups`); the direct task reads each ``[start, end)``
+one row per raw partition with input, ``(topic, partition, start, end)``, in one task per
+transaction group, or at most as many as Spark runs at once (:func:`task_groups`); the direct
+task reads each ``[start, end)``
 itself with librdkafka (``dedup/range_reader.py``) and no payload enters the JVM.
 
 The planning (which offsets a batch takes) is pure (:func:`plan_ends`, :func:`rate_limit`,
@@ -183,6 +184,8 @@ class RangeOptions:
     fail_on_data_loss: bool
     tasks: int
     """Spark tasks per micro-batch at most (0: one per raw partition with input)."""
+    groups: int = 0
+    """The checkpoint's transaction groups: one task per group with input (0: ``tasks``)."""
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> RangeOptions:
@@ -204,6 +207,7 @@ class RangeOptions:
             ),
             fail_on_data_loss=options.get("failOnDataLoss", "false").lower() == "true",
             tasks=int(options.get("tasks", "0")),
+            groups=int(options.get("groups", "0")),
         )
 
 
@@ -229,6 +233,7 @@ def source_options(
     fail_on_data_loss: bool,
     kafka_source: Mapping[str, str],
     tasks: int = 0,
+    groups: int = 0,
 ) -> dict[str, str]:
     """The options of ``spark.readStream.format(SOURCE_NAME)`` from the dedup's settings; the
     Kafka source options this source shares (``KAFKA_SOURCE_<NAME>``, any case) win.
@@ -243,6 +248,7 @@ def source_options(
         "maxOffsetsPerTrigger": str(max_offsets),
         "failOnDataLoss": str(fail_on_data_loss).lower(),
         "tasks": str(tasks),
+        "groups": str(groups),
     }
     for key, value in kafka_source.items():
         if key.lower() in SHARED_OPTIONS:
@@ -276,25 +282,32 @@ def ranges(topic: str, start: Offsets, end: Offsets) -> list[Range]:
     ]
 
 
-def task_groups(found: Sequence[Range], tasks: int) -> list[list[Range]]:
-    """``found`` in at most ``tasks`` groups (0: one range each) of about equal offsets, each in
-    partition order; the same ranges and count always give the same groups.
+def task_groups(found: Sequence[Range], tasks: int, groups: int = 0) -> list[list[Range]]:
+    """``found`` in Spark tasks, each in partition order; the same arguments always give the
+    same tasks.
 
-    A Spark task costs two Python evaluations (the source's ``read`` and the write task) beside
-    what its ranges cost, so a batch of 8 raw partitions on 2 cores takes 2 tasks, not 8: 11-15 %
-    less CPU live at 10 MB/s (docs/dedup-internals.md "A task's fixed cost"). The longest range
-    goes first, into the group with the fewest offsets so far (a backlog of one partition stays
-    alone).
+    With ``groups`` (a checkpoint's transaction groups), one task per group with input: raw
+    partition ``p``'s range goes with the others of group ``p mod groups``, which commit in one
+    transaction of one ``transactional.id`` (two tasks of one group would fence each other).
+    Without, at most ``tasks`` (0: one range each) of about equal offsets: the longest range
+    goes first, into the task with the fewest offsets so far (a backlog of one partition stays
+    alone). A Spark task costs two Python evaluations (the source's ``read`` and the write
+    task) beside what its ranges cost (docs/dedup-internals.md "A task's fixed cost").
     """
+    if groups > 0:
+        by_group: dict[int, list[Range]] = {}
+        for r in sorted(found, key=lambda r: r[1]):
+            by_group.setdefault(r[1] % groups, []).append(r)
+        return [by_group[g] for g in sorted(by_group)]
     if tasks <= 0 or len(found) <= tasks:
         return [[r] for r in found]
-    groups: list[list[Range]] = [[] for _ in range(tasks)]
+    out: list[list[Range]] = [[] for _ in range(tasks)]
     load = [0] * tasks
     for r in sorted(found, key=lambda r: (-(r[3] - r[2]), r[1])):
         least = min(range(tasks), key=lambda i: (load[i], i))
-        groups[least].append(r)
+        out[least].append(r)
         load[least] += r[3] - r[2]
-    return sorted((sorted(g, key=lambda r: r[1]) for g in groups), key=lambda g: g[0][1])
+    return sorted((sorted(g, key=lambda r: r[1]) for g in out), key=lambda g: g[0][1])
 
 
 class RawRangesSource(DataSource):
@@ -377,7 +390,8 @@ class RawRangesReader(DataSourceStreamReader):
         begin = {str(p): int(o) for p, o in (start.get(topic) or {}).items()}
         until = {str(p): int(o) for p, o in (end.get(topic) or {}).items()}
         found = ranges(topic, begin, until)
-        return [RangePartition(g) for g in task_groups(found, self.options.tasks)]
+        groups = task_groups(found, self.options.tasks, self.options.groups)
+        return [RangePartition(g) for g in groups]
 
     def read(self, partition: InputPartition) -> Iterator[Range]:
         yield from partition.value

@@ -84,6 +84,9 @@ class TaskSpec:
     """The direct layout: the raw topic's partition count (the driver checked it is fixed); a
     record of source partition ``p`` belongs in raw partition ``p mod raw_partitions`` (0: not
     checked)."""
+    transaction_groups: int = 0
+    """The direct layout: raw partition ``p`` commits in transaction group ``p mod`` this (0:
+    each raw partition in a transaction of its own; ``dedup/direct_task.py``)."""
     reading: RangeReading | None = None
     """The direct layout with ``DIRECT_READER=librdkafka``: how each task reads its offset range
     (None: the rows come from Spark's Kafka source)."""

@@ -173,9 +173,8 @@ class ReceiverConfig:
     raw_topic at start-up, each topic of a {topic} template when its first record arrives; an
     existing topic is left as it is."""
     raw_topic_partitions: int = 6
-    """Partitions of a raw topic the receiver creates (the dedup commits each raw
-    partition in a transaction of its own, in at most one Spark task per core: at least its
-    cores)."""
+    """Partitions of a raw topic the receiver creates (the dedup runs a task and a
+    transaction per group of raw partitions, as many groups as its cores: at least its cores)."""
     raw_topic_replication: int = 3
     """Replication factor of a raw topic the receiver creates (-1: the broker's
     default.replication.factor; 1 for a single-broker test cluster)."""

@@ -8,9 +8,9 @@
 - **direct** (``dedup/layouts/direct.py``; ``auto``'s choice for one raw topic read one task per
   raw partition, chains whose receivers all write it included, or ``STATE_LAYOUT=direct``): no
   stateful operator; each raw partition's records are detected and written, its detectors kept
-  in the state topic, in a transaction of its own. The raw topic's partition count is
-  recorded: the receiver places a source partition by it
-  (``common.raw_topic.raw_partition_of``), so it may not change.
+  in the state topic, a fixed group of raw partitions in one transaction. The raw topic's
+  partition count is recorded (the receiver places a source partition by it,
+  ``common.raw_topic.raw_partition_of``, so it may not change), and so are the groups.
 
 A third, **partitions** (one Spark group per source partition; every checkpoint created before
 2026-11-28 has it, with or without a layout file), is retired: :func:`decide` refuses it with
@@ -93,6 +93,9 @@ class StateLayout:
     buckets_per_partition: int = 0
     raw_partitions: int = 0
     """The raw topic's partition count when a direct checkpoint was created (direct only)."""
+    transaction_groups: int = 0
+    """Direct only: raw partition ``p`` commits in group ``p mod`` this, fewer than
+    ``raw_partitions`` (0: each raw partition alone; every checkpoint created before groups)."""
 
     @property
     def buckets(self) -> int:
@@ -105,7 +108,13 @@ class StateLayout:
 
     def to_json(self) -> str:
         if self.kind is Layout.DIRECT:
-            return json.dumps({"layout": self.kind.value, "raw_partitions": self.raw_partitions})
+            return json.dumps(
+                {
+                    "layout": self.kind.value,
+                    "raw_partitions": self.raw_partitions,
+                    "transaction_groups": self.transaction_groups,
+                }
+            )
         return json.dumps(
             {
                 "layout": self.kind.value,
@@ -350,9 +359,11 @@ def session_layout(choice: Layout, state_dir: str) -> Layout:
 
 
 def checkpoint_layout(
-    spark: SparkSession, config: DedupConfig, raw_partitions: int = 0
+    spark: SparkSession, config: DedupConfig, raw_partitions: int = 0, parallelism: int = 0
 ) -> StateLayout:
-    """The checkpoint's layout (:func:`decide`), recorded for a new checkpoint (on the driver).
+    """The checkpoint's layout (:func:`decide`), recorded for a new checkpoint (on the driver);
+    ``parallelism`` (Spark's tasks at once) gives a new direct checkpoint's transaction groups
+    unless ``DIRECT_TRANSACTIONS`` does (:func:`new_transaction_groups`).
 
     Through Hadoop's file system, as Spark reads the checkpoint (local, HDFS, object stores).
 
@@ -368,6 +379,9 @@ def checkpoint_layout(
             state_partitions=config.effective_shuffle_partitions(),
             new_kind=config.new_state_layout,
             raw_partitions=raw_partitions,
+            transaction_groups=new_transaction_groups(
+                config.direct_transactions or parallelism, raw_partitions, config.direct_reader
+            ),
         )
     except GapStateError as exc:
         topics = implementation(config.new_state_layout).source_topics(config)
@@ -411,6 +425,19 @@ def last_offsets(state_dir: str, topics: Sequence[str]) -> str | None:
 # -- the decision ----------------------------------------------------------------------------
 
 
+def new_transaction_groups(wanted: int, raw_partitions: int, reader: str) -> int:
+    """A new direct checkpoint's transaction groups: ``wanted`` (``DIRECT_TRANSACTIONS``, or
+    Spark's parallelism) if fewer than the raw partitions, else 0 (each raw partition alone).
+
+    One transaction per group and batch instead of one per raw partition: its fence (a new
+    producer and ``init_transactions``) and commit cost ~20 ms a batch each (docs/dedup-internals.md
+    "Transaction groups"). Spark's Kafka source (``DIRECT_READER=spark``) makes a task per raw
+    partition, which cannot share a ``transactional.id``: 0."""
+    if reader == "spark" or wanted <= 0 or wanted >= raw_partitions:
+        return 0
+    return wanted
+
+
 def decide(
     recorded: str | None,
     *,
@@ -418,6 +445,7 @@ def decide(
     state_partitions: int,
     new_kind: Layout = Layout.BUCKETS,
     raw_partitions: int = 0,
+    transaction_groups: int = 0,
 ) -> StateLayout:
     """The layout of a checkpoint.
 
@@ -425,14 +453,17 @@ def decide(
     planned a batch in it, ``state_partitions`` the configured ``SHUFFLE_PARTITIONS`` (Spark
     fixes it for a checkpoint at its first batch, so it counts only for a new one).
     ``new_kind`` is the layout a new checkpoint gets (:func:`new_layout`) and ``raw_partitions``
-    the raw topic's partition count now.
+    the raw topic's partition count now, ``transaction_groups`` a new direct checkpoint's
+    (:func:`new_transaction_groups`).
 
     Raises:
         GapStateError: the file exists but is not one this version wrote, or the checkpoint has
             the retired partitions layout (the message names the upgrade step).
     """
     new = (
-        StateLayout(Layout.DIRECT, raw_partitions=raw_partitions)
+        StateLayout(
+            Layout.DIRECT, raw_partitions=raw_partitions, transaction_groups=transaction_groups
+        )
         if new_kind is Layout.DIRECT
         else StateLayout(Layout.BUCKETS, state_partitions, BUCKETS_PER_PARTITION)
     )
@@ -476,7 +507,14 @@ def decide(
                 "source partitions. Give the raw topic its old partition count back, or start a "
                 'new checkpoint (docs/dedup.md "The direct layout")'
             )
-        return StateLayout(Layout.DIRECT, raw_partitions=recorded_raw)
+        groups = fields.get("transaction_groups", 0)
+        if type(groups) is not int or not 0 <= groups < recorded_raw:
+            raise GapStateError(
+                f"{LAYOUT_FILE} in the checkpoint names the direct layout with "
+                f"transaction_groups {groups!r}, not a whole number below its raw_partitions "
+                f"({recorded_raw}): restore it from a backup of STATE_DIR"
+            )
+        return StateLayout(Layout.DIRECT, raw_partitions=recorded_raw, transaction_groups=groups)
     if kind == Layout.BUCKETS and partitions >= 1 and per_partition >= 1:
         # before its first planned batch, Spark takes the configured count, so the record does
         return StateLayout(Layout.BUCKETS, partitions, per_partition) if has_offsets else new

@@ -4,12 +4,15 @@ Plan (driver): the one raw topic alone, through ``dedup/raw_ranges.py``'s source
 partition with input: its offset range; ``DIRECT_READER=librdkafka``, the default) or Spark's
 Kafka source (its rows as they come; ``DIRECT_READER=spark``); no projection, no shuffle, no
 stateful operator; the state topic gets one partition per raw partition.
-Tasks (executors): as many as Spark runs at once, each reading its raw partitions' ranges one
-after another (``dedup/range_reader.py``), or one per raw partition taking Spark's source's
-rows; each raw partition's records are classified, detected and committed with its detectors'
-state record in one transaction of its own (``dedup/direct_task.py``). Ticks go into every raw
-partition, since each raw partition's own task runs its gap scans; a reset goes into the raw
-partition its source partition lands in (``common.raw_topic.raw_partition_of``).
+Tasks (executors): one per transaction group with input (raw partition ``p`` is in group ``p mod``
+the checkpoint's ``transaction_groups``), reading its raw partitions' ranges one after another
+(``dedup/range_reader.py``); without groups (a checkpoint created before them, or
+``DIRECT_TRANSACTIONS`` at least the partition count) as many as Spark runs at once, or one per
+raw partition taking Spark's source's rows. A group's records are classified, detected and
+committed in one transaction, each raw partition with its own detectors' state record
+(``dedup/direct_task.py``). Ticks go into every raw partition, since each raw partition's task
+runs its gap scans; a reset goes into the raw partition its source partition lands in
+(``common.raw_topic.raw_partition_of``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Final
 from common.errors import GapStateError, ServiceError
 from common.raw_topic import raw_partition_of
 from dedup.direct_state import STATE_RECORD_LIMIT
-from dedup.direct_task import DirectPartition, source_of
+from dedup.direct_task import DirectTransaction, group_of, source_of
 from dedup.layouts import ResetTopics, StateLayout, TaskRun
 from dedup.range_reader import RangeReading, read_range
 
@@ -87,7 +90,7 @@ def plan(
     ready(writer, config, layout)
     if config.direct_reader == "spark":
         return job.raw_stream(spark, config, source_topics(config))
-    return range_stream(spark, config, writer)
+    return range_stream(spark, config, writer, layout)
 
 
 #: The group id of the tasks' consumers: they never join it nor commit (assign, read, unassign).
@@ -99,10 +102,14 @@ READER_QUEUE_KBYTES: Final = 8192
 
 
 def range_stream(
-    spark: SparkSession, config: DedupConfig, writer: TransactionalBatchWriter
+    spark: SparkSession,
+    config: DedupConfig,
+    writer: TransactionalBatchWriter,
+    layout: StateLayout,
 ) -> DataFrame:
-    """``dedup/raw_ranges.py``'s source over the raw topic; ``writer``'s tasks read the ranges
-    with the consumer settings the retention probe has (``raw_position.consumer_conf``)."""
+    """``dedup/raw_ranges.py``'s source over the raw topic, one task per transaction group of
+    ``layout`` (or as many as Spark runs at once); ``writer``'s tasks read the ranges with the
+    consumer settings the retention probe has (``raw_position.consumer_conf``)."""
     from dedup import raw_ranges  # noqa: PLC0415  imports pyspark (the driver only)
     from dedup.raw_position import consumer_conf  # noqa: PLC0415
 
@@ -121,6 +128,7 @@ def range_stream(
         fail_on_data_loss=config.fail_on_data_loss,
         kafka_source=config.kafka_source,
         tasks=spark.sparkContext.defaultParallelism,
+        groups=layout.transaction_groups,
     )
     spark.dataSource.register(raw_ranges.RawRangesSource)
     return spark.readStream.format(raw_ranges.SOURCE_NAME).options(**options).load()
@@ -136,8 +144,9 @@ def ready(writer: TransactionalBatchWriter, config: DedupConfig, layout: StateLa
     ``writer``'s detector settings.
 
     Raises:
-        GapStateError: several raw topics, a raw topic that does not exist yet, or a state
-            topic with fewer partitions than the raw topic.
+        GapStateError: several raw topics, a raw topic that does not exist yet, a checkpoint
+            with transaction groups read by Spark's source, or a state topic with fewer
+            partitions than the raw topic.
     """
     from dedup import job  # noqa: PLC0415
     from dedup.clean_topics import create_dedup_topics  # noqa: PLC0415
@@ -154,6 +163,13 @@ def ready(writer: TransactionalBatchWriter, config: DedupConfig, layout: StateLa
             "its partition count at the first start: start the receiver first (it creates the "
             'topic) or create it (docs/dedup.md "The direct layout")'
         )
+    if layout.transaction_groups and config.direct_reader == "spark":
+        raise GapStateError(
+            f"this direct checkpoint commits its raw partitions in {layout.transaction_groups} "
+            "transaction groups, and Spark's Kafka source (DIRECT_READER=spark) makes a task per "
+            "raw partition, which cannot share a group's transaction: set DIRECT_READER back to "
+            'librdkafka (docs/dedup.md "The direct layout")'
+        )
     found = create_dedup_topics(
         writer.settings,
         [config.state_topic],
@@ -169,8 +185,11 @@ def ready(writer: TransactionalBatchWriter, config: DedupConfig, layout: StateLa
         )
     writer.params = job.detect_params(config)
     log.info(
-        "state layout: direct (one task per partition of %s, %d partitions; state in %s; "
-        "raw records read by %s)",
+        "state layout: direct (%s of %s, %d partitions; state in %s; raw records read by %s)",
+        f"{layout.transaction_groups} transactions a batch, raw partition p in p mod "
+        f"{layout.transaction_groups}"
+        if layout.transaction_groups
+        else "a transaction per raw partition",
         config.raw_topics[0],
         layout.raw_partitions,
         config.state_topic,
@@ -181,8 +200,8 @@ def ready(writer: TransactionalBatchWriter, config: DedupConfig, layout: StateLa
 def run_task(
     spec: TaskSpec, partition: int, batches: Iterator[pa.RecordBatch]
 ) -> Iterator[TaskRun]:
-    """The raw records of each raw partition the task was given, detected and committed
-    (``DirectPartition``), one after another; nothing without input (no fence, no state read,
+    """The raw records of each transaction group the task was given, detected and committed
+    (``DirectTransaction``), one after another; nothing without input (no fence, no state read,
     nothing written).
 
     Raises:
@@ -192,30 +211,34 @@ def run_task(
     first = next(batches, None)
     if first is None:
         return
-    if "start" in first.schema.names:
-        ranges = [r for b in itertools.chain((first,), batches) for r in b.to_pylist()]
-        for one in ranges:
-            yield _run_range(spec, one)
+    if "start" not in first.schema.names:
+        raw_topic, raw_partition = source_of(first)
+        group = group_of(raw_partition, spec.transaction_groups)
+        yield _run(spec, raw_topic, group, itertools.chain((first,), batches))
         return
-    raw_topic, raw_partition = source_of(first)
-    task = DirectPartition(spec, raw_topic, raw_partition)
-    stats: list[pa.RecordBatch] = []
-    result = task.run(itertools.chain((first,), batches), stats.append)
-    yield TaskRun(raw_partition, result, task.fence_ms, stats)
-
-
-def _run_range(spec: TaskSpec, one: dict[str, Any]) -> TaskRun:
-    """One raw partition's offset range, read and committed."""
     if spec.reading is None:
         raise ServiceError(
             "a direct task got offset ranges without the reader's settings: nothing is written"
         )
-    topic, partition = str(one["topic"]), int(one["partition"])
-    task = DirectPartition(spec, topic, partition)
+    reading = spec.reading
+    ranges = [r for b in itertools.chain((first,), batches) for r in b.to_pylist()]
+    by_group: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for one in ranges:
+        key = (str(one["topic"]), group_of(int(one["partition"]), spec.transaction_groups))
+        by_group.setdefault(key, []).append(one)
+    for (raw_topic, group), found in by_group.items():
+        records = itertools.chain.from_iterable(
+            read_range(reading, raw_topic, int(r["partition"]), r["start"], r["end"]) for r in found
+        )
+        yield _run(spec, raw_topic, group, records)
+
+
+def _run(spec: TaskSpec, raw_topic: str, group: int, records: Iterator[pa.RecordBatch]) -> TaskRun:
+    """One transaction group's records, detected and committed."""
+    task = DirectTransaction(spec, raw_topic, group)
     stats: list[pa.RecordBatch] = []
-    records = read_range(spec.reading, topic, partition, one["start"], one["end"])
     result = task.run(records, stats.append)
-    return TaskRun(partition, result, task.fence_ms, stats)
+    return TaskRun(group, result, task.fence_ms, stats)
 
 
 def tick_targets(config: DedupConfig, layout: StateLayout) -> list[tuple[str, int]]:

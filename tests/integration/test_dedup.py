@@ -237,6 +237,9 @@ def test_clean_and_gap_topics_are_exact(
     assert open_offsets == {(p, o) for p, offs in missing.items() for o in offs}
     layout_file = json.loads((Path(env["STATE_DIR_CONFIG"]) / LAYOUT_FILE).read_text())
     assert layout_file["layout"] == layout
+    if layout == "direct":
+        # local[2]: raw partitions 0 and 2 commit in one transaction, 1 in another
+        assert layout_file == {"layout": "direct", "raw_partitions": 3, "transaction_groups": 2}
 
 
 # slow (57 s, 40 of them idle): CI keeps the settling rule's unit tests
@@ -461,13 +464,16 @@ def test_a_direct_checkpoint_reads_on_with_either_reader(
     downstream_kafka, kafka_topic, tmp_path
 ) -> None:
     """docs/dedup.md "The direct layout": ``DIRECT_READER`` may change between two starts of a
-    checkpoint (both readers' offsets are the Kafka source's JSON): librdkafka, then Spark's
-    source, then librdkafka again, each on new runs and repeats of old ones; every record once.
-    (Spark's source then librdkafka is the upgrade, tests/integration/test_dedup_upgrade.py.)"""
+    checkpoint without transaction groups (both readers' offsets are the Kafka source's JSON):
+    librdkafka, then Spark's source, then librdkafka again, each on new runs and repeats of old
+    ones; every record once. (Spark's source then librdkafka is the upgrade,
+    tests/integration/test_dedup_upgrade.py; a checkpoint with groups refuses Spark's source,
+    tests/unit/test_dedup_state_layout_direct.py.)"""
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
     create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=3)
-    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": "direct"}
+    env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
+    env |= {"STATE_LAYOUT": "direct", "DIRECT_TRANSACTIONS": "3"}  # each raw partition alone
     expected: set[tuple[int, int]] = set()
     for step, reader in enumerate(("librdkafka", "spark", "librdkafka")):
         first, last = 40 * step, 40 * step + 39

@@ -38,7 +38,7 @@ from dedup import runner, state_reader
 from dedup.config import from_sources
 from dedup.detect import DetectParams
 from dedup.direct_state import state_key
-from dedup.direct_task import DirectPartition
+from dedup.direct_task import DirectTransaction
 from dedup.state_reader import read_state
 from dedup.writer_settings import TaskSpec, WriterSettings
 from runtime import kafka
@@ -130,14 +130,14 @@ def test_a_zombie_is_fenced_by_its_retry_and_a_third_attempt_skips(downstream_ka
     def zombie_input() -> Iterator[pa.RecordBatch]:
         yield runs(raw, 0, [(0, 0, 19)])
         # the zombie has produced its records: its retry runs to the end meanwhile
-        retry = DirectPartition(spec(settings, query, 0), raw, 0)
+        retry = DirectTransaction(spec(settings, query, 0), raw, 0)
         retried.append(retry.run([runs(raw, 0, [(0, 0, 19)])], lambda _: None).records)
 
-    zombie = DirectPartition(spec(settings, query, 0), raw, 0)
+    zombie = DirectTransaction(spec(settings, query, 0), raw, 0)
     with pytest.raises(ServiceError, match="aborted"):
         zombie.run(zombie_input(), lambda _: None)
     assert retried == [20]
-    third = DirectPartition(spec(settings, query, 0), raw, 0).run(
+    third = DirectTransaction(spec(settings, query, 0), raw, 0).run(
         [runs(raw, 0, [(0, 0, 19)])], lambda _: None
     )
     assert third.skipped
@@ -148,12 +148,12 @@ def test_a_zombie_is_fenced_by_its_retry_and_a_third_attempt_skips(downstream_ka
 def test_a_committed_batch_is_skipped_and_the_next_one_finds_its_state(downstream_kafka) -> None:
     bootstrap = downstream_kafka.bootstrap
     settings, query, raw = setup(bootstrap)
-    first = DirectPartition(spec(settings, query, 3), raw, 0)
+    first = DirectTransaction(spec(settings, query, 3), raw, 0)
     assert first.run([runs(raw, 0, [(0, 0, 9), (1, 0, 4)])], lambda _: None).records == 15
-    again = DirectPartition(spec(settings, query, 3), raw, 0)
+    again = DirectTransaction(spec(settings, query, 3), raw, 0)
     assert again.run([runs(raw, 0, [(0, 0, 9)])], lambda _: None).skipped
     stats: list[pa.RecordBatch] = []
-    nxt = DirectPartition(spec(settings, query, 4), raw, 0)
+    nxt = DirectTransaction(spec(settings, query, 4), raw, 0)
     # 5..9 and 0..4 were delivered by batch 3: only 10..14 and 5..6 are new
     result = nxt.run([runs(raw, 0, [(0, 5, 14), (1, 0, 6)])], stats.append)
     assert result.records == 7
@@ -175,7 +175,7 @@ def test_a_worker_reads_the_state_another_worker_committed_since_its_own(
     key = state_key(query, raw, 0)
     # worker A commits batch 0 and keeps its state record
     assert (
-        DirectPartition(spec(settings, query, 0), raw, 0)
+        DirectTransaction(spec(settings, query, 0), raw, 0)
         .run([runs(raw, 0, [(0, 0, 9)])], lambda _: None)
         .records
         == 10
@@ -185,7 +185,7 @@ def test_a_worker_reads_the_state_another_worker_committed_since_its_own(
     # worker B, which keeps nothing, runs batch 1
     state_reader._kept.clear()
     assert (
-        DirectPartition(spec(settings, query, 1), raw, 0)
+        DirectTransaction(spec(settings, query, 1), raw, 0)
         .run([runs(raw, 0, [(0, 10, 19)])], lambda _: None)
         .records
         == 10
@@ -193,7 +193,7 @@ def test_a_worker_reads_the_state_another_worker_committed_since_its_own(
     # worker A runs batch 2: its kept record (batch 0) is stale, the partition has moved
     state_reader._kept.clear()
     state_reader._kept.update(worker_a)
-    third = DirectPartition(spec(settings, query, 2), raw, 0)
+    third = DirectTransaction(spec(settings, query, 2), raw, 0)
     assert third.run([runs(raw, 0, [(0, 0, 24)])], lambda _: None).records == 5
     assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(25)})
     state = read_state(settings, key, 0)
@@ -207,7 +207,7 @@ def test_a_kept_state_is_used_while_its_partition_has_not_moved(
     bootstrap = downstream_kafka.bootstrap
     settings, query, raw = setup(bootstrap)
     key = state_key(query, raw, 0)
-    first = DirectPartition(spec(settings, query, 0), raw, 0)
+    first = DirectTransaction(spec(settings, query, 0), raw, 0)
     assert first.run([runs(raw, 0, [(0, 0, 9)])], lambda _: None).records == 10
 
     def no_scan(*_args: object) -> list[bytes]:
@@ -216,7 +216,7 @@ def test_a_kept_state_is_used_while_its_partition_has_not_moved(
     with monkeypatch.context() as patch:
         patch.setattr(state_reader, "scan_back", no_scan)
         # the next batch starts from it (after its fence) without reading the partition
-        nxt = DirectPartition(spec(settings, query, 1), raw, 0)
+        nxt = DirectTransaction(spec(settings, query, 1), raw, 0)
         assert nxt.run([runs(raw, 0, [(0, 5, 14)])], lambda _: None).records == 5
     # forgotten (as after a failed task), it is read again
     state_reader.forget(settings, key, 0)
@@ -235,7 +235,7 @@ def test_a_kept_consumer_that_cannot_reach_its_broker_gives_way_to_a_new_one(
     bootstrap = downstream_kafka.bootstrap
     settings, query, raw = setup(bootstrap)
     assert (
-        DirectPartition(spec(settings, query, 0), raw, 0)
+        DirectTransaction(spec(settings, query, 0), raw, 0)
         .run([runs(raw, 0, [(0, 0, 9)])], lambda _: None)
         .records
         == 10
@@ -261,10 +261,10 @@ def test_raw_partitions_have_their_own_state_and_fence(downstream_kafka) -> None
     bootstrap = downstream_kafka.bootstrap
     settings, query, raw = setup(bootstrap, raw_partitions=2)
     for p in (0, 1):  # source partitions 0 and 2 in raw 0, 1 and 3 in raw 1
-        task = DirectPartition(spec(settings, query, 0), raw, p)
+        task = DirectTransaction(spec(settings, query, 0), raw, p)
         assert task.run([runs(raw, p, [(p, 0, 9), (p + 2, 0, 9)])], lambda _: None).records == 20
     # batch 1 of raw partition 1 only: raw partition 0 keeps its state of batch 0
-    task = DirectPartition(spec(settings, query, 1), raw, 1)
+    task = DirectTransaction(spec(settings, query, 1), raw, 1)
     assert task.run([runs(raw, 1, [(1, 0, 14)])], lambda _: None).records == 5
     wait_committed(bootstrap, settings.state_topic)
     states = {p: read_state(settings, state_key(query, raw, p), p) for p in (0, 1)}
@@ -321,7 +321,7 @@ def test_a_task_of_many_source_topics_keeps_their_detectors_across_its_arrow_bat
              [(t, p, 5, 19) for t in topics for p in (0, 1)],  # 5..9 again: duplicates
              [(t, 1, 20, 24) for t in topics]]  # fmt: skip
     stats: list[pa.RecordBatch] = []
-    task = DirectPartition(spec(settings, query, 0), raw, 0)
+    task = DirectTransaction(spec(settings, query, 0), raw, 0)
     result = task.run([topic_runs(raw, 0, s) for s in spans], stats.append)
     assert result.records == len(topics) * (20 + 25)
     table = pa.Table.from_batches(stats).to_pylist()
@@ -361,7 +361,7 @@ def test_a_full_producer_queue_is_sent_at_once_not_after_the_write_linger(
         kafka_conf={"linger.ms": "30000", "queue.buffering.max.messages": "50"},
     )
     topics = [SOURCE, *(f"orders.r{i}" for i in range(5))]
-    task = DirectPartition(spec(settings, query, 0), raw, 0)
+    task = DirectTransaction(spec(settings, query, 0), raw, 0)
     done: list[object] = []
 
     def write() -> None:
@@ -396,7 +396,9 @@ def test_a_record_in_the_wrong_raw_partition_is_malformed_not_a_second_detector(
     bootstrap = downstream_kafka.bootstrap
     settings, query, raw = setup(bootstrap, raw_partitions=2)
     stats: list[pa.RecordBatch] = []
-    task = DirectPartition(dataclasses.replace(spec(settings, query, 0), raw_partitions=2), raw, 0)
+    task = DirectTransaction(
+        dataclasses.replace(spec(settings, query, 0), raw_partitions=2), raw, 0
+    )
     with caplog.at_level(logging.WARNING, logger="dedup.direct_task"):
         result = task.run([runs(raw, 0, [(0, 0, 9), (1, 0, 4), (2, 0, 9)])], stats.append)
     assert result.records == 20
@@ -435,7 +437,7 @@ def test_a_task_that_died_after_a_part_of_its_batch_is_resumed_after_the_part(
         raise RuntimeError("the Python worker died")
 
     ticking = itertools.count(step=100.0).__next__
-    first = DirectPartition(spec(settings, query, 7), raw, 0, clock=ticking)
+    first = DirectTransaction(spec(settings, query, 7), raw, 0, clock=ticking)
     with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="died"):
         first.run(dies_after_two(), lambda _: None)
     assert sum("committing part" in r.getMessage() for r in caplog.records) == 2
@@ -445,7 +447,7 @@ def test_a_task_that_died_after_a_part_of_its_batch_is_resumed_after_the_part(
     assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(20)})
 
     stats: list[pa.RecordBatch] = []
-    retry = DirectPartition(spec(settings, query, 7), raw, 0)
+    retry = DirectTransaction(spec(settings, query, 7), raw, 0)
     result = retry.run(arrow_batches, stats.append)
     assert (result.records, result.skipped, result.parts) == (15, False, 0)
     rows = pa.Table.from_batches(stats).to_pylist()
@@ -455,7 +457,7 @@ def test_a_task_that_died_after_a_part_of_its_batch_is_resumed_after_the_part(
     done = read_state(settings, state_key(query, raw, 0), 0)
     assert done is not None
     assert (done.batch_id, done.complete) == (7, True)
-    again = DirectPartition(spec(settings, query, 7), raw, 0)
+    again = DirectTransaction(spec(settings, query, 7), raw, 0)
     assert again.run(arrow_batches, lambda _: None).skipped
 
 
@@ -477,7 +479,7 @@ def test_a_task_that_writes_longer_than_the_transaction_timeout_commits_in_parts
             yield runs(raw, 0, [(0, 10 * i, 10 * i + 9)], first_offset=2 * i)
             time.sleep(0.65)  # the work of a large Arrow batch: the transaction stays open
 
-    task = DirectPartition(spec(settings, query, 0), raw, 0)
+    task = DirectTransaction(spec(settings, query, 0), raw, 0)
     result = task.run(slow_input(), lambda _: None)
     assert result.records == 240
     assert result.parts >= 8
@@ -485,3 +487,90 @@ def test_a_task_that_writes_longer_than_the_transaction_timeout_commits_in_parts
     state = read_state(settings, state_key(query, raw, 0), 0)
     assert state is not None
     assert (state.batch_id, state.complete) == (0, True)
+
+
+def group_spec(settings: WriterSettings, query: str, batch_id: int) -> TaskSpec:
+    """Four raw partitions in two transaction groups: raw 0 and 2 commit together."""
+    return dataclasses.replace(
+        spec(settings, query, batch_id), raw_partitions=4, transaction_groups=2
+    )
+
+
+def test_a_group_commits_its_raw_partitions_together_fenced_and_skipped_as_one(
+    downstream_kafka,
+) -> None:
+    """docs/dedup-internals.md "Transaction groups": one ``transactional.id`` and one commit for
+    raw partitions 0 and 2, each with its own state record; a zombie of the group is fenced by
+    its retry, a replay skips the whole group, and the next batch finds each partition's
+    detectors."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap, raw_partitions=4)
+    batches = [runs(raw, 0, [(0, 0, 9)]), runs(raw, 2, [(2, 0, 9), (6, 0, 4)])]
+    retried: list[int] = []
+
+    def zombie_input() -> Iterator[pa.RecordBatch]:
+        yield from batches
+        retry = DirectTransaction(group_spec(settings, query, 0), raw, 0)
+        retried.append(retry.run(batches, lambda _: None).records)
+
+    zombie = DirectTransaction(group_spec(settings, query, 0), raw, 0)
+    assert zombie.transactional_id == f"{settings.transactional_id}-{raw}-0of2"
+    with pytest.raises(ServiceError, match="aborted"):
+        zombie.run(zombie_input(), lambda _: None)
+    assert retried == [25]
+    third = DirectTransaction(group_spec(settings, query, 0), raw, 0).run(batches, lambda _: None)
+    assert (third.skipped, third.fenced) == (True, True)
+    wait_committed(bootstrap, settings.state_topic)
+    states = {p: read_state(settings, state_key(query, raw, p), p) for p in (0, 2)}
+    assert {p: (s.batch_id, s.complete, s.records) for p, s in states.items() if s} == {
+        0: (0, True, 10),
+        2: (0, True, 15),
+    }
+    nxt = DirectTransaction(group_spec(settings, query, 1), raw, 0)
+    later = [runs(raw, 2, [(2, 5, 14)], first_offset=3), runs(raw, 0, [(0, 8, 11)], first_offset=2)]
+    assert nxt.run(later, lambda _: None).records == 7
+    expected = {(p, o): 1 for p in (0, 2) for o in range(10)} | {(6, o): 1 for o in range(5)}
+    expected |= {(2, o): 1 for o in range(10, 15)} | {(0, o): 1 for o in (10, 11)}
+    assert clean(bootstrap, settings) == Counter(expected)
+    other = DirectTransaction(group_spec(settings, query, 2), raw, 0)
+    with pytest.raises(ServiceError, match=r"got rows of raw partition .*:1"):
+        other.run([runs(raw, 1, [(1, 0, 3)])], lambda _: None)
+
+
+def test_a_group_that_died_after_parts_goes_on_after_each_partition_s_part(
+    downstream_kafka, caplog
+) -> None:
+    """A part of a group's batch writes the state record of each raw partition it read into,
+    through its last offset; the next attempt reads none of what a part covered again, in any
+    of the group's partitions."""
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap, raw_partitions=4)
+    arrow_batches = [
+        runs(raw, 0, [(0, 0, 9)], first_offset=0),
+        runs(raw, 2, [(2, 0, 9)], first_offset=0),
+        runs(raw, 2, [(2, 10, 19)], first_offset=2),
+    ]
+
+    def dies_after_two() -> Iterator[pa.RecordBatch]:
+        yield from arrow_batches[:2]
+        raise RuntimeError("the Python worker died")
+
+    ticking = itertools.count(step=100.0).__next__
+    first = DirectTransaction(group_spec(settings, query, 5), raw, 0, clock=ticking)
+    with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="died"):
+        first.run(dies_after_two(), lambda _: None)
+    parts = [r.getMessage() for r in caplog.records if "committing part" in r.getMessage()]
+    assert "through raw offset 1 of 0, 1 of 2" in parts[-1], parts
+    stats: list[pa.RecordBatch] = []
+    retry = DirectTransaction(group_spec(settings, query, 5), raw, 0)
+    result = retry.run(arrow_batches, stats.append)
+    assert (result.records, result.skipped, result.parts) == (10, False, 0)
+    rows = pa.Table.from_batches(stats).to_pylist()
+    assert sum(r["duplicates"] for r in rows) == 0, "the parts' rows were read again"
+    assert clean(bootstrap, settings) == Counter(
+        {(0, o): 1 for o in range(10)} | {(2, o): 1 for o in range(20)}
+    )
+    for p in (0, 2):
+        done = read_state(settings, state_key(query, raw, p), p)
+        assert done is not None
+        assert (done.batch_id, done.complete) == (5, True)

@@ -60,3 +60,21 @@ def test_tasks_take_every_range_once_and_share_the_offsets(
         longest = max(r[3] - r[2] for r in found)
         assert max(loads) <= sum(loads) / len(groups) + longest
     assert task_groups(found, tasks) == groups
+
+
+@given(backlogs(), st.integers(min_value=0, max_value=20), st.integers(min_value=1, max_value=17))
+def test_a_group_s_ranges_are_always_in_one_task_alone(
+    backlog: tuple[dict[str, int], dict[str, int]], tasks: int, groups: int
+) -> None:
+    """With transaction groups each task is one group's ranges: never two tasks with one
+    ``transactional.id``, never one task with two."""
+    start, end = backlog
+    found = ranges("raw", start, end)
+    out = task_groups(found, tasks, groups)
+    assert sorted(r for g in out for r in g) == sorted(found)
+    assert all(out)
+    assert all(g == sorted(g, key=lambda r: r[1]) for g in out)
+    owners = [{r[1] % groups for r in g} for g in out]
+    assert all(len(o) == 1 for o in owners)
+    assert len({next(iter(o)) for o in owners}) == len(out)
+    assert task_groups(found, tasks, groups) == out

@@ -152,3 +152,11 @@ def test_the_dataclass_refuses_like_the_environment() -> None:
             kafka_source={"minPartitions": "4"},
         )
     assert info.value.key == "KAFKA_SOURCE_minPartitions"  # as the operator wrote it
+
+
+def test_direct_transactions_default_to_spark_s_parallelism_and_refuse_a_negative() -> None:
+    assert from_sources(DIRECT).direct_transactions == 0
+    assert from_sources({**DIRECT, "DIRECT_TRANSACTIONS": "4"}).direct_transactions == 4
+    with pytest.raises(ConfigError) as info:
+        from_sources({**DIRECT, "DIRECT_TRANSACTIONS": "-1"})
+    assert info.value.key == "DIRECT_TRANSACTIONS"

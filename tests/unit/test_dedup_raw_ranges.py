@@ -183,6 +183,20 @@ def test_a_batch_of_many_partitions_takes_as_many_tasks_as_spark_runs_at_once() 
     assert [p.value for p in source.partitions(start, end)] == tasks
 
 
+def test_a_checkpoint_with_transaction_groups_takes_one_task_per_group() -> None:
+    """Raw partition p goes with the others of group p mod 3, whatever the backlog: two tasks
+    of one group would share a transactional.id and fence each other."""
+    source, _ = reader({"0": 0}, {"0": 0})
+    source.options = dataclasses.replace(source.options, tasks=2, groups=3)
+    start = {"raw": {str(p): 0 for p in range(8)}}
+    end = {"raw": {"0": 10, "1": 0, "2": 10, "3": 10, "4": 0, "5": 900, "6": 10, "7": 0}}
+    tasks = [p.value for p in source.partitions(start, end)]
+    assert tasks == [
+        (("raw", 0, 0, 10), ("raw", 3, 0, 10), ("raw", 6, 0, 10)),
+        (("raw", 2, 0, 10), ("raw", 5, 0, 900)),
+    ]  # fmt: skip
+
+
 def test_a_partition_new_since_the_last_batch_starts_at_its_log_start() -> None:
     ends = plan_ends({"0": 10}, {"0": 12, "1": 30}, {"0": 0, "1": 4}, admission=None,
                      waited_ms=0, fail_on_data_loss=False, topic="raw")  # fmt: skip

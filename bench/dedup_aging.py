@@ -226,6 +226,7 @@ def _measure(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, o
             records = now[4]["records_forwarded_total"] - previous[4]["records_forwarded_total"]
             gigabytes = records * args.value_bytes / 1e9
             cpu_s, jvm_s, jit_s = (now[i] - previous[i] for i in (1, 2, 3))
+            driver_s = now[5] - previous[5]
             row = {
                 "minute": round((now[0] - started) / 60, 1),
                 "batches": int(batches),
@@ -233,6 +234,7 @@ def _measure(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, o
                 "cpu_s": round(cpu_s, 1),
                 "jvm_cpu_s": round(jvm_s, 1),
                 "jit_s": round(jit_s, 1),
+                "driver_cpu_s": round(driver_s, 1),
                 "cpu_s_per_batch": round(cpu_s / batches, 3) if batches else None,
                 "jvm_cpu_s_per_batch": round(jvm_s / batches, 3) if batches else None,
                 "jit_s_per_batch": round(jit_s / batches, 3) if batches else None,
@@ -278,10 +280,13 @@ def _measure(args: argparse.Namespace, bootstrap: str, tmp: Path) -> dict[str, o
     }
 
 
-def sample(pgid: int, jvm: int, port: int) -> tuple[float, float, float, float, dict[str, float]]:
-    """(now, the group's CPU, the JVM's CPU, its compilers' CPU, the dedup's counters)."""
+def sample(
+    pgid: int, jvm: int, port: int
+) -> tuple[float, float, float, float, dict[str, float], float]:
+    """(now, the group's CPU, the JVM's CPU, its compilers' CPU, the dedup's counters, the CPU of
+    the dedup's own Python process: the driver's side of ``foreachBatch``)."""
     return (time.monotonic(), group_usage(pgid)[0], process_cpu_s(jvm), compiler_cpu_s(jvm),
-            dedup_counters(port))  # fmt: skip
+            dedup_counters(port), process_cpu_s(pgid))  # fmt: skip
 
 
 def _ready(jvm: int, port: int) -> bool:

@@ -40,7 +40,7 @@ from dedup.detect import DetectParams
 from dedup.direct_state import state_key
 from dedup.direct_task import DirectTransaction
 from dedup.state_reader import read_state
-from dedup.writer_settings import TaskSpec, WriterSettings
+from dedup.writer_settings import BatchResult, TaskSpec, WriterSettings
 from runtime import kafka
 from tests.kafka_helpers import consume_all, create_topic, wait_committed
 
@@ -112,6 +112,35 @@ def topic_runs(
 
 def spec(settings: WriterSettings, query: str, batch_id: int) -> TaskSpec:
     return TaskSpec(settings=settings, params=PARAMS, query_id=query, batch_id=batch_id, now_ms=TS)
+
+
+def dies_after_parts(
+    task_spec: TaskSpec,
+    raw: str,
+    arrow_batches: list[pa.RecordBatch],
+    caplog: pytest.LogCaptureFixture,
+) -> list[str]:
+    """An attempt of transaction group 0 whose part is due after every Arrow batch (a clock
+    100 s on at each look) and whose worker dies after the first two: the parts it logged."""
+
+    def dies_after_two() -> Iterator[pa.RecordBatch]:
+        yield from arrow_batches[:2]
+        raise RuntimeError("the Python worker died")
+
+    ticking = itertools.count(step=100.0).__next__
+    first = DirectTransaction(task_spec, raw, 0, clock=ticking)
+    with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="died"):
+        first.run(dies_after_two(), lambda _: None)
+    return [r.getMessage() for r in caplog.records if "committing part" in r.getMessage()]
+
+
+def resumed(task_spec: TaskSpec, raw: str, arrow_batches: list[pa.RecordBatch]) -> BatchResult:
+    """The next attempt of group 0's batch, checked to read none of what a part covered again."""
+    stats: list[pa.RecordBatch] = []
+    result = DirectTransaction(task_spec, raw, 0).run(arrow_batches, stats.append)
+    rows = pa.Table.from_batches(stats).to_pylist()
+    assert sum(r["duplicates"] for r in rows) == 0, "the parts' rows were read again"
+    return result
 
 
 def clean(bootstrap: str, settings: WriterSettings) -> Counter[tuple[int, int]]:
@@ -432,26 +461,14 @@ def test_a_task_that_died_after_a_part_of_its_batch_is_resumed_after_the_part(
         runs(raw, 0, [(0, 20, 29), (1, 0, 4)], first_offset=4),
     ]
 
-    def dies_after_two() -> Iterator[pa.RecordBatch]:
-        yield from arrow_batches[:2]
-        raise RuntimeError("the Python worker died")
-
-    ticking = itertools.count(step=100.0).__next__
-    first = DirectTransaction(spec(settings, query, 7), raw, 0, clock=ticking)
-    with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="died"):
-        first.run(dies_after_two(), lambda _: None)
-    assert sum("committing part" in r.getMessage() for r in caplog.records) == 2
+    assert len(dies_after_parts(spec(settings, query, 7), raw, arrow_batches, caplog)) == 2
     part = read_state(settings, state_key(query, raw, 0), 0)
     assert part is not None
     assert (part.batch_id, part.through_offset, part.complete) == (7, 3, False)
     assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(20)})
 
-    stats: list[pa.RecordBatch] = []
-    retry = DirectTransaction(spec(settings, query, 7), raw, 0)
-    result = retry.run(arrow_batches, stats.append)
+    result = resumed(spec(settings, query, 7), raw, arrow_batches)
     assert (result.records, result.skipped, result.parts) == (15, False, 0)
-    rows = pa.Table.from_batches(stats).to_pylist()
-    assert sum(r["duplicates"] for r in rows) == 0, "the parts' rows were read again"
     expected = {(0, o): 1 for o in range(30)} | {(1, o): 1 for o in range(5)}
     assert clean(bootstrap, settings) == Counter(expected)
     done = read_state(settings, state_key(query, raw, 0), 0)
@@ -551,22 +568,10 @@ def test_a_group_that_died_after_parts_goes_on_after_each_partition_s_part(
         runs(raw, 2, [(2, 10, 19)], first_offset=2),
     ]
 
-    def dies_after_two() -> Iterator[pa.RecordBatch]:
-        yield from arrow_batches[:2]
-        raise RuntimeError("the Python worker died")
-
-    ticking = itertools.count(step=100.0).__next__
-    first = DirectTransaction(group_spec(settings, query, 5), raw, 0, clock=ticking)
-    with caplog.at_level(logging.WARNING), pytest.raises(RuntimeError, match="died"):
-        first.run(dies_after_two(), lambda _: None)
-    parts = [r.getMessage() for r in caplog.records if "committing part" in r.getMessage()]
+    parts = dies_after_parts(group_spec(settings, query, 5), raw, arrow_batches, caplog)
     assert "through raw offset 1 of 0, 1 of 2" in parts[-1], parts
-    stats: list[pa.RecordBatch] = []
-    retry = DirectTransaction(group_spec(settings, query, 5), raw, 0)
-    result = retry.run(arrow_batches, stats.append)
+    result = resumed(group_spec(settings, query, 5), raw, arrow_batches)
     assert (result.records, result.skipped, result.parts) == (10, False, 0)
-    rows = pa.Table.from_batches(stats).to_pylist()
-    assert sum(r["duplicates"] for r in rows) == 0, "the parts' rows were read again"
     assert clean(bootstrap, settings) == Counter(
         {(0, o): 1 for o in range(10)} | {(2, o): 1 for o in range(20)}
     )

@@ -8,8 +8,8 @@ only. Its offsets are the raw partitions' next offsets, in the Kafka source's JS
 source's: a checkpoint written by either source reads on with the other. Each micro-batch is
 one row per raw partition with input, ``(topic, partition, start, end)``, in one task per
 transaction group, or at most as many as Spark runs at once (:func:`task_groups`); the direct
-task reads each ``[start, end)``
-itself with librdkafka (``dedup/range_reader.py``) and no payload enters the JVM.
+task reads each ``[start, end)`` itself with librdkafka (``dedup/range_reader.py``) and no
+payload enters the JVM.
 
 The planning (which offsets a batch takes) is pure (:func:`plan_ends`, :func:`rate_limit`,
 :func:`starting_offsets`); :class:`RawRangesReader` asks Kafka for the log ends and runs in the

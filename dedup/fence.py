@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
@@ -35,6 +36,15 @@ MARKER_PARTITION = 0
 WRITE_LINGER_MS = 2_000
 #: Seconds a produce waits for room in a full local queue before it tries again.
 ROOM_WAIT_S = 0.05
+#: Seconds a read of the progress or state topic keeps trying, a new consumer each time, while
+#: the cluster moves: a killed leader's pending requests end in ``_DESTROY_BROKER`` once the
+#: controller fences it (``broker.session.timeout.ms``) and the metadata drops it, and a new
+#: request finds the new leader. Within ``transaction.timeout.ms`` (60 s by default).
+READ_RETRY_S = KAFKA_TIMEOUT_S
+#: Seconds between two tries of such a read.
+READ_PAUSE_S = 1.0
+
+_T = TypeVar("_T")
 
 
 def partition_transactional_id(base: str, partition: int) -> str:
@@ -130,8 +140,11 @@ def read_last_marker(settings: WriterSettings, key: bytes, group_id: str) -> int
     Searches the progress topic backwards from its end in growing steps, so a marker written a
     few batches ago costs one short read.
     """
-    values = last_values(
-        settings, settings.progress_topic, MARKER_PARTITION, key, group_id, FENCE_SCAN_STEP
+    values = retrying(
+        lambda: last_values(
+            settings, settings.progress_topic, MARKER_PARTITION, key, group_id, FENCE_SCAN_STEP
+        ),
+        f"reading the markers of {group_id}",
     )
     return max((int(json.loads(v)["batch_id"]) for v in values), default=-1)
 
@@ -154,6 +167,24 @@ def last_values(  # noqa: PLR0917  one keyed read of one partition
         return scan_back(consumer, where, key, (low, high), step)
     finally:
         consumer.close()
+
+
+def retrying(
+    read: Callable[[], _T], what: str, *, within: float = READ_RETRY_S, pause: float = READ_PAUSE_S
+) -> _T:
+    """``read()``, tried again every ``pause`` seconds for ``within`` seconds while it fails with
+    a transient Kafka error (``runtime.kafka.TRANSIENT_ERRORS``); ``read`` makes its own consumer,
+    so each try asks the cluster afresh. Raises the last error, or any other at once."""
+    deadline = time.monotonic() + within
+    while True:
+        try:
+            return read()
+        except KafkaException as exc:
+            if not kafka.error(exc, what).retriable or time.monotonic() + pause >= deadline:
+                raise
+            # executors log WARNING and up: a failover an operator may look for
+            log.warning("%s failed (%s); trying again in %.0f s", what, exc, pause)
+        time.sleep(pause)  # a retry interval while the cluster elects leaders
 
 
 def reader_conf(settings: WriterSettings, group_id: str) -> dict[str, Any]:
@@ -204,6 +235,8 @@ def _scan(consumer: Consumer, where: TopicPartition, key: bytes, end: int) -> li
         if err is not None:
             if err.code() == KafkaError._PARTITION_EOF:
                 return found
+            if not err.fatal() and (err.retriable() or err.code() in kafka.TRANSIENT_ERRORS):
+                continue  # a leader moving: the consumer fetches from the new one
             raise ServiceError(f"reading topic {where.topic!r} failed: {err}")
         offset, value = msg.offset(), msg.value()
         if offset is None or offset >= end:

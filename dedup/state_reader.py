@@ -19,7 +19,8 @@ changes its detectors and then aborts leaves nothing stale behind.
 
 A kept consumer may know a partition leader that has gone since (a broker killed or rolled):
 it refreshes its metadata first and gets ``KEPT_TIMEOUT_S``; if it fails, a new consumer reads
-with the full timeout (and is kept instead). Bounded: ``MAX_CONSUMERS`` consumers and
+with the full timeout (and is kept instead), and while the cluster fails over another new one
+(``dedup.fence.retrying``). Bounded: ``MAX_CONSUMERS`` consumers and
 ``MAX_KEPT_BYTES`` of records per worker.
 """
 
@@ -34,7 +35,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from common.errors import ServiceError
 from dedup.direct_state import StateRecord
-from dedup.fence import reader_conf, scan_back
+from dedup.fence import reader_conf, retrying, scan_back
 from dedup.writer_settings import KAFKA_TIMEOUT_S, WriterSettings
 from runtime import kafka
 
@@ -86,13 +87,18 @@ def read_state(settings: WriterSettings, key: bytes, partition: int) -> StateRec
         else:
             _keep_consumer(name, consumer)
             return StateRecord.decode(value) if value is not None else None
-    consumer = kafka.consumer(conf)
-    try:
-        value = _read(settings, consumer, key, partition, KAFKA_TIMEOUT_S)
-    except BaseException:
-        _close(consumer)
-        raise
-    _keep_consumer(name, consumer)
+
+    def fresh() -> bytes | None:
+        consumer = kafka.consumer(conf)
+        try:
+            value = _read(settings, consumer, key, partition, KAFKA_TIMEOUT_S)
+        except BaseException:
+            _close(consumer)
+            raise
+        _keep_consumer(name, consumer)
+        return value
+
+    value = retrying(fresh, f"reading state partition {partition}")
     return StateRecord.decode(value) if value is not None else None
 
 

@@ -85,10 +85,13 @@ def _text(exc: BaseException) -> str:
 #: flag says. An admin request's result carries no retriable flag, and during a controller's or
 #: a leader's failover CreateTopics ends in ``_TIMED_OUT`` ("Timed out waiting for controller":
 #: the client waits on a controller its metadata still names), which a new client, asking the
-#: cluster again, gets past.
+#: cluster again, gets past. ``_DESTROY_BROKER``: a request was pending at a broker the cluster's
+#: metadata no longer lists (killed, then fenced by the controller); its partitions have new
+#: leaders.
 TRANSIENT_ERRORS = frozenset(
     {
         KafkaError._TIMED_OUT,
+        KafkaError._DESTROY_BROKER,
         KafkaError._TRANSPORT,
         KafkaError._ALL_BROKERS_DOWN,
         KafkaError.REQUEST_TIMED_OUT,

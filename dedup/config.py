@@ -118,7 +118,9 @@ class DedupConfig:
     persist_interval_ms: int = 1_000
     """Trigger interval: one micro-batch (and one state checkpoint) at most every this many ms."""
     spark_master: str = "local[*]"
-    """Spark master URL; ignored when started by spark-submit (its --master wins)."""
+    """Spark master URL; ignored when started by spark-submit (its --master wins). A local
+    master without a count of task attempts gets 4 (local[*] runs as local[*,4]): a task that
+    fails on a transient Kafka error is retried, as on a cluster; local[N,1] fails at once."""
     shuffle_partitions: int = 0
     """spark.sql.shuffle.partitions of the stateful step (state partitions = write tasks per
     batch); 0 = half the driver's cores, at least 1 (each task keeps two Python workers busy at

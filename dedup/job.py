@@ -115,7 +115,7 @@ def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0)
         "PYSPARK_GATEWAY_PORT"
     )
     if launched_here:
-        builder = builder.master(config.spark_master)
+        builder = builder.master(with_task_attempts(config.spark_master))
         for name, value in JVM_ENV.items():  # the JVM is started with this process's environment
             os.environ.setdefault(name, value)
     layout = implementation(session_layout(config.new_state_layout, config.state_dir_config))
@@ -235,6 +235,23 @@ def check_memory_limit(config: DedupConfig, sized: str | None) -> None:
     warning = memory_limit.check_heap_fits(heap, limit, source)
     if warning is not None:
         log.warning("%s", warning)
+
+
+#: Attempts a task gets in local mode when the master names no count of its own: Spark gives
+#: ``local[N]`` one, so a transient Kafka error in one task (a broker failing over under a
+#: fresh client) ended the query and the process; 4 is Spark's ``spark.task.maxFailures`` on a
+#: cluster. Each attempt fences the one before (docs/dedup-internals.md "Effectively once").
+LOCAL_TASK_ATTEMPTS = 4
+
+
+def with_task_attempts(master: str) -> str:
+    """``master``, a local one without a count of attempts given ``LOCAL_TASK_ATTEMPTS``
+    (``local[*]`` runs as ``local[*,4]``); ``local[N,F]`` and any other master unchanged."""
+    if master == "local":
+        return f"local[1,{LOCAL_TASK_ATTEMPTS}]"
+    if master.startswith("local[") and master.endswith("]") and "," not in master:
+        return f"{master[:-1]},{LOCAL_TASK_ATTEMPTS}]"
+    return master
 
 
 def local_slots(master: str) -> int | None:

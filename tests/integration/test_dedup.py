@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from common.raw_run import RunBuilder
+from dedup.faults import FAULT_ENV
 from dedup.job import CHANGELOG_CHECKPOINTING, CHECKPOINT_FILE_MANAGER
 from dedup.layouts import LAYOUT_FILE
 from dedup.layouts.direct import CHECKPOINT_FILE_MANAGER as SPARKS_MANAGER
@@ -171,7 +172,9 @@ def test_clean_and_gap_topics_are_exact(
 ) -> None:
     """``slow link``: the trigger docs/dedup.md suggests for a slow link; the ticks' batches wait
     for it too, and the gaps still need two scans. ``direct``: the direct layout
-    (docs/dedup.md "The direct layout"), whose gap scans run on ticks into the raw partitions."""
+    (docs/dedup.md "The direct layout"), whose gap scans run on ticks into the raw partitions;
+    a task's Python worker dies before its first commit, and the local master (no count of
+    attempts given) retries the task: nothing lost or doubled, the process does not exit."""
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
     # partition 3: its first datagram (offsets 0..9) was lost; only the heartbeat's low_offset
@@ -214,7 +217,11 @@ def test_clean_and_gap_topics_are_exact(
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": layout}
     if batching == "slow link":
         env |= SLOW_LINK
+    died = tmp_path / "died"
+    if layout == "direct":
+        env[FAULT_ENV] = f"task-before-commit:*:1:{died}"  # group 1: raw partition 1
     finish(run_dedup(env, "--until-idle", "8" if batching == "every trigger" else "16"))
+    assert died.exists() == (layout == "direct")
 
     clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
     seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)

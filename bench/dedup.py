@@ -23,7 +23,8 @@ Beside it, not part of it: the broker's CPU per million (``broker_cpu_s_per_mill
 bench started the broker) and the JIT's compile seconds inside the JVM's share
 (``jvm_jit_s_per_million``, from JMX). ``--clean-topics-exist`` creates each dedup's clean topics
 before it starts, as a deployment past its first batch has them. ``DIRECT_READER`` in the
-environment chooses how the direct dedup reads (docs/dedup.md "The direct layout").
+environment chooses how the direct dedup reads (docs/dedup.md "The direct layout"), and
+``DIRECT_TRANSACTIONS`` how it commits.
 
 ``--chains N`` (with ``--only runs``) measures copy chains (docs/sender.md "Chains"): N receivers
 each write every unit. The buckets dedup reads them as chains run on it, one raw topic per chain
@@ -752,9 +753,10 @@ def measure(args: argparse.Namespace, bootstrap: str) -> int:
             "PERSIST_INTERVAL_MS": str(trigger_ms),
         }
         # the dedup's Kafka client settings, as `kafka-diode dedup` takes them (KAFKA_CONF_*),
-        # and how a direct checkpoint reads (DIRECT_READER)
+        # and how a direct checkpoint reads and commits (DIRECT_READER, DIRECT_TRANSACTIONS)
+        passed = ("DIRECT_READER", "DIRECT_TRANSACTIONS")
         env.update({k: v for k, v in os.environ.items()
-                    if k.startswith("KAFKA_CONF_") or k == "DIRECT_READER"})  # fmt: skip
+                    if k.startswith("KAFKA_CONF_") or k in passed})  # fmt: skip
         env.update(kv.split("=", 1) for kv in extra)
         if args.max_offsets_per_trigger:
             env["MAX_OFFSETS_PER_TRIGGER"] = str(args.max_offsets_per_trigger)

@@ -239,7 +239,7 @@ def check_memory_limit(config: DedupConfig, sized: str | None) -> None:
 
 #: Attempts a task gets in local mode when the master names no count of its own: Spark gives
 #: ``local[N]`` one, so a transient Kafka error in one task (a broker failing over under a
-#: fresh client) ended the query and the process; 4 is Spark's ``spark.task.maxFailures`` on a
+#: fresh client) would end the query and the process; 4 is Spark's ``spark.task.maxFailures`` on a
 #: cluster. Each attempt fences the one before (docs/dedup-internals.md "Effectively once").
 LOCAL_TASK_ATTEMPTS = 4
 

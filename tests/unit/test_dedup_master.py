@@ -1,6 +1,6 @@
 """A local master gets task attempts, as a cluster does (``dedup.job.with_task_attempts``): with
-``local[N]`` Spark gives a task one attempt, so a transient Kafka error in one task ended the
-query and the process."""
+``local[N]`` Spark gives a task one attempt, so a transient Kafka error in one task would end
+the query and the process."""
 
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ The effectively-once argument is stated once, at the commit path every layout ta
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -32,7 +33,7 @@ import pyarrow.compute as pc
 from common.errors import ServiceError
 from common.raw_topic import TOPIC_FIELD
 from common.topic_limits import TimestampWindow
-from dedup.clean_topics import checked_clean_topic, create_dedup_topics
+from dedup.clean_topics import checked_clean_topic, create_dedup_topics, write_batch_bytes
 from dedup.detect import DetectParams
 from dedup.faults import fault
 from dedup.layouts import Layout, StateLayout, implementation
@@ -111,13 +112,16 @@ class TransactionalBatchWriter:
         create_dedup_topics(
             self.settings, [self.settings.gap_topic, self.settings.progress_topic], compact=True
         )
+        batch_bytes = write_batch_bytes(self.settings)
+        self.settings = dataclasses.replace(self.settings, write_batch_bytes=batch_bytes)
         clean = self.settings.clean_topic
         if TOPIC_FIELD not in clean:
             self._windows[clean] = checked_clean_topic(self.settings, clean)
         log.info(
-            "writer ready: transactional.id=%s-p<partition> query=%s",
+            "writer ready: transactional.id=%s-p<partition> query=%s batch.size=%s",
             self.settings.transactional_id,
             self._query_id,
+            self.settings.kafka_conf.get("batch.size", batch_bytes),
         )
         self._started = True
 

@@ -15,11 +15,12 @@ from common.topic_limits import (
     LONG_MAX,
     TimestampWindow,
     created_topic_config,
+    record_limit,
     size_problem,
     timestamp_window,
 )
-from dedup.fence import base_conf
-from dedup.writer_settings import KAFKA_TIMEOUT_S, WriterSettings
+from dedup.fence import WRITE_BATCH_BYTES, base_conf
+from dedup.writer_settings import KAFKA_TIMEOUT_S, LIBRDKAFKA_BATCH_BYTES, WriterSettings
 from runtime import kafka
 
 log = logging.getLogger(__name__)
@@ -42,11 +43,8 @@ def create_dedup_topics(
     if partitions is None:
         partitions = 1 if compact else settings.new_topic_partitions
     config = {
-        **(
-            {"cleanup.policy": "compact"}
-            if compact
-            else created_topic_config(settings.max_record_size, any_timestamp=True)
-        ),
+        **created_topic_config(settings.max_record_size, any_timestamp=not compact),
+        **({"cleanup.policy": "compact"} if compact else {}),
         **(config or {}),
     }
     specs = [
@@ -62,6 +60,34 @@ def create_dedup_topics(
     for topic in ensured.created:
         log.info("created topic %s (%d partitions)", topic, partitions)
     return dict(ensured.partitions)
+
+
+def write_batch_bytes(settings: WriterSettings) -> int:
+    """The write producers' ``batch.size``: ``WRITE_BATCH_BYTES``, or less where the gap or the
+    progress topic admits less (librdkafka has one batch size for every topic it writes; a clean
+    topic is refused below ``record_limit(MAX_RECORD_SIZE)`` anyway). Topics kafka-diode
+    created take ``record_limit(MAX_RECORD_SIZE)``; one created elsewhere may keep the brokers'
+    1 MB, where the dedup keeps librdkafka's own batch size."""
+    topics = [settings.gap_topic, settings.progress_topic]
+    try:
+        configs = kafka.topic_configs(base_conf(settings), topics, KAFKA_TIMEOUT_S)
+    except KafkaClientError as exc:
+        log.warning("cannot read the configuration of %s (%s)", topics, exc)
+        return LIBRDKAFKA_BATCH_BYTES
+    return batch_bytes_within(configs, settings.max_record_size)
+
+
+def batch_bytes_within(configs: Mapping[str, Mapping[str, str]], max_record_size: int) -> int:
+    """The batch size every topic of ``configs`` (their ``describe_configs``) admits, at most
+    ``WRITE_BATCH_BYTES`` and ``record_limit(max_record_size)``; librdkafka's own where a
+    topic's limit is not readable."""
+    limits = [WRITE_BATCH_BYTES, record_limit(max_record_size)]
+    for config in configs.values():
+        value = config.get("max.message.bytes", "")
+        if not value.isdigit():
+            return LIBRDKAFKA_BATCH_BYTES
+        limits.append(int(value))
+    return min(limits)
 
 
 #: (bootstrap servers, clean topic, max_record_size) -> its window, per process: a Python worker

@@ -34,6 +34,13 @@ MARKER_PARTITION = 0
 #: batch: 32 clean partitions at 55k records/s cost it 2.5 CPU-s per 200k records at 20 ms, 1.1
 #: at 2 s (docs/benchmarks.md "Dedup").
 WRITE_LINGER_MS = 2_000
+#: The write producers' ``batch.size`` at most (bytes), unless KAFKA_CONF_BATCH_SIZE says otherwise;
+#: the driver lowers it to what the gap and progress topics admit (``WriterSettings``). A
+#: transactional librdkafka producer whose partitions' batches fill (1 MB by default) faster than
+#: the broker takes them keeps its broker thread busy polling: one transaction of 50 MB into 2
+#: partitions cost 204 CPU-ms with 1 MB batches and 52 with 8 MiB; one of 300 MB, 4 to 5 CPU-s per
+#: GB against 1.7 (bench/write_batch.py; docs/dedup-internals.md "A task's fixed cost").
+WRITE_BATCH_BYTES = 8 << 20
 #: Seconds a produce waits for room in a full local queue before it tries again.
 ROOM_WAIT_S = 0.05
 #: Seconds a read of the progress or state topic keeps trying, a new consumer each time, while
@@ -95,6 +102,7 @@ def writer_conf(
             "enable.idempotence": True,
             "linger.ms": conf.get("linger.ms", _write_linger_ms(conf)),
             "batch.num.messages": conf.get("batch.num.messages", 10_000),
+            "batch.size": conf.get("batch.size", settings.write_batch_bytes),
             "queue.buffering.max.messages": conf.get("queue.buffering.max.messages", 500_000),
             # bounds the payload in flight in a task (records stream in from the task's rows)
             "queue.buffering.max.kbytes": conf.get("queue.buffering.max.kbytes", 131_072),

@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 #: Seconds any one Kafka call of the writer may take (commits: four times this).
 KAFKA_TIMEOUT_S = 30.0
+#: librdkafka's own ``batch.size``: a batch every topic admits at the brokers' default limit.
+LIBRDKAFKA_BATCH_BYTES = 1_000_000
 #: librdkafka's ``transaction.timeout.ms`` when ``KAFKA_CONF_TRANSACTION_TIMEOUT_MS`` is unset.
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60_000
 
@@ -58,6 +60,9 @@ class WriterSettings:
     per raw partition."""
     raw_topics: tuple[str, ...] = ()
     """The topics the query reads, ``(*RAW_TOPICS, CONTROL_TOPIC)``: ``raw_topic`` indexes it."""
+    write_batch_bytes: int = LIBRDKAFKA_BATCH_BYTES
+    """The write producers' ``batch.size``: the driver sets what the gap and progress topics
+    admit, up to ``dedup.fence.WRITE_BATCH_BYTES`` (``dedup.clean_topics.write_batch_bytes``)."""
 
 
 @dataclass(frozen=True, kw_only=True)

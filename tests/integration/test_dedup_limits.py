@@ -12,19 +12,26 @@ the metric by the driver (tests/unit/test_dedup_account.py).
 3. A clean topic whose max.message.bytes is below what MAX_RECORD_SIZE needs stops the writer
    with an error naming the setting, in the task and at the driver's start-up; nothing is
    written.
+4. The write producers' batches fit the gap and progress topics they find: 8 MiB where the dedup
+   created them, the brokers' 1 MB where they were created without a limit, where a transaction
+   of 3 MB of gap records commits (and fails with 8 MiB batches).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import time
 
 import pytest
+from confluent_kafka import KafkaException
 
 from common.errors import ServiceError
 from common.topic_limits import record_limit
 from dedup.batch_driver import TaskSpec, TransactionalBatchWriter
+from dedup.clean_topics import create_dedup_topics, write_batch_bytes
+from dedup.fence import WRITE_BATCH_BYTES, init_producer
 from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER, PartitionWriter
 from dedup.writer_settings import WriterSettings
 from tests.integration.test_dedup_writer import (
@@ -204,3 +211,42 @@ def test_a_fixed_clean_topic_is_checked_by_the_driver_and_its_window_shipped_to_
     for i, ts in enumerate(stamps):
         replaced = dict(got[b"v%d" % i].headers).get(ORIGINAL_TIMESTAMP_HEADER)
         assert replaced == (b"%d" % ts if ts > now + HOUR else None)
+
+
+def test_the_write_batches_fit_the_gap_and_progress_topics_they_find(downstream_kafka) -> None:
+    """docs/dedup-internals.md "A task's fixed cost": librdkafka has one batch size for every
+    topic a producer writes, and the broker refuses a batch over a topic's max.message.bytes."""
+    tag = create_topic(downstream_kafka, partitions=1)  # a fresh name
+    ours = WriterSettings(
+        bootstrap_servers=downstream_kafka.bootstrap,
+        clean_topic=f"clean.{tag}",
+        gap_topic=f"gaps.{tag}",
+        progress_topic=f"progress.{tag}",
+        transactional_id=f"txn.{tag}",
+    )
+    create_dedup_topics(ours, [ours.gap_topic, ours.progress_topic], compact=True)
+    assert write_batch_bytes(ours) == WRITE_BATCH_BYTES
+    theirs = dataclasses.replace(ours, gap_topic=f"their-gaps.{tag}")
+    # created elsewhere on a broker with Kafka's default limit (this test broker's is larger)
+    kafka_default = {"cleanup.policy": "compact", "max.message.bytes": "1048588"}
+    create_topic(downstream_kafka, theirs.gap_topic, partitions=1, config=kafka_default)
+    found = write_batch_bytes(theirs)
+    assert found == 1_048_588
+    committed = {}
+    for batch_bytes in (found, WRITE_BATCH_BYTES):
+        producer = init_producer(
+            dataclasses.replace(theirs, write_batch_bytes=batch_bytes), f"txn.{tag}.{batch_bytes}"
+        )
+        producer.begin_transaction()
+        for i in range(3_000):  # 3 MB of gap-record-sized records in one partition
+            producer.produce(theirs.gap_topic, b"g" * 1_000, b"%d" % i, partition=0)
+            producer.poll(0)
+        try:
+            producer.commit_transaction(60)
+        except KafkaException:
+            committed[batch_bytes] = False
+            producer.abort_transaction(60)
+        else:
+            committed[batch_bytes] = True
+    assert committed == {found: True, WRITE_BATCH_BYTES: False}
+    assert len(consume_all(downstream_kafka, theirs.gap_topic, timeout=10)) == 3_000

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from common.topic_limits import created_topic_config
+from common.topic_limits import created_topic_config, record_limit
 from dedup import clean_topics
 from dedup.config import from_sources
 from dedup.runner import writer_settings
@@ -51,4 +51,8 @@ def test_created_topics_take_the_settings(
         ("progress", 1, replication),
     ]
     assert asked[0].config == created_topic_config(settings.max_record_size, any_timestamp=True)
-    assert asked[1].config == {"cleanup.policy": "compact"}
+    # the gap and progress topics admit the write producers' batches (dedup/fence.py)
+    assert asked[1].config == {
+        "cleanup.policy": "compact",
+        "max.message.bytes": str(record_limit(settings.max_record_size)),
+    }

@@ -1,12 +1,17 @@
-"""The write producers' defaults: their linger and their connections (dedup/fence.py, docs/dedup.md
-"The writer's linger", "A task's fixed cost")."""
+"""The write producers' defaults: their linger, their batches and their connections
+(dedup/fence.py, docs/dedup.md "The writer's linger", docs/dedup-internals.md "A task's fixed
+cost")."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
-from dedup.fence import WRITE_LINGER_MS, _write_linger_ms, writer_conf
-from dedup.writer_settings import WriterSettings
+from common.topic_limits import record_limit
+from dedup.clean_topics import batch_bytes_within
+from dedup.fence import WRITE_BATCH_BYTES, WRITE_LINGER_MS, _write_linger_ms, writer_conf
+from dedup.writer_settings import LIBRDKAFKA_BATCH_BYTES, WriterSettings
 
 
 def test_the_write_linger_is_long_unless_a_timeout_is_shorter() -> None:
@@ -45,3 +50,24 @@ def test_a_write_producer_connects_to_every_broker_at_once_unless_told_otherwise
     told = writer_conf(_settings(**{"enable.sparse.connections": "true", "linger.ms": "5"}), "t")
     assert told["enable.sparse.connections"] == "true"
     assert told["linger.ms"] == "5"
+
+
+def test_a_write_producer_batches_what_the_driver_found_unless_told_otherwise() -> None:
+    """docs/dedup-internals.md "A task's fixed cost": full 1 MB batches cost CPU per byte."""
+    assert writer_conf(_settings(), "t")["batch.size"] == LIBRDKAFKA_BATCH_BYTES
+    found = dataclasses.replace(_settings(), write_batch_bytes=WRITE_BATCH_BYTES)
+    assert writer_conf(found, "t")["batch.size"] == WRITE_BATCH_BYTES
+    told = dataclasses.replace(_settings(**{"batch.size": "65536"}), write_batch_bytes=1 << 23)
+    assert writer_conf(told, "t")["batch.size"] == "65536"
+
+
+def test_the_write_batch_is_what_every_written_topic_admits() -> None:
+    ours = {"max.message.bytes": str(record_limit(16 << 20))}
+    assert batch_bytes_within({"gaps": ours, "progress": ours}, 16 << 20) == WRITE_BATCH_BYTES
+    # a gap topic created with the brokers' default limit
+    theirs = {"max.message.bytes": "1048588"}
+    assert batch_bytes_within({"gaps": theirs, "progress": ours}, 16 << 20) == 1_048_588
+    # a link of small records: no batch larger than its clean topics must admit
+    assert batch_bytes_within({"gaps": ours}, 1 << 20) == record_limit(1 << 20)
+    # a limit that cannot be read: librdkafka's own
+    assert batch_bytes_within({"gaps": {}}, 16 << 20) == LIBRDKAFKA_BATCH_BYTES

@@ -37,9 +37,9 @@ WRITE_LINGER_MS = 2_000
 #: The write producers' ``batch.size`` at most (bytes), unless KAFKA_CONF_BATCH_SIZE says otherwise;
 #: the driver lowers it to what the gap and progress topics admit (``WriterSettings``). A
 #: transactional librdkafka producer whose partitions' batches fill (1 MB by default) faster than
-#: the broker takes them keeps its broker thread busy polling: one transaction of 50 MB into 2
-#: partitions cost 204 CPU-ms with 1 MB batches and 52 with 8 MiB; one of 300 MB, 4 to 5 CPU-s per
-#: GB against 1.7 (bench/write_batch.py; docs/dedup-internals.md "A task's fixed cost").
+#: the broker takes them keeps its broker thread busy polling: transactions of 50 MB into 2
+#: partitions cost 2.85 CPU-s per GB with 1 MB batches, 0.87 with 8 MiB (bench/write_batch.py,
+#: docs/benchmarks.md "Dedup"; docs/dedup-internals.md "A task's fixed cost").
 WRITE_BATCH_BYTES = 8 << 20
 #: Seconds a produce waits for room in a full local queue before it tries again.
 ROOM_WAIT_S = 0.05

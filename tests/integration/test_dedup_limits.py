@@ -223,6 +223,8 @@ def test_the_write_batches_fit_the_gap_and_progress_topics_they_find(downstream_
         gap_topic=f"gaps.{tag}",
         progress_topic=f"progress.{tag}",
         transactional_id=f"txn.{tag}",
+        # the batch leaves whole at the commit, however slowly a loaded host produces it
+        kafka_conf={"linger.ms": "30000"},
     )
     create_dedup_topics(ours, [ours.gap_topic, ours.progress_topic], compact=True)
     assert write_batch_bytes(ours) == WRITE_BATCH_BYTES

@@ -72,7 +72,7 @@ def one_round(bootstrap: str, batch_bytes: int, args: argparse.Namespace) -> dic
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--mb", type=float, default=50.0, help="MB per transaction")
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--transactions", type=int, default=4)

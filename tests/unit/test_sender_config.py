@@ -10,7 +10,13 @@ from common.errors import ConfigError
 from common.wire import Key, KeyRing
 from runtime import key_files
 from sender import cli
-from sender.config import ENV_PREFIX, SenderConfig, load_keyring
+from sender.config import (
+    ENV_PREFIX,
+    FETCH_QUEUE_BACKOFF_MS,
+    FETCH_QUEUE_KBYTES,
+    SenderConfig,
+    load_keyring,
+)
 
 BASE = {
     "bootstrap_servers": "127.0.0.1:9092",
@@ -42,6 +48,17 @@ def test_layers_file_env_flags() -> None:
     assert cfg.kafka == {"security.protocol": "SSL"}
     assert cfg.consumer_properties()["security.protocol"] == "SSL"
     assert cfg.consumer_properties()["enable.auto.commit"] is False
+
+
+def test_a_full_prefetch_queue_is_fetched_again_soon() -> None:
+    # librdkafka's default backoff (1 s) outlasts the bounded queue drained unpaced: a backlog
+    # idled half of each second (bench/sender_fetch.py). The operator's ``kafka`` table wins.
+    props = make().consumer_properties()
+    assert props["fetch.queue.backoff.ms"] == FETCH_QUEUE_BACKOFF_MS <= 50
+    assert props["queued.max.messages.kbytes"] == FETCH_QUEUE_KBYTES
+    mine = make(kafka={"fetch.queue.backoff.ms": "200", "queued.max.messages.kbytes": "4096"})
+    assert mine.consumer_properties()["fetch.queue.backoff.ms"] == "200"
+    assert mine.consumer_properties()["queued.max.messages.kbytes"] == "4096"
 
 
 @pytest.mark.parametrize(

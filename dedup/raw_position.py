@@ -26,6 +26,7 @@ from typing import Any
 
 from common.metrics import CollectorRegistry, Counter, Gauge
 from common.topic_limits import record_limit
+from runtime.kafka import FETCH_QUEUE_BACKOFF_MS
 
 log = logging.getLogger(__name__)
 
@@ -306,6 +307,7 @@ def consumer_conf(
         # consumer is unassigned between batches, so this never becomes idle polling.
         "fetch.wait.max.ms": 10,
         "queued.max.messages.kbytes": 32_768,
+        "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
     }
     needed = record_limit(max_record_size)
     if needed > _FETCH_MAX_BYTES:

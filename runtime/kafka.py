@@ -44,6 +44,12 @@ log = logging.getLogger(__name__)
 #: The configuration key a refused client property is reported under (operators set client
 #: properties through each command's ``kafka`` table or ``*KAFKA_CONF_*`` variables).
 CLIENT_CONF_KEY = "kafka"
+#: ``fetch.queue.backoff.ms`` of the consumers that bound their prefetch queue (the sender's,
+#: the dedup's raw readers): a partition whose queue is full fetches again this long after.
+#: librdkafka's default, 1 s, outlasts such a queue drained at full speed, and the reader
+#: waited out the rest (docs/benchmarks.md, "Sender"). Where the reader is slower than the
+#: broker (a paced sender) the queue stays full and this is one timer check per partition.
+FETCH_QUEUE_BACKOFF_MS = 10
 _C = TypeVar("_C")
 
 

@@ -22,6 +22,7 @@ from common.raw_topic import MAX_CHAINS
 from common.wire.announce import AnnounceConfig
 from common.wire.config import DEFAULT_DATAGRAM_SIZE, WireConfig
 from common.wire.fec import FecConfig, FecEncoder
+from runtime.kafka import FETCH_QUEUE_BACKOFF_MS
 from sender.filter_rules import Rule, parse_rule
 from sender.pacing import PacingConfig
 from sender.transport import parse_address
@@ -44,11 +45,6 @@ _RESERVED_KAFKA = {
 
 #: librdkafka's prefetch queue, in KiB (``queued.max.messages.kbytes``; ``kafka`` overrides).
 FETCH_QUEUE_KBYTES = 16384
-#: How long a partition whose prefetch queue is full waits before fetching again, in ms
-#: (``fetch.queue.backoff.ms``; librdkafka's default is 1000; ``kafka`` overrides). Paced, the
-#: queue stays full and this is a timer check per partition; unpaced, the queue empties in a
-#: fraction of this librdkafka default and the link waited out the rest.
-FETCH_QUEUE_BACKOFF_MS = 10
 
 #: Kafka topic names: at most 249 characters of ``[a-zA-Z0-9._-]`` (Kafka's own rule).
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
@@ -551,9 +547,6 @@ class SenderConfig:
             "auto.offset.reset": "latest" if self.start_position == "latest" else "earliest",
             # Bounded prefetch: librdkafka's own queue is part of the sender's memory bound.
             "queued.max.messages.kbytes": FETCH_QUEUE_KBYTES,
-            # A full queue postpones a partition's next fetch by this long; librdkafka's 1 s
-            # outlasts the 16 MiB queue drained unpaced, and a backlog of 10 KB records idled
-            # half of each second (docs/sender.md, "Backpressure and memory").
             "fetch.queue.backoff.ms": FETCH_QUEUE_BACKOFF_MS,
             "client.id": f"kafka-diode-sender-{self.sender_id}",
             "reconnect.backoff.max.ms": int(self.retry_backoff_max * 1000),

@@ -27,6 +27,7 @@ from dedup.raw_ranges import (
     starting_offsets,
     task_groups,
 )
+from runtime.kafka import FETCH_QUEUE_BACKOFF_MS
 
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
 
@@ -223,3 +224,15 @@ def test_the_options_survive_the_trip_to_spark_as_text() -> None:
     assert all(isinstance(v, str) for v in got.values())
     assert json.loads(got["admin"])["security.protocol"] == "SASL_SSL"
     assert json.loads(got["conf"])["security.protocol"] == "SASL_SSL"
+
+
+def test_a_reader_whose_prefetch_queue_filled_fetches_again_soon() -> None:
+    # librdkafka's default (1 s) outlasted a task's queue drained at full speed: the task then
+    # waited, a third of a 10 KB backlog's time (docs/dedup-internals.md); KAFKA_CONF_* wins.
+    def conf(env: dict[str, str]) -> dict[str, object]:
+        config = from_sources({**BASE, **env})
+        base = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
+        return consumer_conf(base, config.kafka_source, group_id=READER_GROUP)
+
+    assert conf({})["fetch.queue.backoff.ms"] == FETCH_QUEUE_BACKOFF_MS <= 50
+    assert conf({"KAFKA_CONF_FETCH_QUEUE_BACKOFF_MS": "300"})["fetch.queue.backoff.ms"] == "300"

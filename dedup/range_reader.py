@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, Message, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from common.errors import ServiceError
 from runtime import kafka
@@ -57,6 +57,9 @@ CONSUME_WAIT_S: Final = 0.1
 STALL_S: Final = 120.0
 #: Consumers a Python worker keeps (one per configuration; a dedup has one).
 MAX_KEPT: Final = 4
+#: Seconds before a range asks again after its partition's log start could not be read (a
+#: leader being replaced), as the fence's reads wait between tries.
+RETRY_PAUSE_S: Final = 1.0
 
 _HEADERS_TYPE: Final = RAW_SCHEMA.field("headers").type
 
@@ -166,9 +169,20 @@ def _on_error(
             raise ServiceError(f"raw partition {topic}:{partition}: {error.str()}")
         log.warning("raw partition %s:%d: %s (retrying)", topic, partition, error.str())
         return at
-    low, _high = consumer.get_watermark_offsets(
-        TopicPartition(topic, partition), timeout=30, cached=False
-    )
+    try:
+        low, _high = consumer.get_watermark_offsets(
+            TopicPartition(topic, partition), timeout=30, cached=False
+        )
+    except KafkaException as exc:
+        failure = kafka.error(exc, f"the log start of raw partition {topic}:{partition}")
+        if not failure.retriable:
+            raise failure from exc
+        # A leader being replaced (its handle destroyed, a timeout): fetch again from the same
+        # offset a little later; the new leader serves it or reports the offset error again.
+        log.warning("%s (retrying)", failure)
+        time.sleep(RETRY_PAUSE_S)
+        consumer.assign([TopicPartition(topic, partition, at)])
+        return at
     if low <= at:
         raise ServiceError(f"raw partition {topic}:{partition}: offset {at}: {error.str()}")
     message = (

@@ -28,7 +28,6 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from common.errors import ServiceError
-from dedup.fence import READ_PAUSE_S
 from runtime import kafka
 
 log = logging.getLogger(__name__)
@@ -58,6 +57,10 @@ CONSUME_WAIT_S: Final = 0.1
 STALL_S: Final = 120.0
 #: Consumers a Python worker keeps (one per configuration; a dedup has one).
 MAX_KEPT: Final = 4
+#: Seconds before a range asks again after its partition's log start could not be read (a
+#: leader being replaced). ``dedup.fence.READ_PAUSE_S``'s value: fence imports the writer
+#: settings, which import this module.
+RETRY_PAUSE_S: Final = 1.0
 
 _HEADERS_TYPE: Final = RAW_SCHEMA.field("headers").type
 
@@ -178,7 +181,7 @@ def _on_error(
         # A leader being replaced (its handle destroyed, a timeout): fetch again from the same
         # offset a little later; the new leader serves it or reports the offset error again.
         log.warning("%s (retrying)", failure)
-        time.sleep(READ_PAUSE_S)  # as the fence's reads wait between tries
+        time.sleep(RETRY_PAUSE_S)
         consumer.assign([TopicPartition(topic, partition, at)])
         return at
     if low <= at:

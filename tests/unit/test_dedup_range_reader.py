@@ -133,7 +133,7 @@ def test_a_range_reads_on_when_its_leader_is_replaced(monkeypatch: pytest.Monkey
     # the log-start query failed with _DESTROY_BROKER; that failed the task and the query.
     fake = FailingOverConsumer(log_end=40, failure=KafkaError._DESTROY_BROKER)
     monkeypatch.setattr(range_reader, "_consumer", lambda conf: fake)
-    monkeypatch.setattr(range_reader, "READ_PAUSE_S", 0.0)
+    monkeypatch.setattr(range_reader, "RETRY_PAUSE_S", 0.0)
     batches = list(read_range(RangeReading(), "raw", 0, 10, 40, max_batch_bytes=1000))
     assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(10, 40))
     assert fake.watermark_calls == 1

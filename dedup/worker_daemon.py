@@ -20,6 +20,9 @@ registers its own fork handlers (and our workers allocate through glibc,
 
 A preload that fails (a module missing on an executor) is reported on stderr and the daemon runs
 as PySpark's would: the workers import what they need themselves.
+
+The daemon also makes the directory its workers share the direct layout's committed state
+records through (``dedup/state_reader.py``), private to this user, and removes it when it exits.
 """
 
 from __future__ import annotations
@@ -27,8 +30,11 @@ from __future__ import annotations
 import gc
 import importlib
 import os
+import shutil
 import sys
+import tempfile
 import traceback
+from pathlib import Path
 
 from pyspark import daemon
 
@@ -68,9 +74,33 @@ def preload() -> bool:
     return True
 
 
+def share_state() -> Path | None:
+    """Make the directory the workers share committed state records through; None if it cannot
+    be made (each worker then keeps its own, as PySpark's daemon's workers do)."""
+    try:
+        from dedup import state_reader  # noqa: PLC0415  a failed preload may mean it fails too
+
+        shared = Path(tempfile.mkdtemp(prefix="kafka-diode-state-"))  # mode 0700
+    except Exception:  # noqa: BLE001  any failure here only costs the sharing, never a task
+        print(
+            "kafka-diode worker daemon: no shared state directory:\n" + traceback.format_exc(),
+            file=sys.stderr,
+        )
+        return None
+    state_reader.share(shared)
+    return shared
+
+
 def main() -> None:
     preload()
-    daemon.manager()
+    shared = share_state()
+    owner = os.getpid()
+    try:
+        daemon.manager()
+    finally:
+        if shared is not None and os.getpid() == owner:
+            # a forked worker leaves with os._exit, never through here
+            shutil.rmtree(shared, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ What one raw partition's task can go through (docs/dedup.md "The direct layout")
    has its own record and fence.
 4. A Python worker keeps the state record it committed (``dedup/state_reader.py``) and uses it
    only while the state partition has not moved since: a worker whose raw partition another
-   worker ran meanwhile reads the newer record.
+   worker ran meanwhile reads the newer record, or finds it in the file the other worker left
+   in their daemon's shared directory.
 5. A long task commits its batch in parts and dies after one: the next attempt goes on after
    the part, and reads none of what the part covered again.
 """
@@ -226,6 +227,42 @@ def test_a_worker_reads_the_state_another_worker_committed_since_its_own(
     assert third.run([runs(raw, 0, [(0, 0, 24)])], lambda _: None).records == 5
     assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(25)})
     state = read_state(settings, key, 0)
+    assert state is not None
+    assert state.batch_id == 2
+
+
+def test_a_worker_finds_the_state_another_worker_committed_in_their_shared_directory(
+    downstream_kafka, monkeypatch, tmp_path
+) -> None:
+    bootstrap = downstream_kafka.bootstrap
+    settings, query, raw = setup(bootstrap)
+    monkeypatch.setattr(state_reader, "shared_dir", None)
+    state_reader.share(tmp_path)
+    # worker A commits batch 0
+    first = DirectTransaction(spec(settings, query, 0), raw, 0)
+    assert first.run([runs(raw, 0, [(0, 0, 9)])], lambda _: None).records == 10
+    worker_a = dict(state_reader._kept)
+
+    def no_scan(*_args: object) -> list[bytes]:
+        raise AssertionError("the state partition was read although a worker shared its record")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(state_reader, "scan_back", no_scan)
+        # worker B, which keeps nothing of its own, runs batch 1 from A's shared record
+        state_reader._kept.clear()
+        second = DirectTransaction(spec(settings, query, 1), raw, 0)
+        assert second.run([runs(raw, 0, [(0, 5, 14)])], lambda _: None).records == 5
+        # worker A runs batch 2: its own record is stale, B's shared one is not
+        state_reader._kept.clear()
+        state_reader._kept.update(worker_a)
+        third = DirectTransaction(spec(settings, query, 2), raw, 0)
+        assert third.run([runs(raw, 0, [(0, 10, 19)])], lambda _: None).records == 5
+    assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(20)})
+    # a failed task's worker forgets the place, for every worker: the next one reads Kafka
+    state_reader.forget(settings, state_key(query, raw, 0), 0)
+    assert list(tmp_path.iterdir()) == []
+    state_reader._kept.clear()
+    state = read_state(settings, state_key(query, raw, 0), 0)
     assert state is not None
     assert state.batch_id == 2
 

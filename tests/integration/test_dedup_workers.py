@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 
 import pyarrow as pa
@@ -23,6 +24,7 @@ from dedup.config import from_sources
 from dedup.detect import DetectParams
 from dedup.layouts import buckets as buckets_layout
 from dedup.layouts import direct as direct_layout
+from tests.kafka_helpers import wait_until
 
 pytestmark = [pytest.mark.spark]
 
@@ -40,7 +42,7 @@ def report(params: DetectParams, batches: Iterator[pa.RecordBatch]) -> Iterator[
     import gc  # noqa: PLC0415
     import os  # noqa: PLC0415
 
-    from dedup import worker_daemon  # noqa: PLC0415
+    from dedup import state_reader, worker_daemon  # noqa: PLC0415
 
     for _ in batches:
         pass
@@ -53,6 +55,10 @@ def report(params: DetectParams, batches: Iterator[pa.RecordBatch]) -> Iterator[
             "frozen": [gc.get_freeze_count()],
             "preloaded_by": [worker_daemon.preloaded_by or 0],
             "parent": [os.getppid()],
+            "shared": [str(state_reader.shared_dir or "")],
+            "shared_mode": [
+                state_reader.shared_dir.stat().st_mode & 0o777 if state_reader.shared_dir else 0
+            ],
         }
     )
 
@@ -73,7 +79,7 @@ def test_the_python_workers_run_with_the_dedups_allocator_and_a_frozen_heap(tmp_
             .mapInArrow(
                 functools.partial(report, PARAMS),
                 "window_size long, pool string, mmap_threshold string, trim_threshold string, "
-                "frozen long, preloaded_by long, parent long",
+                "frozen long, preloaded_by long, parent long, shared string, shared_mode long",
             )
             .collect()
         )
@@ -90,6 +96,12 @@ def test_the_python_workers_run_with_the_dedups_allocator_and_a_frozen_heap(tmp_
         # the worker was forked by our daemon after it had imported the workers' code: the module
         # came with the fork (a worker importing it itself would see no preload, 0 here)
         assert row.preloaded_by == row.parent
+        # the daemon made the directory its workers share state records through, private
+        assert row.shared.startswith(tempfile.gettempdir())
+        assert row.shared_mode == 0o700
+    assert len({row.shared for row in rows}) == 1
+    # removed by the daemon as it stops, which spark.stop() asks without waiting for it
+    wait_until(lambda: not os.path.exists(rows[0].shared), message="the shared directory gone")
 
 
 GC_PROBE = """

@@ -19,14 +19,12 @@ partition is read as before. A worker keeps the record's bytes, decoded per task
 changes its detectors and then aborts leaves nothing stale behind.
 
 Spark hands a batch's tasks to whichever workers are idle, so a transaction group seldom comes
-back to the worker that ran its last batch: live at 10 MB/s with 8 raw partitions on
-``local[2]`` (four workers), 1,412 of 1,464 state reads found their own worker's record stale
-and read the partition (~12 ms on the task's critical path and ~0.5 CPU-ms in the worker each).
-The shared file holds the same fact, "with the partition ending at ``end``, the last committed
-record with this key is this value", written by whichever worker committed it, so it needs the
-same check and no more: the partition's last stable offset equal to ``end``. Offsets are never
-reused, so a file can be old, never wrong; one that cannot be read, or whose checksum fails, is
-dropped and the partition is read.
+back to the worker that ran its last batch, and most reads missed (docs/dedup-internals.md "A
+task's fixed cost" has the count). The shared file holds the same fact, "with the partition
+ending at ``end``, the last committed record with this key is this value", written by whichever
+worker committed it, so it needs the same check and no more: the partition's last stable offset
+equal to ``end``. Offsets are never reused, so a file can be old, never wrong; one that cannot
+be read, or whose checksum fails, is dropped and the partition is read.
 
 A kept consumer may know a partition leader that has gone since (a broker killed or rolled):
 it refreshes its metadata first and gets ``KEPT_TIMEOUT_S``; if it fails, a new consumer reads

@@ -77,6 +77,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="stop after this many seconds with nothing left to read, not mid-batch (tests, demo)",
     )
     run.add_argument(
+        "--until-settled",
+        action="store_true",
+        help="stop once a batch finds nothing left to read and every gap is reported, not "
+        "mid-batch (tests, a one-off run after a resend)",
+    )
+    run.add_argument(
         "--max-batches", type=int, metavar="N", help="stop after N micro-batches (tests, demo)"
     )
     run.add_argument(
@@ -135,7 +141,12 @@ def main(argv: Sequence[str], prog: str = "kafka-diode dedup") -> int:
         print(json.dumps(settings.describe(config), indent=2))
         return EXIT_OK
     try:
-        return run(config, until_idle=args.until_idle, max_batches=args.max_batches)
+        return run(
+            config,
+            until_idle=args.until_idle,
+            until_settled=args.until_settled,
+            max_batches=args.max_batches,
+        )
     except ConfigError as exc:  # found at start against the host (dedup/memory_limit.py)
         log.error("configuration error: %s", exc)  # noqa: TRY400  the message is the diagnosis
         return EXIT_CONFIG

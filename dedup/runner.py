@@ -2,7 +2,7 @@
 
 Guarantees: the query runs until SIGTERM/Ctrl+C (graceful: the running micro-batch is allowed to
 finish, then the query stops; a second signal stops at once — still safe, the batch is replayed
-from the checkpoint and fenced), ``--until-idle`` or ``--max-batches``.
+from the checkpoint and fenced), ``--until-idle``, ``--until-settled`` or ``--max-batches``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,11 @@ _Q = TypeVar("_Q")
 
 
 def run(
-    config: DedupConfig, *, until_idle: float | None = None, max_batches: int | None = None
+    config: DedupConfig,
+    *,
+    until_idle: float | None = None,
+    until_settled: bool = False,
+    max_batches: int | None = None,
 ) -> int:
     """Start Spark and the query, and block until it stops; returns the exit code."""
     from dedup import job  # noqa: PLC0415  imports pyspark
@@ -91,6 +95,7 @@ def run(
                 metrics,
                 stop,
                 until_idle=until_idle,
+                until_settled=until_settled,
                 max_batches=max_batches,
                 raw=raw,
                 ticker=ticker,
@@ -224,6 +229,7 @@ def drive(
     stop: threading.Event,
     *,
     until_idle: float | None = None,
+    until_settled: bool = False,
     max_batches: int | None = None,
     raw: RawPositionMetrics | None = None,
     ticker: IdleTicker | None = None,
@@ -270,6 +276,11 @@ def drive(
                 )
             if until_idle is not None and writer.batches_seen and idle >= until_idle:
                 log.info("no input for %.1f s: stopping", until_idle)
+                stop.set()
+            if until_settled and not behind and writer.settled and not writer.in_batch:
+                # a batch found nothing to read and left no gap pending: every gap is reported
+                # and nothing changes until input comes (dedup/idle_tick.py)
+                log.info("nothing left to read and every gap reported: stopping")
                 stop.set()
             if max_batches is not None and writer.batches_seen >= max_batches:
                 log.info("%d micro-batches done: stopping", writer.batches_seen)

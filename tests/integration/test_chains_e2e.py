@@ -141,7 +141,7 @@ def test_two_share_chains_carry_half_each_and_the_dedup_merges_them_without_gaps
 
     env = job_env(downstream_kafka.bootstrap, raws[0], tmp_path, raws[0])
     env["RAW_TOPICS"] = ",".join(raws)
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
     crossed = len(share[0]) + len(share[1])
     clean = consume_all(downstream_kafka, f"clean.{raws[0]}.{source}", expected_count=crossed)
     want = [r.value for r in records] + [
@@ -207,7 +207,7 @@ def test_copy_chains_deliver_everything_although_one_link_loses_a_fifth(
 
     env = job_env(down, raws[0], tmp_path, raws[0])
     env["RAW_TOPICS"] = ",".join(raws)
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
     clean = consume_all(downstream_kafka, f"clean.{raws[0]}.{source}", expected_count=600)
     assert sorted(r.value for r in clean) == sorted(r.value for r in records)
     gaps = consume_all(downstream_kafka, f"gaps.{raws[0]}", timeout=10)
@@ -312,7 +312,7 @@ def test_two_chains_into_one_raw_topic_run_on_the_direct_layout_exactly_once(
         assert len(positions) < sum(copies.values()) < 2 * len(positions)  # chain 1 lost some
 
     env = job_env(down, raw, tmp_path, raw)  # STATE_LAYOUT unset: auto
-    dedup = run_dedup(env, "--until-idle", "8")
+    dedup = run_dedup(env, "--until-settled")
     finish(dedup)
     layout_file = Path(env["STATE_DIR_CONFIG"]) / "kafka-diode-state-layout.json"
     # two raw partitions on two cores: each commits alone

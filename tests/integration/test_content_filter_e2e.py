@@ -139,7 +139,7 @@ def test_filtered_records_never_cross_never_become_gaps_and_rules_reload_live(
     assert "content filter: a rule failed or ran over 5 ms" in text  # fail closed, logged
 
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
     clean = consume_all(downstream_kafka, f"clean.{raw}.{source}", expected_count=len(allowed))
     assert len(clean) == len(allowed)
     assert all(b"secret" not in (r.value or b"") for r in clean)

@@ -114,6 +114,9 @@ def job_env(bootstrap: str, raw: str, tmp_path: Path, tag: str) -> dict[str, str
         "GAP_TOPIC": f"gaps.{tag}",
         "PROGRESS_TOPIC": f"progress.{tag}",
         "CONTROL_TOPIC": f"control.{tag}",
+        # its own: the default one is made with the first direct checkpoint's raw partition
+        # count, and a raw topic of another count refuses it (tests in any order)
+        "STATE_TOPIC": f"state.{tag}",
         "GAP_EMIT_INTERVAL_SEC": "1",
         "PERSIST_INTERVAL_MS": "500",
         "NEW_TOPIC_PARTITIONS": "3",
@@ -220,7 +223,7 @@ def test_clean_and_gap_topics_are_exact(
     died = tmp_path / "died"
     if layout == "direct":
         env[FAULT_ENV] = f"task-before-commit:*:1:{died}"  # group 1: raw partition 1
-    finish(run_dedup(env, "--until-idle", "8" if batching == "every trigger" else "16"))
+    finish(run_dedup(env, "--until-settled"))
     assert died.exists() == (layout == "direct")
 
     clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
@@ -353,7 +356,7 @@ def test_sigkill_and_restart_neither_duplicates_nor_loses(
     if layout == "direct":
         assert all((log / f".{first_batches[log]}.crc").is_file() for log in logs)
 
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
     # the direct layout keeps no Spark state at all (its detectors are in the state topic)
     assert bool(list(state_dir.rglob("*.changelog"))) == (layout != "direct")
     if layout == "direct":
@@ -413,7 +416,7 @@ def test_a_raw_topic_with_v1_records_then_v2_runs_is_carried_exactly_once(
     produce_records(downstream_kafka, raw, records)
     create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=3)
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": layout}
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
 
     clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
     seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
@@ -450,7 +453,7 @@ def test_a_reset_in_the_direct_layout_clears_its_source_partitions_state(
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": "direct"}
     create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=3)
     produce_records(downstream_kafka, raw, [run_record(p, 0, 49) for p in (0, 1)])
-    finish(run_dedup(env, "--until-idle", "5"))
+    finish(run_dedup(env, "--until-settled"))
     done = subprocess.run(
         [sys.executable, "-m", "kafka_diode", "dedup", "reset", "--topic", SOURCE,
          "--partition", "1", "--yes"],
@@ -459,7 +462,7 @@ def test_a_reset_in_the_direct_layout_clears_its_source_partitions_state(
     assert done.returncode == 0, done.stderr
     assert f"via {raw} partition 1" in done.stderr
     produce_records(downstream_kafka, raw, [run_record(p, 0, 9) for p in (0, 1)])
-    finish(run_dedup(env, "--until-idle", "5"))
+    finish(run_dedup(env, "--until-settled"))
 
     clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
     counts = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
@@ -488,7 +491,7 @@ def test_a_direct_checkpoint_reads_on_with_either_reader(
         produce_records(downstream_kafka, raw, [run_record(p, max(0, first - 10), last)
                                                 for p in range(3)])  # fmt: skip
         expected |= {(p, o) for p in range(3) for o in range(last + 1)}
-        proc = run_dedup(env | {"DIRECT_READER": reader}, "--until-idle", "6")
+        proc = run_dedup(env | {"DIRECT_READER": reader}, "--until-settled")
         finish(proc)
         log = proc.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
         assert ("each task with librdkafka" if reader == "librdkafka" else "Spark's source") in log

@@ -212,7 +212,7 @@ def test_sigkill_and_restart_on_a_standalone_cluster_keep_the_promise(
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert before < 3 * PER_PARTITION - 4, "the kill came too late to test anything"
 
-    finish(run_dedup(env, "--until-idle", "10"))
+    finish(run_dedup(env, "--until-settled"))
     assert_the_promise(downstream_kafka, raw)
 
 

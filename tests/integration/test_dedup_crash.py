@@ -64,7 +64,7 @@ def test_driver_killed_between_the_kafka_commits_and_sparks_commit_log(
     before = len(consume_all(downstream_kafka, clean_topic, timeout=10))
     assert 0 < before < 3 * PER_PARTITION, "batch 2 must be committed, later ones not"
 
-    restarted = run_dedup(env, "--until-idle", "6")
+    restarted = run_dedup(env, "--until-settled")
     finish(restarted)
     log = restarted.log_path.read_text()  # type: ignore[attr-defined]
     assert re.search(r"batch 2: partitions \[.*\] already committed", log), log[-3000:]
@@ -84,7 +84,7 @@ def test_retried_tasks_after_a_worker_died_before_and_after_its_commit(
     env = {**job_env(downstream_kafka.bootstrap, raw, tmp_path, raw),
            "MAX_OFFSETS_PER_TRIGGER": "100", "PERSIST_INTERVAL_MS": "0",
            "SPARK_MASTER": "local[2,3]", FAULT_ENV: faults, "STATE_LAYOUT": layout}  # fmt: skip
-    run = run_dedup(env, "--until-idle", "6")
+    run = run_dedup(env, "--until-settled")
     finish(run)
     assert (tmp_path / "before").exists()
     assert (tmp_path / "after").exists()

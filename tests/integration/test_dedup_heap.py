@@ -85,10 +85,7 @@ def test_a_backlog_of_1kb_records_passes_the_default_heap(
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
     # the defaults under test: no MAX_OFFSETS_PER_TRIGGER, no heap setting; windows for 200k
     env |= {"WINDOW_SIZE": "65536", "MAX_WINDOWS": "16", "PERSIST_INTERVAL_MS": "1000"}
-    # its own state topic: the session's broker may hold the default one, made for fewer raw
-    # partitions by another test's dedup (the direct layout needs one per raw partition)
-    env["STATE_TOPIC"] = f"state.{raw}"
-    finish(run_dedup(env, "--until-idle", "10"), timeout=900)
+    finish(run_dedup(env, "--until-settled"), timeout=900)
 
     total = PARTITIONS * RECORDS_PER_PARTITION
     clean = consume_all(downstream_kafka, clean_topic, expected_count=total, timeout=300)
@@ -131,11 +128,8 @@ def test_a_backlog_of_records_up_to_max_record_size_passes_the_default_heap(
         produce_records(downstream_kafka, raw, large_runs(partition), timeout=300, config=big)
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
     env |= {"WINDOW_SIZE": "65536", "MAX_WINDOWS": "16", "PERSIST_INTERVAL_MS": "1000"}
-    # its own state topic: the session's broker may hold the default one, made for fewer raw
-    # partitions by another test's dedup (the direct layout needs one per raw partition)
-    env["STATE_TOPIC"] = f"state.{raw}"
     env["DIRECT_READER"] = reader
-    proc = run_dedup(env, "--until-idle", "10")
+    proc = run_dedup(env, "--until-settled")
     finish(proc, timeout=900)
     heap = driver_heap_mib(512, from_sources(env), raw_partitions=PARTITIONS)
     assert heap > 512 if reader == "spark" else heap == 512
@@ -189,10 +183,7 @@ def test_a_compressed_backlog_of_compressible_records_passes_the_default_heap(
         )
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)
     env |= {"WINDOW_SIZE": "65536", "MAX_WINDOWS": "16", "PERSIST_INTERVAL_MS": "1000"}
-    # its own state topic: the session's broker may hold the default one, made for fewer raw
-    # partitions by another test's dedup (the direct layout needs one per raw partition)
-    env["STATE_TOPIC"] = f"state.{raw}"
-    finish(run_dedup(env, "--until-idle", "10"), timeout=900)
+    finish(run_dedup(env, "--until-settled"), timeout=900)
 
     total = COMPRESSIBLE_PARTITIONS * COMPRESSIBLE_RUNS * 6
     clean = consume_all(

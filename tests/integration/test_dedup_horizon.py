@@ -34,17 +34,16 @@ def test_resends_past_the_windows_are_delivered_or_reported_expired_never_silent
     clean_topic = f"clean.{tag}.{SOURCE}"
     create_topic(downstream_kafka, clean_topic, partitions=3)
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | HORIZON
-    env["STATE_TOPIC"] = f"state.{raw}"
     edges = [-1, *(o for gap in LOST for o in gap), END]
     arrived = [run_record(0, edges[i] + 1, edges[i + 1] - 1) for i in range(0, len(edges), 2)]
     produce_records(downstream_kafka, raw, arrived)
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
 
     # late: the remembered gap 30..39 resent, the forgotten 10..19 resent, a copy of 100..109
     produce_records(downstream_kafka, raw, [
         run_record(0, 30, 39), run_record(0, 10, 19), run_record(0, 100, 109),
     ])  # fmt: skip
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
 
     clean = consume_all(downstream_kafka, clean_topic, timeout=30)
     seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)

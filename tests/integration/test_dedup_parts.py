@@ -65,7 +65,7 @@ def test_a_task_that_died_after_a_part_of_a_long_batch_is_resumed_exactly_once(
     env |= {"STATE_LAYOUT": "direct", "STATE_TOPIC": f"state.{raw}", "SPARK_MASTER": "local[2,3]",
             "KAFKA_CONF_TRANSACTION_TIMEOUT_MS": "3000", "PERSIST_INTERVAL_MS": "1000"}  # fmt: skip
     once = tmp_path / "after-part"
-    run = run_dedup({**env, FAULT_ENV: f"task-after-part:*:0:{once}"}, "--until-idle", "6")
+    run = run_dedup({**env, FAULT_ENV: f"task-after-part:*:0:{once}"}, "--until-settled")
     finish(run)
     assert once.exists(), "no part was committed"
     log = run.log_path.read_text()  # type: ignore[attr-defined]

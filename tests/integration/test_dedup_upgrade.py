@@ -76,6 +76,8 @@ def release_env(tree: Path, env: dict[str, str]) -> dict[str, str]:
     """``env`` for a process of the release in ``tree`` (run with ``cwd=tree``): its own
     package first on the path (the working directory, for ``-m``, then PYTHONPATH); checked."""
     env = {**env, "PYTHONPATH": str(tree)}
+    if "state_topic" not in (tree / "dedup" / "config.py").read_text():
+        env.pop("STATE_TOPIC", None)  # a release before the state topic
     where = subprocess.run([sys.executable, "-c", "import dedup, sender; print(sender.__file__)"],
                            env={**os.environ, **env}, cwd=tree, capture_output=True, text=True,
                            check=True)  # fmt: skip
@@ -131,7 +133,7 @@ def test_the_previous_release_checkpoint_is_continued_exactly_once(
         run_record(0, 140, 199), run_record(0, 140, 199), run_record(0, 95, 125),
         run_record(1, 50, 80), run_record(2, 30, 40), *v1(2, range(41, 45)),
     ])  # fmt: skip
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
 
     clean = consume_all(downstream_kafka, clean_topic, timeout=30)
     seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
@@ -181,7 +183,7 @@ def test_a_partitions_checkpoint_is_refused_and_the_upgrade_step_continues_it_on
     assert len(consume_all(downstream_kafka, clean_topic, timeout=30)) == 240
 
     # this tree refuses it, and names the step with this checkpoint's offsets
-    refused = run_dedup(env, "--until-idle", "8")
+    refused = run_dedup(env, "--until-settled")
     refused.wait(timeout=400)
     log = refused.log_path.read_text(errors="replace")  # type: ignore[attr-defined]
     assert refused.returncode != 0
@@ -197,7 +199,7 @@ def test_a_partitions_checkpoint_is_refused_and_the_upgrade_step_continues_it_on
     ])  # fmt: skip
     new = {**env, "STATE_DIR_CONFIG": str(tmp_path / "checkpoint-new"),
            "KAFKA_SOURCE_STARTINGOFFSETS": json.dumps(offsets)}  # fmt: skip
-    finish(run_dedup(new, "--until-idle", "8"))
+    finish(run_dedup(new, "--until-settled"))
     assert json.loads((tmp_path / "checkpoint-new" / LAYOUT_FILE).read_text())["layout"] == "direct"
 
     clean = consume_all(downstream_kafka, clean_topic, timeout=30)
@@ -225,9 +227,8 @@ def test_a_new_checkpoint_from_the_old_ones_last_offsets_repeats_and_loses_nothi
     clean_topic = f"clean.{tag}.{SOURCE}"
     create_topic(downstream_kafka, clean_topic, partitions=3)
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
-    env["STATE_TOPIC"] = f"state.{raw}"
     produce_records(downstream_kafka, raw, [run_record(p, 0, 99) for p in range(3)])
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
     assert len(consume_all(downstream_kafka, clean_topic, timeout=30)) == 300
 
     # the receiver keeps writing while no dedup runs
@@ -239,7 +240,7 @@ def test_a_new_checkpoint_from_the_old_ones_last_offsets_repeats_and_loses_nothi
     new = {**env, "STATE_DIR_CONFIG": str(tmp_path / "checkpoint-new"),
            "STATE_TOPIC": f"state-new.{raw}",
            "KAFKA_SOURCE_STARTINGOFFSETS": json.dumps(offsets)}  # fmt: skip
-    finish(run_dedup(new, "--until-idle", "8"))
+    finish(run_dedup(new, "--until-settled"))
 
     clean = consume_all(downstream_kafka, clean_topic, timeout=30)
     seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)

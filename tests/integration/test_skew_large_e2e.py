@@ -70,7 +70,7 @@ def test_skewed_timestamps_and_3_mb_records_reach_the_clean_topic(
         assert rx.terminate() == 0
 
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, raw)  # clean topic: the job's own
-    finish(run_dedup(env, "--until-idle", "8"))
+    finish(run_dedup(env, "--until-settled"))
 
     clean = consume_all(downstream_kafka, f"clean.{raw}.{SOURCE}", expected_count=len(records))
     got = {(r.partition % 2, r.key): r for r in clean}

@@ -101,6 +101,7 @@ class Writer:
     last_input_at = 0.0
     batches_seen = 0
     in_batch = False
+    settled = False
     idle_s = TransactionalBatchWriter.idle_s
 
     def __init__(self) -> None:
@@ -180,6 +181,44 @@ def test_until_idle_waits_while_the_last_batch_left_input_unread(latest: int, st
 
         runner.drive(query, writer, Metrics(), stop, until_idle=1.0)
     assert stop.is_set() is stops
+
+
+@pytest.mark.parametrize(
+    ("settled", "in_batch", "latest", "stops"),
+    [
+        (True, False, 2_000, True),
+        (False, False, 2_000, False),  # a gap waits for its second scan, or input came
+        (True, True, 2_000, False),  # a batch runs: it may find input
+        (True, False, 5_000, False),  # the last batch ended short of the log end
+    ],
+)
+def test_until_settled_stops_once_a_batch_found_nothing_to_read_and_no_gap_pending(
+    settled: bool, in_batch: bool, latest: int, stops: bool
+) -> None:
+    """--until-settled: every gap reported and nothing left to read, without waiting for a
+    number of idle seconds (the last input came a moment ago: ``last_input_at`` now)."""
+    writer = Writer()
+    writer.batches_seen = 2
+    writer.last_input_at = time.monotonic()
+    writer.settled = settled
+    writer.in_batch = in_batch
+    stop = threading.Event()
+
+    class Metrics:
+        def observe_progress(self, _progress: object) -> None:
+            pass
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(runner, "_graceful_stop", lambda _q, _w: None)
+        runner.drive(Batches(2, _progress(2_000, latest)), writer, Metrics(), stop,
+                     until_idle=3600.0, until_settled=True)  # fmt: skip
+    assert stop.is_set() is stops
+
+
+def test_until_settled_is_a_flag_of_the_dedup_command() -> None:
+    parser = cli._parser("kafka-diode dedup")
+    assert parser.parse_args(["--until-settled"]).until_settled is True
+    assert parser.parse_args([]).until_settled is False
 
 
 def test_stop_spark_after_a_requested_stop_with_the_jvm_gone_is_logged_at_info(

@@ -71,9 +71,10 @@ from dedup.config import from_sources
 from dedup.detect import LiveBucket, Output
 from dedup.detector_set import DetectorSet
 from dedup.direct_state import DIRECT_STATE_BYTES
-from dedup.direct_task import DirectTransaction, source_of
+from dedup.direct_task import DirectTransaction
 from dedup.layouts import Layout
 from dedup.layouts.direct import STATE_TOPIC_CONFIG
+from dedup.raw_batch import RawBatch, source_of
 from dedup.runner import writer_settings
 from dedup.writer_settings import BatchResult, TaskSpec, WriterSettings
 from kafka_diode.local_kafka.broker import LocalBroker, free_port
@@ -223,7 +224,8 @@ def micro_batch_dedup(spec: TaskSpec, out: str):
         now = time.time_ns() // 1_000_000
         spec_n = replace(spec, batch_id=batch_id, now_ms=now)
         part = DirectTransaction(spec_n, raw_topic, raw_partition)
-        result = part.run(itertools.chain((first,), pending), lambda stats: None)
+        rows = map(RawBatch.from_arrow, itertools.chain((first,), pending))
+        result = part.run(rows, lambda stats: None)
         save(name, seen)
         save(f"{name}.records", result.records)
         yield pa.RecordBatch.from_pydict({"value": [b""]})
@@ -277,7 +279,8 @@ def real_time_dedup(spec: TaskSpec, out: str, group_s: float):
             part = KeptPartition(
                 replace(spec, batch_id=number, now_ms=now), raw_topic, raw_partition
             )
-            records += part.run(interval(), lambda stats: None).records
+            rows = map(RawBatch.from_arrow, interval())
+            records += part.run(rows, lambda stats: None).records
             save(name, seen)
             save(f"{name}.records", records)
             if ended:

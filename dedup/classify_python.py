@@ -1,5 +1,6 @@
-"""The classifier's rules in Python: raw records as Spark's Kafka source reads them -> the rows the
-detectors take (``dedup/detect.py``), for the direct layout's tasks (``dedup/direct_task.py``).
+"""The classifier's rules in Python: raw records (a direct task's ``RawBatch``, or Arrow as Spark's
+Kafka source reads them) -> the rows the detectors take (``dedup/detect.py``), for the direct
+layout's tasks (``dedup/direct_task.py``).
 
 Runs in the **executors**, inside a direct task. ``dedup/classify_sql.py`` states the same rules in
 Spark SQL for the buckets layout, where the classification must happen before the shuffle; the
@@ -14,14 +15,14 @@ headers last, in order, ``diode.timestamp`` a signed 64-bit decimal); control re
 (heartbeat, reset, withheld; their JSON fields read as the SQL reads them: an integer, or a
 string of decimal digits); the dedup's own tick; anything else malformed.
 
-Pure: Arrow in, numpy columns out.
+Pure: raw records in, numpy columns out.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from typing import Any, Final
 
 import numpy as np
@@ -45,6 +46,7 @@ from common.raw_topic import (
     WITHHELD_LAST,
     parse_raw_key,
 )
+from dedup.raw_batch import Header, RawBatch
 from dedup.rows import (
     KIND_DATA,
     KIND_HEARTBEAT,
@@ -64,14 +66,31 @@ _PROVENANCE: Final = list(PROVENANCE_HEADERS)
 
 
 def classify_batch(batch: pa.RecordBatch, topics: Collection[str]) -> dict[str, np.ndarray]:
-    """The detector's input columns (``dedup.InputRows``) of one Arrow batch of raw records.
+    """The detector's input columns (``dedup.InputRows``) of one Arrow batch of raw records
+    (Spark's Kafka source's columns, of any raw topics).
 
     ``topics``: the raw topics read; a record of any other topic is malformed.
     """
-    keys = batch.column("key").to_pylist()
-    values = batch.column("value").to_pylist()
-    raw_topics = batch.column("topic").to_pylist()
-    headers = batch.column("headers").to_pylist()
+    headers: list[Any] = batch.column("headers").to_pylist()
+    return _classify_rows(
+        batch.column("key").to_pylist(),
+        batch.column("value").to_pylist(),
+        [topic in topics for topic in batch.column("topic").to_pylist()],
+        [[(h["key"], h["value"]) for h in found] if found else () for found in headers],
+    )
+
+
+def classify_raw(batch: RawBatch) -> dict[str, np.ndarray]:
+    """The detector's input columns of a direct task's raw records (of its one raw topic)."""
+    return _classify_rows(batch.keys, batch.values, [True] * len(batch), batch.headers)
+
+
+def _classify_rows(
+    keys: Sequence[bytes | None],
+    values: Sequence[bytes | None],
+    known: Sequence[bool],
+    headers: Sequence[Sequence[Header]],
+) -> dict[str, np.ndarray]:
     n = len(keys)
     out: dict[str, list[Any]] = {
         "kind": [KIND_MALFORMED] * n,
@@ -88,7 +107,7 @@ def classify_batch(batch: pa.RecordBatch, topics: Collection[str]) -> dict[str, 
         "hb_chain": [-1] * n,
     }
     for i in range(n):
-        _classify(i, keys[i], values[i], raw_topics[i] in topics, headers[i] or (), out)
+        _classify(i, keys[i], values[i], known[i], headers[i], out)
     longs = ("src_offset", "src_last", "hb_low", "hb_started", "hb_chain")
     columns = {name: np.asarray(out[name], dtype=np.int64) for name in longs}
     columns["kind"] = np.asarray(out["kind"], dtype=np.int8)
@@ -106,10 +125,10 @@ def _classify(  # noqa: PLR0917  one raw record, the rules in the SQL's order
     key: bytes | None,
     value: bytes | None,
     known: bool,
-    headers: Any,
+    headers: Sequence[Header],
     out: dict[str, list[Any]],
 ) -> None:
-    control = next((h["value"] for h in headers if h["key"] == CONTROL_HEADER), None)
+    control = next((v for k, v in headers if k == CONTROL_HEADER), None)
     if control == TICK:
         out["kind"][i] = KIND_TICK
         return
@@ -150,17 +169,17 @@ def _classify(  # noqa: PLR0917  one raw record, the rules in the SQL's order
         return
     if not known or len(headers) < len(_PROVENANCE):
         return
-    names = [h["key"] for h in headers]
+    names = [k for k, _ in headers]
     if names[-len(_PROVENANCE) :] != _PROVENANCE:
         return
-    stamp = headers[-3]["value"]
+    stamp = headers[-3][1]
     text = stamp.decode("ascii", "replace") if stamp is not None else ""
     if not _TIMESTAMP.fullmatch(text) or not _INT64[0] <= int(text) <= _INT64[1]:
         return
     out["kind"][i] = KIND_DATA
     out["payload"][i] = value
     out["h_keys"][i] = names
-    out["h_values"][i] = [h["value"] for h in headers]
+    out["h_values"][i] = [v for _, v in headers]
 
 
 def _json_fields(value: bytes | None) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The one commit path: a write task's transaction of one micro-batch, for every state layout.
 
 :func:`commit_batch` holds the transaction; a layout only says what its part of a batch is
-(:class:`BatchWork`: how to fence and what was committed, what to produce per Arrow batch, what
+(:class:`BatchWork`: how to fence and what was committed, what to produce per batch of input, what
 to write last), ``dedup/transaction.py`` for the buckets layout, ``dedup/direct_task.py`` for the
 direct one. :func:`produce_waiting` is the one produce-retry loop and :func:`abort` the one abort.
 """
@@ -11,9 +11,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-import pyarrow as pa
 from confluent_kafka import KafkaException, Producer
 
 from common.errors import ServiceError
@@ -27,8 +26,13 @@ log = logging.getLogger(__name__)
 #: timeout the broker aborts it, and a replay of the batch takes as long.
 LONG_SHARE = 0.5
 
+#: What a layout's write task reads: Arrow batches of Spark's rows (buckets), a direct task's
+#: ``RawBatch``es.
+_Input_contra = TypeVar("_Input_contra", contravariant=True)
+_In = TypeVar("_In")
 
-class BatchWork(Protocol):
+
+class BatchWork(Protocol[_Input_contra]):
     """One write task's part of a batch, as the layout sees it (``commit_batch`` drives it)."""
 
     #: how logs and errors name the part: ``partition 3``, ``raw partition raw:3``
@@ -41,13 +45,13 @@ class BatchWork(Protocol):
     #: seconds the broker lets a transaction stay open (the producer's ``transaction.timeout.ms``)
     timeout_s: float
 
-    def publishes(self, batch: pa.RecordBatch) -> bool:
-        """Whether ``batch`` has anything to publish (called for every Arrow batch)."""
+    def publishes(self, batch: _Input_contra) -> bool:
+        """Whether ``batch`` has anything to publish (called for every batch of input)."""
 
     def fence(self) -> tuple[Producer, int]:
         """A producer that fenced every older attempt, and the batch committed last (-1: none)."""
 
-    def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:
+    def produce(self, producer: Producer, batch: _Input_contra, result: BatchResult) -> None:
         """Produce what ``batch`` publishes, counting it in ``result``."""
 
     def finish(self, producer: Producer, result: BatchResult) -> None:
@@ -66,8 +70,8 @@ class BatchWork(Protocol):
 
 
 def commit_batch(
-    work: BatchWork,
-    batches: Iterable[pa.RecordBatch],
+    work: BatchWork[_In],
+    batches: Iterable[_In],
     batch_id: int,
     *,
     before_commit: Callable[[], None] | None = None,
@@ -172,7 +176,7 @@ def commit_batch(
     return result
 
 
-def _warn_long(work: BatchWork, batch_id: int, open_s: float) -> bool:
+def _warn_long(work: BatchWork[Any], batch_id: int, open_s: float) -> bool:
     """Log that the transaction is long (past ``LONG_SHARE`` of its timeout); True if it is.
 
     The executors log WARNING and up: an operator sees a batch outgrow its transaction before
@@ -191,7 +195,7 @@ def _warn_long(work: BatchWork, batch_id: int, open_s: float) -> bool:
     return True
 
 
-def _outlived(work: BatchWork, open_s: float | None) -> str:
+def _outlived(work: BatchWork[Any], open_s: float | None) -> str:
     """What to do when the failed transaction was open past ``transaction.timeout.ms``: the
     broker aborts such a transaction, and every replay of the batch (Spark's offset log keeps
     it) is as long, so the query fails at every restart until the timeout is raised."""

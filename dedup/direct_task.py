@@ -39,18 +39,17 @@ from collections.abc import Callable, Iterable
 from typing import Any, Final
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from confluent_kafka import Producer
 
 from common.errors import ServiceError
 from common.raw_topic import raw_partition_of
-from dedup.classify_python import classify_batch
+from dedup.classify_python import classify_raw
 from dedup.commit import commit_batch, produce_waiting
 from dedup.detect import LiveBucket, Output
 from dedup.detector_set import DetectorSet
 from dedup.direct_state import DIRECT_STATE_BYTES, STATE_RECORD_LIMIT, StateRecord, state_key
 from dedup.fence import init_producer
+from dedup.raw_batch import RawBatch
 from dedup.rows import (
     KIND_GAP,
     KIND_MALFORMED,
@@ -61,7 +60,7 @@ from dedup.rows import (
     InputRows,
 )
 from dedup.state_reader import forget, read_state, remember
-from dedup.transaction import PartitionWriter, gc_paused, record_count
+from dedup.transaction import PartitionWriter, RunRow, gc_paused
 from dedup.writer_settings import BatchResult, TaskSpec, transaction_timeout_s
 
 log = logging.getLogger(__name__)
@@ -83,26 +82,6 @@ def transactional_id(base: str, raw_topic: str, group: int, groups: int) -> str:
 def group_of(raw_partition: int, groups: int) -> int:
     """The transaction group of ``raw_partition`` (``groups`` 0: each raw partition its own)."""
     return raw_partition if groups == 0 else raw_partition % groups
-
-
-def source_of(batch: pa.RecordBatch) -> tuple[str, int]:
-    """The one raw topic-partition of ``batch``.
-
-    Raises:
-        ServiceError: rows of several raw partitions in one Arrow batch (Spark's source was told
-            to split or merge partitions: ``KAFKA_SOURCE_MINPARTITIONS`` and the like, which the
-            configuration refuses); nothing is written.
-    """
-    topics = pc.unique(batch.column("topic"))
-    partitions = pc.unique(batch.column("partition"))
-    if len(topics) != 1 or len(partitions) != 1:
-        raise ServiceError(
-            "a direct task got rows of several raw partitions "
-            f"({topics.to_pylist()} / {partitions.to_pylist()}): Spark's Kafka source must make "
-            "each raw partition's rows in one task (unset KAFKA_SOURCE_MINPARTITIONS and "
-            "KAFKA_SOURCE_MAXRECORDSPERPARTITION)"
-        )
-    return str(topics[0].as_py()), int(partitions[0].as_py())
 
 
 class _Member:
@@ -177,7 +156,7 @@ class DirectTransaction:
 
     def run(
         self,
-        batches: Iterable[pa.RecordBatch],
+        batches: Iterable[RawBatch],
         on_stats: Any,
     ) -> BatchResult:
         """Commit this group's part of the batch, or skip it if its state records say it is
@@ -188,9 +167,9 @@ class DirectTransaction:
 
     # -- dedup.commit.BatchWork ----------------------------------------------------------------
 
-    def publishes(self, batch: pa.RecordBatch) -> bool:
+    def publishes(self, batch: RawBatch) -> bool:
         # every row is input (a tick runs the scans); the batch's raw partition, checked
-        topic, partition = source_of(batch)
+        topic, partition = batch.topic, batch.partition
         if topic != self.raw_topic or group_of(partition, self.groups) != self.group:
             raise ServiceError(
                 f"a direct task of {self.name} got rows of raw partition {topic}:{partition}; "
@@ -224,18 +203,15 @@ class DirectTransaction:
             return producer, self.spec.batch_id - 1
         return producer, committed.batch_id
 
-    def produce(self, producer: Producer, batch: pa.RecordBatch, result: BatchResult) -> None:
+    def produce(self, producer: Producer, batch: RawBatch, result: BatchResult) -> None:
         member = self._current
         assert member is not None  # set by publishes()
         assert member.live is not None  # made by _join()
-        offsets = batch.column("offset")
-        last = pc.max(offsets).as_py()
+        member.last_offset = max((member.last_offset, *batch.offsets))
         if member.resume_after >= 0:
             # rows a committed part covered; the rest of a batch keeps its offset order
-            batch = batch.filter(pc.greater(offsets, member.resume_after))
-        if last is not None:
-            member.last_offset = max(member.last_offset, int(last))
-        if batch.num_rows:
+            batch = batch.after(member.resume_after)
+        if len(batch):
             records, gaps = result.records, result.gaps
             self._one_batch(producer, batch, member, result)
             member.records += result.records - records
@@ -355,14 +331,14 @@ class DirectTransaction:
     def _one_batch(
         self,
         producer: Producer,
-        batch: pa.RecordBatch,
+        batch: RawBatch,
         member: _Member,
         result: BatchResult,
     ) -> None:
-        """Observe one Arrow batch of input, produce what it delivers (one batch of payload in
-        the task at a time)."""
+        """Observe one batch of input, produce what it delivers (one batch of payload in the
+        task at a time)."""
         assert member.live is not None  # made by _join()
-        columns = classify_batch(batch, (self.raw_topic,))
+        columns = classify_raw(batch)
         if self.spec.raw_partitions:
             _drop_misrouted(columns, self.spec.raw_partitions, self.raw_topic, member.raw_partition)
         kinds = columns["kind"]
@@ -374,17 +350,21 @@ class DirectTransaction:
                 rows = rows.take(keep)
         out = Output()
         member.live.observe(rows, out)
-        if not out.rows:
-            return
-        produced = out.record_batch()
-        kind = produced.column("kind")
-        runs = produced.filter(pc.equal(kind, KIND_RUN))
-        gap_rows = produced.filter(pc.equal(kind, KIND_GAP))
-        result.records += record_count(runs)
-        result.gaps += gap_rows.num_rows
+        # straight from the rows: an Arrow batch of them cost two copies of every payload
+        runs: list[RunRow] = []
+        gaps: list[tuple[bytes, bytes]] = []
+        records = 0
+        for kind, topic, partition, values in out.rows:
+            if kind == KIND_RUN:
+                runs.append((topic, partition, values["payload"], values["selection"]))
+                records += values["records"]
+            elif kind == KIND_GAP:
+                gaps.append((values["gap_key"], values["gap_value"]))
+        result.records += records
+        result.gaps += len(gaps)
         with gc_paused():
             self.clean.produce_records(producer, runs, result)
-        self.clean.produce_gaps(producer, gap_rows)
+        self.clean.produce_gaps(producer, gaps)
 
 
 def _delivered(offsets: list[int]) -> Callable[[Any, Any], None]:

@@ -1,10 +1,10 @@
 """A direct task's raw records: one offset range of one raw partition, read with librdkafka.
 
 Runs in the **executors** (``dedup/layouts/direct.py``'s task, given a row of
-``dedup/raw_ranges.py``'s source). The records come as Arrow batches of the columns Spark's
-Kafka source gives (:data:`RAW_SCHEMA`), which the direct task classifies as before; a batch holds
-at most ``max_batch_bytes`` of values (one record more than that alone), so a task holds one
-batch of payload at a time whatever the record size.
+``dedup/raw_ranges.py``'s source). The records come as ``RawBatch``es (``dedup/raw_batch.py``,
+Python lists as librdkafka gives them: no Arrow between the consumer and the classifier); a batch
+holds at most ``max_batch_bytes`` of values (one record more than that alone), so a task holds
+one batch of payload at a time whatever the record size.
 
 Each Python worker keeps one consumer per configuration between tasks (a reader cannot be
 fenced, unlike the task's transactional producer): assigned at the range's start, unassigned at
@@ -24,26 +24,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, cast
 
-import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from common.errors import ServiceError
+from dedup.raw_batch import RawBatch
 from runtime import kafka
 
 log = logging.getLogger(__name__)
 
-#: The columns of Spark's Kafka source that the direct task reads.
-RAW_SCHEMA: Final = pa.schema(
-    [
-        ("key", pa.binary()),
-        ("value", pa.binary()),
-        ("topic", pa.string()),
-        ("partition", pa.int32()),
-        ("offset", pa.int64()),
-        ("headers", pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))),
-    ]
-)
-#: Values per Arrow batch: the direct layout's ``arrow.maxBytesPerBatch`` with Spark's source.
+#: Values per batch: the direct layout's ``arrow.maxBytesPerBatch`` with Spark's source.
 MAX_BATCH_BYTES: Final = 4 << 20
 #: Records asked of librdkafka per call at most (a raw record is a run of up to 64 KiB by
 #: default); a call asks for no more than the range still holds, since it waits for as many as
@@ -61,8 +50,6 @@ MAX_KEPT: Final = 4
 #: leader being replaced). ``dedup.fence.READ_PAUSE_S``'s value: fence imports the writer
 #: settings, which import this module.
 RETRY_PAUSE_S: Final = 1.0
-
-_HEADERS_TYPE: Final = RAW_SCHEMA.field("headers").type
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,8 +91,8 @@ def read_range(
     *,
     max_batch_bytes: int = MAX_BATCH_BYTES,
     stall_s: float = STALL_S,
-) -> Iterator[pa.RecordBatch]:
-    """The raw records ``[start, end)`` of ``topic``/``partition`` as Arrow batches.
+) -> Iterator[RawBatch]:
+    """The raw records ``[start, end)`` of ``topic``/``partition``, in batches.
 
     Raises:
         ServiceError: records deleted before they were read and ``fail_on_data_loss``; no
@@ -133,7 +120,7 @@ def read_range(
                 at = offset + 1
                 last_progress = time.monotonic()
                 if size >= max_batch_bytes:
-                    yield arrow_batch(pending, topic, partition)
+                    yield raw_batch(pending, topic, partition)
                     pending, size = [], 0
             if at < end:
                 # a commit marker or an aborted transaction's records may end the range
@@ -146,7 +133,7 @@ def read_range(
                     f"[{start}, {end}) for {stall_s:.0f} s; is the broker reachable?"
                 )
         if pending:
-            yield arrow_batch(pending, topic, partition)
+            yield raw_batch(pending, topic, partition)
     finally:
         consumer.unassign()
 
@@ -198,21 +185,15 @@ def _on_error(
     return min(low, end)
 
 
-def arrow_batch(messages: list[Message], topic: str, partition: int) -> pa.RecordBatch:
-    """``messages`` in :data:`RAW_SCHEMA`."""
-    return pa.RecordBatch.from_arrays(
-        [
-            pa.array([m.key() for m in messages], pa.binary()),
-            pa.array([m.value() for m in messages], pa.binary()),
-            pa.array([topic] * len(messages), pa.string()),
-            pa.array([partition] * len(messages), pa.int32()),
-            pa.array([m.offset() for m in messages], pa.int64()),
-            pa.array(
-                [[{"key": k, "value": v} for k, v in _headers(m)] for m in messages],
-                _HEADERS_TYPE,
-            ),
-        ],
-        schema=RAW_SCHEMA,
+def raw_batch(messages: list[Message], topic: str, partition: int) -> RawBatch:
+    """``messages`` as a direct task takes them."""
+    return RawBatch(
+        topic,
+        partition,
+        [m.offset() or 0 for m in messages],
+        [m.key() for m in messages],
+        [m.value() for m in messages],
+        [_headers(m) for m in messages],
     )
 
 

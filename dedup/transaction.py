@@ -15,7 +15,7 @@ import gc
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -44,6 +44,10 @@ from dedup.writer_settings import (
 )
 
 log = logging.getLogger(__name__)
+
+#: A ``run`` row as the write side takes it: source topic, source partition, payload (a run of
+#: records, ``dedup/rows.py``) and selection (``rows.pack_selection``; empty: every record).
+RunRow = tuple[str, int, bytes, bytes | None]
 
 #: Trailing header of a clean record written with the dedup's time: the source timestamp (ms,
 #: ASCII decimal) its clean topic would have refused (docs/topics.md "Timestamps").
@@ -176,7 +180,7 @@ class PartitionWriter:
         return name
 
     def produce_records(
-        self, producer: Producer, runs: pa.RecordBatch, result: BatchResult
+        self, producer: Producer, runs: Sequence[RunRow], result: BatchResult
     ) -> None:
         """Produce the first-seen records of one batch's ``run`` rows (the hot loop); counts in
         ``result`` the records written with the dedup's time and the payload bytes consumed.
@@ -189,21 +193,15 @@ class PartitionWriter:
             ServiceError: a run's payload does not decode (it was checked in the stateful step,
                 so only a bug or corrupted state gets here); the batch is aborted.
         """
-        if runs.num_rows == 0:
+        if not runs:
             return
         now_ms = int(time.time() * 1000)
-        source_topics = runs.column("src_topic").unique().to_pylist()
+        source_topics = list(dict.fromkeys(run[0] for run in runs))
         self._check_new_topics(source_topics)
         self._learn_partition_counts(producer, [self.clean_name(t) for t in source_topics])
         targets: dict[tuple[str, int], tuple[str, int, tuple[int, int]]] = {}
         payload_bytes = record_bytes = replaced = 0
-        for topic, partition, payload, selection in zip(
-            runs.column("src_topic").to_pylist(),
-            runs.column("src_partition").to_pylist(),
-            runs.column("payload").to_pylist(),
-            runs.column("selection").to_pylist(),
-            strict=True,
-        ):
+        for topic, partition, payload, selection in runs:
             target = targets.get((topic, partition))
             if target is None:
                 name = self.clean_name(topic)
@@ -227,15 +225,10 @@ class PartitionWriter:
         result.payload_bytes += payload_bytes
         result.record_bytes += record_bytes
 
-    def produce_gaps(self, producer: Producer, gap_rows: pa.RecordBatch) -> None:
-        if gap_rows.num_rows == 0:
-            return
+    def produce_gaps(self, producer: Producer, gaps: Iterable[tuple[bytes, bytes]]) -> None:
+        """Produce gap records, ``(key, value)`` each."""
         topic = self.settings.gap_topic
-        for key, value in zip(
-            gap_rows.column("gap_key").to_pylist(),
-            gap_rows.column("gap_value").to_pylist(),
-            strict=True,
-        ):
+        for key, value in gaps:
             produce_waiting(producer, topic, value, key)
 
 
@@ -281,8 +274,15 @@ class _StatefulWork:
         result.records += record_count(runs)
         result.gaps += gap_rows.num_rows
         with gc_paused():
-            self.writer.produce_records(producer, runs, result)
-        self.writer.produce_gaps(producer, gap_rows)
+            self.writer.produce_records(producer, run_rows(runs), result)
+        self.writer.produce_gaps(
+            producer,
+            zip(
+                gap_rows.column("gap_key").to_pylist(),
+                gap_rows.column("gap_value").to_pylist(),
+                strict=True,
+            ),
+        )
 
     def finish(self, producer: Producer, result: BatchResult) -> None:
         writer = self.writer
@@ -314,6 +314,19 @@ class _StatefulWork:
     def ended(self, committed: bool, abort_failed: bool) -> None:
         if abort_failed:
             self.writer._producer = None
+
+
+def run_rows(runs: pa.RecordBatch) -> list[RunRow]:
+    """The ``run`` rows of an Arrow batch as the write side takes them."""
+    return list(
+        zip(
+            runs.column("src_topic").to_pylist(),
+            runs.column("src_partition").to_pylist(),
+            runs.column("payload").to_pylist(),
+            runs.column("selection").to_pylist(),
+            strict=True,
+        )
+    )
 
 
 def record_count(runs: pa.Table | pa.RecordBatch) -> int:

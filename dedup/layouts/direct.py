@@ -25,9 +25,10 @@ from typing import TYPE_CHECKING, Any, Final
 from common.errors import GapStateError, ServiceError
 from common.raw_topic import raw_partition_of
 from dedup.direct_state import STATE_RECORD_LIMIT
-from dedup.direct_task import DirectTransaction, group_of, source_of
+from dedup.direct_task import DirectTransaction, group_of
 from dedup.layouts import ResetTopics, StateLayout, TaskRun
 from dedup.range_reader import RangeReading, read_range
+from dedup.raw_batch import RawBatch, source_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -214,7 +215,8 @@ def run_task(
     if "start" not in first.schema.names:
         raw_topic, raw_partition = source_of(first)
         group = group_of(raw_partition, spec.transaction_groups)
-        yield _run(spec, raw_topic, group, itertools.chain((first,), batches))
+        rows = map(RawBatch.from_arrow, itertools.chain((first,), batches))
+        yield _run(spec, raw_topic, group, rows)
         return
     if spec.reading is None:
         raise ServiceError(
@@ -233,7 +235,7 @@ def run_task(
         yield _run(spec, raw_topic, group, records)
 
 
-def _run(spec: TaskSpec, raw_topic: str, group: int, records: Iterator[pa.RecordBatch]) -> TaskRun:
+def _run(spec: TaskSpec, raw_topic: str, group: int, records: Iterator[RawBatch]) -> TaskRun:
     """One transaction group's records, detected and committed."""
     task = DirectTransaction(spec, raw_topic, group)
     stats: list[pa.RecordBatch] = []

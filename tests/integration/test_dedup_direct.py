@@ -40,6 +40,7 @@ from dedup.config import from_sources
 from dedup.detect import DetectParams
 from dedup.direct_state import state_key
 from dedup.direct_task import DirectTransaction
+from dedup.raw_batch import RawBatch
 from dedup.state_reader import read_state
 from dedup.writer_settings import BatchResult, TaskSpec, WriterSettings
 from runtime import kafka
@@ -86,7 +87,7 @@ def setup(bootstrap: str, raw_partitions: int = 1) -> tuple[WriterSettings, str,
 
 def runs(
     raw: str, raw_partition: int, spans: list[tuple[int, int, int]], first_offset: int = 0
-) -> pa.RecordBatch:
+) -> RawBatch:
     """Raw records as Spark's source reads them: a v2 run per ``(source partition, first,
     last)``, then the driver's tick, at raw offsets from ``first_offset`` on."""
     return topic_runs(raw, raw_partition, [(SOURCE, *span) for span in spans], first_offset)
@@ -94,7 +95,7 @@ def runs(
 
 def topic_runs(
     raw: str, raw_partition: int, spans: list[tuple[str, int, int, int]], first_offset: int = 0
-) -> pa.RecordBatch:
+) -> RawBatch:
     """``runs`` of ``(source topic, source partition, first, last)``."""
     rows = []
     for topic, partition, first, last in spans:
@@ -108,7 +109,7 @@ def topic_runs(
     )
     for offset, row in enumerate(rows, first_offset):
         row |= {"topic": raw, "partition": raw_partition, "offset": offset}
-    return pa.RecordBatch.from_pylist(rows)
+    return RawBatch.from_arrow(pa.RecordBatch.from_pylist(rows))
 
 
 def spec(settings: WriterSettings, query: str, batch_id: int) -> TaskSpec:
@@ -118,14 +119,14 @@ def spec(settings: WriterSettings, query: str, batch_id: int) -> TaskSpec:
 def dies_after_parts(
     task_spec: TaskSpec,
     raw: str,
-    arrow_batches: list[pa.RecordBatch],
+    input_batches: list[RawBatch],
     caplog: pytest.LogCaptureFixture,
 ) -> list[str]:
     """An attempt of transaction group 0 whose part is due after every Arrow batch (a clock
     100 s on at each look) and whose worker dies after the first two: the parts it logged."""
 
-    def dies_after_two() -> Iterator[pa.RecordBatch]:
-        yield from arrow_batches[:2]
+    def dies_after_two() -> Iterator[RawBatch]:
+        yield from input_batches[:2]
         raise RuntimeError("the Python worker died")
 
     ticking = itertools.count(step=100.0).__next__
@@ -135,10 +136,10 @@ def dies_after_parts(
     return [r.getMessage() for r in caplog.records if "committing part" in r.getMessage()]
 
 
-def resumed(task_spec: TaskSpec, raw: str, arrow_batches: list[pa.RecordBatch]) -> BatchResult:
+def resumed(task_spec: TaskSpec, raw: str, input_batches: list[RawBatch]) -> BatchResult:
     """The next attempt of group 0's batch, checked to read none of what a part covered again."""
     stats: list[pa.RecordBatch] = []
-    result = DirectTransaction(task_spec, raw, 0).run(arrow_batches, stats.append)
+    result = DirectTransaction(task_spec, raw, 0).run(input_batches, stats.append)
     rows = pa.Table.from_batches(stats).to_pylist()
     assert sum(r["duplicates"] for r in rows) == 0, "the parts' rows were read again"
     return result
@@ -157,7 +158,7 @@ def test_a_zombie_is_fenced_by_its_retry_and_a_third_attempt_skips(downstream_ka
     settings, query, raw = setup(bootstrap)
     retried: list[int] = []
 
-    def zombie_input() -> Iterator[pa.RecordBatch]:
+    def zombie_input() -> Iterator[RawBatch]:
         yield runs(raw, 0, [(0, 0, 19)])
         # the zombie has produced its records: its retry runs to the end meanwhile
         retry = DirectTransaction(spec(settings, query, 0), raw, 0)
@@ -373,7 +374,7 @@ def config_env(config) -> dict[str, str]:
     }
 
 
-def test_a_task_of_many_source_topics_keeps_their_detectors_across_its_arrow_batches(
+def test_a_task_of_many_source_topics_keeps_their_detectors_across_its_batches(
     downstream_kafka,
 ) -> None:
     """A raw partition carrying several source topics, its input in several Arrow batches
@@ -492,19 +493,19 @@ def test_a_task_that_died_after_a_part_of_its_batch_is_resumed_after_the_part(
     otherwise be applied twice). Before parts the attempt would have skipped the batch."""
     bootstrap = downstream_kafka.bootstrap
     settings, query, raw = setup(bootstrap)
-    arrow_batches = [
+    input_batches = [
         runs(raw, 0, [(0, 0, 9)], first_offset=0),  # a run and a tick: offsets 0, 1
         runs(raw, 0, [(0, 10, 19)], first_offset=2),
         runs(raw, 0, [(0, 20, 29), (1, 0, 4)], first_offset=4),
     ]
 
-    assert len(dies_after_parts(spec(settings, query, 7), raw, arrow_batches, caplog)) == 2
+    assert len(dies_after_parts(spec(settings, query, 7), raw, input_batches, caplog)) == 2
     part = read_state(settings, state_key(query, raw, 0), 0)
     assert part is not None
     assert (part.batch_id, part.through_offset, part.complete) == (7, 3, False)
     assert clean(bootstrap, settings) == Counter({(0, o): 1 for o in range(20)})
 
-    result = resumed(spec(settings, query, 7), raw, arrow_batches)
+    result = resumed(spec(settings, query, 7), raw, input_batches)
     assert (result.records, result.skipped, result.parts) == (15, False, 0)
     expected = {(0, o): 1 for o in range(30)} | {(1, o): 1 for o in range(5)}
     assert clean(bootstrap, settings) == Counter(expected)
@@ -512,7 +513,7 @@ def test_a_task_that_died_after_a_part_of_its_batch_is_resumed_after_the_part(
     assert done is not None
     assert (done.batch_id, done.complete) == (7, True)
     again = DirectTransaction(spec(settings, query, 7), raw, 0)
-    assert again.run(arrow_batches, lambda _: None).skipped
+    assert again.run(input_batches, lambda _: None).skipped
 
 
 def test_a_task_that_writes_longer_than_the_transaction_timeout_commits_in_parts(
@@ -528,7 +529,7 @@ def test_a_task_that_writes_longer_than_the_transaction_timeout_commits_in_parts
     settings, query, raw = setup(bootstrap)
     settings = dataclasses.replace(settings, kafka_conf={"transaction.timeout.ms": "3000"})
 
-    def slow_input() -> Iterator[pa.RecordBatch]:
+    def slow_input() -> Iterator[RawBatch]:
         for i in range(24):
             yield runs(raw, 0, [(0, 10 * i, 10 * i + 9)], first_offset=2 * i)
             time.sleep(0.65)  # the work of a large Arrow batch: the transaction stays open
@@ -562,7 +563,7 @@ def test_a_group_commits_its_raw_partitions_together_fenced_and_skipped_as_one(
     batches = [runs(raw, 0, [(0, 0, 9)]), runs(raw, 2, [(2, 0, 9), (6, 0, 4)])]
     retried: list[int] = []
 
-    def zombie_input() -> Iterator[pa.RecordBatch]:
+    def zombie_input() -> Iterator[RawBatch]:
         yield from batches
         retry = DirectTransaction(group_spec(settings, query, 0), raw, 0)
         retried.append(retry.run(batches, lambda _: None).records)
@@ -599,15 +600,15 @@ def test_a_group_that_died_after_parts_goes_on_after_each_partition_s_part(
     of the group's partitions."""
     bootstrap = downstream_kafka.bootstrap
     settings, query, raw = setup(bootstrap, raw_partitions=4)
-    arrow_batches = [
+    input_batches = [
         runs(raw, 0, [(0, 0, 9)], first_offset=0),
         runs(raw, 2, [(2, 0, 9)], first_offset=0),
         runs(raw, 2, [(2, 10, 19)], first_offset=2),
     ]
 
-    parts = dies_after_parts(group_spec(settings, query, 5), raw, arrow_batches, caplog)
+    parts = dies_after_parts(group_spec(settings, query, 5), raw, input_batches, caplog)
     assert "through raw offset 1 of 0, 1 of 2" in parts[-1], parts
-    result = resumed(group_spec(settings, query, 5), raw, arrow_batches)
+    result = resumed(group_spec(settings, query, 5), raw, input_batches)
     assert (result.records, result.skipped, result.parts) == (10, False, 0)
     assert clean(bootstrap, settings) == Counter(
         {(0, o): 1 for o in range(10)} | {(2, o): 1 for o in range(20)}

@@ -17,6 +17,7 @@ from confluent_kafka import Producer, TopicPartition
 from common.errors import ServiceError
 from dedup import range_reader
 from dedup.range_reader import RangeReading, read_range
+from dedup.raw_batch import RawBatch
 from dedup.raw_position import consumer_conf
 from runtime import kafka
 from tests.kafka_helpers import Record, create_topic, produce_records
@@ -35,8 +36,8 @@ def reading(bootstrap: str, *, fail_on_data_loss: bool = False) -> RangeReading:
     return RangeReading(conf=conf, fail_on_data_loss=fail_on_data_loss)
 
 
-def offsets(batches: list) -> list[int]:  # type: ignore[type-arg]
-    return [o for b in batches for o in b.column("offset").to_pylist()]
+def offsets(batches: list[RawBatch]) -> list[int]:
+    return [o for b in batches for o in b.offsets]
 
 
 def test_a_range_is_read_exactly_in_batches_bounded_in_bytes(downstream_kafka) -> None:
@@ -49,11 +50,12 @@ def test_a_range_is_read_exactly_in_batches_bounded_in_bytes(downstream_kafka) -
                               max_batch_bytes=8000))  # fmt: skip
     assert offsets(batches) == list(range(10, 90))
     # at most the bound, or one record past it
-    assert all(sum(len(v) for v in b.column("value").to_pylist()) <= 8000 + 1000 for b in batches)
+    assert all(sum(len(v or b"") for v in b.values) <= 8000 + 1000 for b in batches)
     assert len(batches) >= 10
-    row = batches[0].slice(0, 1).to_pylist()[0]
-    assert row == {"key": b"k10", "value": bytes([10]) * 1000, "topic": topic, "partition": 1,
-                   "offset": 10, "headers": [{"key": "h", "value": b"v10"}]}  # fmt: skip
+    first = batches[0]
+    assert (first.topic, first.partition) == (topic, 1)
+    assert (first.keys[0], first.values[0], first.offsets[0]) == (b"k10", bytes([10]) * 1000, 10)
+    assert list(first.headers[0]) == [("h", b"v10")]
     # the worker's consumer reads on for the next task, in another partition too
     produce_records(downstream_kafka, topic, [Record(b"x", b"y", partition=0)] * 3)
     again = list(read_range(reading(downstream_kafka.bootstrap), topic, 0, 0, 3))

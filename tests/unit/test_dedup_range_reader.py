@@ -68,7 +68,7 @@ def test_a_range_at_the_log_end_never_asks_for_records_past_it(
     fake = FakeConsumer(log_end=end)
     monkeypatch.setattr(range_reader, "_consumer", lambda conf: fake)
     batches = list(read_range(RangeReading(), "raw", 0, start, end, max_batch_bytes=1000))
-    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(start, end))
+    assert [o for b in batches for o in b.offsets] == list(range(start, end))
     assert max(fake.asked) <= CONSUME_RECORDS
     assert sum(fake.asked) == end - start
 
@@ -135,7 +135,7 @@ def test_a_range_reads_on_when_its_leader_is_replaced(monkeypatch: pytest.Monkey
     monkeypatch.setattr(range_reader, "_consumer", lambda conf: fake)
     monkeypatch.setattr(range_reader, "RETRY_PAUSE_S", 0.0)
     batches = list(read_range(RangeReading(), "raw", 0, 10, 40, max_batch_bytes=1000))
-    assert [o for b in batches for o in b.column("offset").to_pylist()] == list(range(10, 40))
+    assert [o for b in batches for o in b.offsets] == list(range(10, 40))
     assert fake.watermark_calls == 1
     assert fake.assigned == [10, 10]  # fetched again from the same offset, the new leader's
 

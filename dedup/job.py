@@ -38,13 +38,7 @@ from dedup.clean_topics import create_dedup_topics
 from dedup.config import DedupConfig
 from dedup.detect import DetectParams
 from dedup.jvm import CHECKPOINT_MANAGER_CLASS, checkpoint_manager_jar
-from dedup.layouts import (
-    Layout,
-    LayoutImpl,
-    checkpoint_layout,
-    implementation,
-    session_layout,
-)
+from dedup.layouts import LayoutImpl, checkpoint_layout, implementation, session_layout
 from dedup.writer_settings import KAFKA_TIMEOUT_S
 from runtime import cgroup_memory, kafka
 
@@ -73,13 +67,6 @@ WORKER_ALLOCATOR_ENV = {
 #: again and again by the payload's churn, was 11-29 % of the JVM's CPU in a backlog
 #: (docs/benchmarks.md "Dedup").
 JVM_OPTIONS = "-XX:+UseParallelGC"
-#: Added for a direct checkpoint read with librdkafka (``DIRECT_READER``'s default), where the
-#: JVM plans, schedules and logs offsets and handles no record: the JIT's C1 compiler alone. C2
-#: kept compiling that per-batch code for minutes (0.02-0.04 CPU-s a batch at minutes 4-6 live);
-#: with C1 alone the JVM's CPU per batch fell by a third live at 10 MB/s, and a 200 B backlog ran
-#: at the same rate and CPU (docs/benchmarks.md "Dedup"). C1's frames are larger: a query's stop
-#: once overflowed a thread's default 1 MiB stack in Spark's regular expressions.
-DIRECT_JIT_OPTIONS = "-XX:TieredStopAtLevel=1 -Xss4m"
 #: Environment of a JVM this process launches: two glibc malloc arenas instead of eight per core
 #: for the JVM's native allocations (RocksDB, the JIT, Netty): ~60 MB less Pss at a steady
 #: 20,000 records/s and no measured CPU cost (docs/benchmarks.md "Dedup").
@@ -131,8 +118,7 @@ def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0)
         builder = builder.master(with_task_attempts(config.spark_master))
         for name, value in JVM_ENV.items():  # the JVM is started with this process's environment
             os.environ.setdefault(name, value)
-    kind = session_layout(config.new_state_layout, config.state_dir_config)
-    layout = implementation(kind)
+    layout = implementation(session_layout(config.new_state_layout, config.state_dir_config))
     # the dedup's own checkpoint file manager needs its jar on the driver's classpath at launch,
     # so only in a JVM this process starts (docs/dedup.md "Settings", "Checkpoint files")
     manager_jar = (
@@ -166,7 +152,7 @@ def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0)
     if launched_here:
         # under spark-submit the driver's JVM runs already and spark-defaults.conf is the
         # cluster administrator's: docs/dedup.md "Running on a Spark cluster" says what to add
-        options = jvm_options(kind, config.direct_reader)
+        options = " ".join(filter(None, (JVM_OPTIONS, layout.jit_options(config))))
         conf["spark.driver.defaultJavaOptions"] = options
         conf["spark.executor.defaultJavaOptions"] = options
         if layout.DRIVER_MEMORY_MIB:
@@ -227,13 +213,6 @@ def heap_line(heap_mib: int, config: DedupConfig) -> str:
     if chosen is None:
         return f"JVM heap {heap_mib} MiB {limit} (SPARK_CONF_spark_driver_memory sets another)"
     return f"JVM heap {chosen} (SPARK_CONF_spark_driver_memory; {heap_mib} MiB {limit})"
-
-
-def jvm_options(kind: Layout, direct_reader: str) -> str:
-    """The JVM options of a session this process launches (Spark's ``*.defaultJavaOptions``)."""
-    if kind is Layout.DIRECT and direct_reader == "librdkafka":
-        return f"{JVM_OPTIONS} {DIRECT_JIT_OPTIONS}"
-    return JVM_OPTIONS
 
 
 #: Spark's heap for a driver JVM when nothing sets ``spark.driver.memory``.

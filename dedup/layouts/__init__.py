@@ -152,6 +152,11 @@ class LayoutImpl(Protocol):
         """The topics the query's Kafka source subscribes to."""
         ...
 
+    def jit_options(self, config: DedupConfig) -> str:
+        """JVM options for the JIT of a session this process launches, beside
+        ``job.JVM_OPTIONS`` ("": the JVM's tiered compilation)."""
+        ...
+
     def plan(
         self,
         spark: SparkSession,

@@ -49,6 +49,12 @@ NEEDS_RAW_TOPIC: Final = False
 CHECKPOINT_FILE_MANAGER: Final = ""
 
 
+def jit_options(config: DedupConfig) -> str:
+    """Tiered compilation: every record passes through the JVM (Spark's source, the state store)."""
+    del config
+    return ""
+
+
 def plan(
     spark: SparkSession,
     config: DedupConfig,

@@ -77,6 +77,21 @@ STATE_TOPIC_CONFIG: Final = {
 }
 
 
+#: The JIT's C1 compiler alone, for a checkpoint read with librdkafka (``DIRECT_READER``'s
+#: default), where the JVM plans, schedules and logs offsets and handles no record: C2 kept
+#: compiling that per-batch code for minutes (0.02-0.04 CPU-s a batch at minutes 4-6 live); with
+#: C1 alone the JVM's CPU per batch fell by a third live at 10 MB/s, and a 200 B backlog ran at
+#: the same rate and CPU (docs/benchmarks.md "Dedup"). C1's frames are larger: a query's stop
+#: once overflowed a thread's default 1 MiB stack in Spark's regular expressions.
+JIT_OPTIONS: Final = "-XX:TieredStopAtLevel=1 -Xss4m"
+
+
+def jit_options(config: DedupConfig) -> str:
+    """C1 alone with the librdkafka reader; Spark's source carries every record through the JVM
+    and keeps tiered compilation."""
+    return JIT_OPTIONS if config.direct_reader == "librdkafka" else ""
+
+
 def plan(
     spark: SparkSession,
     config: DedupConfig,

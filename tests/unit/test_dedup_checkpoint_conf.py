@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dedup import job
+from types import SimpleNamespace
+
 from dedup.job import CHANGELOG_CHECKPOINTING, CHECKPOINT_FILE_MANAGER, checkpoint_conf
 from dedup.jvm import CHECKPOINT_MANAGER_CLASS
-from dedup.layouts import Layout, buckets, direct
+from dedup.layouts import buckets, direct
 
 
 def test_a_buckets_checkpoint_commits_changelogs_through_sparks_own_file_manager() -> None:
@@ -32,10 +33,8 @@ def test_with_its_jar_a_direct_checkpoint_writes_its_logs_without_chmod_processe
 def test_the_jit_is_c1_alone_only_where_the_jvm_handles_no_record() -> None:
     """docs/dedup-internals.md "The JVM's garbage collector": a direct checkpoint read with
     librdkafka; Spark's source and the buckets layout carry every record through the JVM."""
-    assert job.jvm_options(Layout.DIRECT, "librdkafka").split() == [
-        "-XX:+UseParallelGC",
-        "-XX:TieredStopAtLevel=1",
-        "-Xss4m",
-    ]
-    assert job.jvm_options(Layout.DIRECT, "spark") == job.JVM_OPTIONS
-    assert job.jvm_options(Layout.BUCKETS, "librdkafka") == job.JVM_OPTIONS
+    librdkafka = SimpleNamespace(direct_reader="librdkafka")
+    spark = SimpleNamespace(direct_reader="spark")
+    assert direct.jit_options(librdkafka).split() == ["-XX:TieredStopAtLevel=1", "-Xss4m"]  # type: ignore[arg-type]
+    assert direct.jit_options(spark) == ""  # type: ignore[arg-type]
+    assert buckets.jit_options(librdkafka) == ""  # type: ignore[arg-type]

@@ -14,7 +14,7 @@ round, in this process (CPU: user + system of every thread, librdkafka's include
 
 Rounds alternate (copy first); CPU-s per GB of record values and the task's ratio to the copy.
 
-    .venv/bin/python bench/direct_task.py [--runs 2000] [--value-bytes 10000] [--run-records 6]
+    .venv/bin/python bench/direct_worker.py [--runs 2000] [--value-bytes 10000] [--run-records 6]
         [--rounds 5]
 
 Prints one line per round and one JSON object as the last line.
@@ -188,7 +188,7 @@ def main() -> None:
     medians = {k: statistics.median(r["cpu_s_per_gb"] for r in v) for k, v in rounds.items()}
     python = {k: statistics.median(r["python_cpu_s_per_gb"] for r in v) for k, v in rounds.items()}
     print(json.dumps({
-        "bench": "direct_task",
+        "bench": "direct_worker",
         "machine": platform.machine(),
         "cores": os.cpu_count(),
         "runs": args.runs,

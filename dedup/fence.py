@@ -41,19 +41,7 @@ WRITE_LINGER_MS = 2_000
 #: partitions cost 2.85 CPU-s per GB with 1 MB batches, 0.87 with 8 MiB (bench/write_batch.py,
 #: docs/benchmarks.md "Dedup"; docs/dedup-internals.md "A task's fixed cost").
 WRITE_BATCH_BYTES = 8 << 20
-#: Full batches a write producer's local queue holds at most (``queue.buffering.max.kbytes`` and
-#: ``.messages``, unless KAFKA_CONF_* say otherwise), fewer than the 5 requests an idempotent
-#: librdkafka producer keeps in flight per partition. librdkafka wakes its broker thread at once
-#: for a batch that is ready to go, and when that partition already has 5 requests in flight it
-#: cannot send it and polls again, busily, until an acknowledgement comes: a task producing faster
-#: than the broker takes its records paid 3-7 CPU-s per GB for that loop with a 128 MiB queue,
-#: 0.6-1.5 with 4 batches (a copy of 180 MB of 10 KB records into one partition, 8 MiB or 1 MB
-#: batches; docs/benchmarks.md "Dedup"). A larger record than the bound still fits: the queue
-#: also holds the largest message and one batch beside it.
-QUEUED_BATCHES = 4
-#: Seconds a produce waits for a delivery report to make room in a full local queue.
-ROOM_POLL_S = 0.1
-#: Seconds a produce then waits for the queue to be sent, if no report came.
+#: Seconds a produce waits for room in a full local queue before it tries again.
 ROOM_WAIT_S = 0.05
 #: Seconds a read of the progress or state topic keeps trying, a new consumer each time, while
 #: the cluster moves: a killed leader's pending requests end in ``_DESTROY_BROKER`` once the
@@ -108,29 +96,16 @@ def writer_conf(
 ) -> dict[str, Any]:
     """A write producer's configuration: the dedup's defaults, ``KAFKA_CONF_<NAME>`` over them."""
     conf = base_conf(settings)
-    # librdkafka refuses a message over message.max.bytes (1 MB by default) by itself
-    needed = max(record_limit(settings.max_record_size), message_bytes)
-    if int(conf.get("message.max.bytes", 0) or 0) < needed:
-        conf["message.max.bytes"] = needed
-    batch_bytes = conf.get("batch.size", settings.write_batch_bytes)
-    batch_messages = conf.get("batch.num.messages", 10_000)
-    queue_bytes = max(
-        QUEUED_BATCHES * int(batch_bytes), int(conf["message.max.bytes"]) + int(batch_bytes)
-    )
     conf.update(
         {
             "transactional.id": transactional_id,
             "enable.idempotence": True,
             "linger.ms": conf.get("linger.ms", _write_linger_ms(conf)),
-            "batch.num.messages": batch_messages,
-            "batch.size": batch_bytes,
-            # a few batches (QUEUED_BATCHES): also bounds the payload a task holds in librdkafka
-            "queue.buffering.max.messages": conf.get(
-                "queue.buffering.max.messages", QUEUED_BATCHES * int(batch_messages)
-            ),
-            "queue.buffering.max.kbytes": conf.get(
-                "queue.buffering.max.kbytes", -(-queue_bytes // 1024)
-            ),
+            "batch.num.messages": conf.get("batch.num.messages", 10_000),
+            "batch.size": conf.get("batch.size", settings.write_batch_bytes),
+            "queue.buffering.max.messages": conf.get("queue.buffering.max.messages", 500_000),
+            # bounds the payload in flight in a task (records stream in from the task's rows)
+            "queue.buffering.max.kbytes": conf.get("queue.buffering.max.kbytes", 131_072),
             # A sparse client's first request after the bootstrap fails (librdkafka drops the
             # bootstrap connection, with the request in it, once metadata names the brokers)
             # and its retry waits ~50 ms: on a task's critical path every batch. Connected to
@@ -139,6 +114,10 @@ def writer_conf(
             "enable.sparse.connections": conf.get("enable.sparse.connections", False),
         }
     )
+    # librdkafka refuses a message over message.max.bytes (1 MB by default) by itself
+    needed = max(record_limit(settings.max_record_size), message_bytes)
+    if int(conf.get("message.max.bytes", 0) or 0) < needed:
+        conf["message.max.bytes"] = needed
     return conf
 
 
@@ -154,19 +133,13 @@ def _write_linger_ms(conf: dict[str, Any]) -> int:
 
 
 def wait_for_room(producer: Producer) -> None:
-    """The producer's local queue is full: wait for room.
+    """The producer's local queue is full: send what it holds, now.
 
-    Room comes with the acknowledgement of a batch in flight (the delivery reports a poll
-    serves). If none comes, the queue may hold only partial batches (a task writing into many
-    clean partitions), which librdkafka keeps until ``linger.ms`` expires even when the queue is
-    full (measured: a queue of 256 partial batches stalled until the transaction timed out): a
-    flush then sends every partition's batch at once. Not a flush first: while flushing,
-    librdkafka sends any batch at once and polls busily for a partition with 5 requests in
-    flight (``QUEUED_BATCHES``)."""
-    queued = len(producer)
-    producer.poll(ROOM_POLL_S)
-    if len(producer) >= queued:
-        producer.flush(ROOM_WAIT_S)
+    librdkafka keeps a partition's batch until ``linger.ms`` expires even when the queue is full,
+    so a poll could wait a whole ``WRITE_LINGER_MS`` (measured: a queue of 256 partial batches
+    stalled until the transaction timed out); a flush sends every partition's batch at once and
+    serves the delivery reports."""
+    producer.flush(ROOM_WAIT_S)
 
 
 def read_last_marker(settings: WriterSettings, key: bytes, group_id: str) -> int:

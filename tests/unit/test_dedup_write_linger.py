@@ -10,14 +10,7 @@ import pytest
 
 from common.topic_limits import record_limit
 from dedup.clean_topics import batch_bytes_within
-from dedup.fence import (
-    QUEUED_BATCHES,
-    WRITE_BATCH_BYTES,
-    WRITE_LINGER_MS,
-    _write_linger_ms,
-    wait_for_room,
-    writer_conf,
-)
+from dedup.fence import WRITE_BATCH_BYTES, WRITE_LINGER_MS, _write_linger_ms, writer_conf
 from dedup.writer_settings import LIBRDKAFKA_BATCH_BYTES, WriterSettings
 
 
@@ -78,48 +71,3 @@ def test_the_write_batch_is_what_every_written_topic_admits() -> None:
     assert batch_bytes_within({"gaps": ours}, 1 << 20) == record_limit(1 << 20)
     # a limit that cannot be read: librdkafka's own
     assert batch_bytes_within({"gaps": {}}, 16 << 20) == LIBRDKAFKA_BATCH_BYTES
-
-
-def test_a_write_producer_queues_fewer_batches_than_it_keeps_in_flight() -> None:
-    """``fence.QUEUED_BATCHES``: an idempotent producer polls busily while a ready batch waits
-    behind 5 requests in flight to its partition; a larger record still fits the queue."""
-    found = dataclasses.replace(_settings(), write_batch_bytes=WRITE_BATCH_BYTES)
-    conf = writer_conf(found, "t")
-    assert conf["queue.buffering.max.kbytes"] * 1024 == QUEUED_BATCHES * WRITE_BATCH_BYTES
-    assert conf["queue.buffering.max.messages"] == QUEUED_BATCHES * conf["batch.num.messages"]
-    assert QUEUED_BATCHES < 5
-    # 1 MB batches (a gap topic of the brokers' default limit): the largest record fits beside one
-    small = writer_conf(_settings(), "t")
-    queue = small["queue.buffering.max.kbytes"] * 1024
-    assert queue >= small["message.max.bytes"] + LIBRDKAFKA_BATCH_BYTES
-    told = writer_conf(_settings(**{"queue.buffering.max.kbytes": "4096"}), "t")
-    assert told["queue.buffering.max.kbytes"] == "4096"
-
-
-class QueueOf:
-    """A producer's queue: a poll delivers ``acked`` messages, a flush sends everything."""
-
-    def __init__(self, queued: int, acked: int) -> None:
-        self.queued, self.acked, self.calls = queued, acked, []
-
-    def __len__(self) -> int:
-        return self.queued
-
-    def poll(self, timeout: float) -> int:
-        self.calls.append("poll")
-        self.queued -= self.acked
-        return self.acked
-
-    def flush(self, timeout: float) -> int:
-        self.calls.append("flush")
-        self.queued = 0
-        return 0
-
-
-@pytest.mark.parametrize(("acked", "calls"), [(3, ["poll"]), (0, ["poll", "flush"])])
-def test_a_full_queue_waits_for_an_acknowledgement_then_flushes(acked: int, calls: list) -> None:
-    """A flush first would send any batch at once and poll busily behind 5 requests in flight;
-    a queue of partial batches (nothing in flight, nothing acknowledged) is flushed."""
-    queue = QueueOf(10, acked)
-    wait_for_room(queue)  # type: ignore[arg-type]
-    assert queue.calls == calls

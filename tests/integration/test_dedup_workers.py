@@ -154,7 +154,7 @@ def test_a_session_the_dedup_launches_collects_with_the_parallel_collector_and_t
     # the parallel collector's beans (G1's are "G1 Young Generation" / "G1 Old Generation")
     assert sorted(seen["collectors"]) == ["PS MarkSweep", "PS Scavenge"], seen
     assert job.JVM_OPTIONS in seen["args"]
-    # a direct checkpoint read with librdkafka: the JIT's C1 alone (dedup/layouts/direct.py jit_options)
+    # a direct checkpoint read with librdkafka: C1 alone (dedup/layouts/direct.py jit_options)
     c1 = [a for a in seen["args"] if a.startswith("-XX:TieredStopAtLevel")]
     assert c1 == (["-XX:TieredStopAtLevel=1"] if layout == "auto" else []), seen["args"]
     if extra:

@@ -46,7 +46,7 @@ from common.raw_topic import (
     WITHHELD_LAST,
     parse_raw_key,
 )
-from dedup.raw_batch import Header, RawBatch
+from dedup.raw_batch import Header, RawBatch, arrow_headers
 from dedup.rows import (
     KIND_DATA,
     KIND_HEARTBEAT,
@@ -71,12 +71,11 @@ def classify_batch(batch: pa.RecordBatch, topics: Collection[str]) -> dict[str, 
 
     ``topics``: the raw topics read; a record of any other topic is malformed.
     """
-    headers: list[Any] = batch.column("headers").to_pylist()
     return _classify_rows(
         batch.column("key").to_pylist(),
         batch.column("value").to_pylist(),
         [topic in topics for topic in batch.column("topic").to_pylist()],
-        [[(h["key"], h["value"]) for h in found] if found else () for found in headers],
+        arrow_headers(batch),
     )
 
 

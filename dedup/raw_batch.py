@@ -53,14 +53,13 @@ class RawBatch:
                 which the configuration refuses); nothing is written.
         """
         topic, partition = source_of(batch)
-        headers: list[Any] = batch.column("headers").to_pylist()
         return cls(
             topic,
             partition,
             batch.column("offset").to_pylist(),
             batch.column("key").to_pylist(),
             batch.column("value").to_pylist(),
-            [[(h["key"], h["value"]) for h in found] if found else () for found in headers],
+            arrow_headers(batch),
         )
 
     def after(self, offset: int) -> RawBatch:
@@ -76,6 +75,13 @@ class RawBatch:
             [self.values[i] for i in keep],
             [self.headers[i] for i in keep],
         )
+
+
+def arrow_headers(batch: pa.RecordBatch) -> list[Sequence[Header]]:
+    """Each row's headers as ``Header`` tuples, from the ``headers`` column of Spark's source
+    (a list of ``key``/``value`` structs, null for none)."""
+    headers: list[Any] = batch.column("headers").to_pylist()
+    return [[(h["key"], h["value"]) for h in found] if found else () for found in headers]
 
 
 def source_of(batch: pa.RecordBatch) -> tuple[str, int]:

@@ -43,6 +43,18 @@ WRITE_LINGER_MS = 2_000
 WRITE_BATCH_BYTES = 8 << 20
 #: Seconds a produce waits for room in a full local queue before it tries again.
 ROOM_WAIT_S = 0.05
+#: Full batches per clean partition a write task lets librdkafka hold at once, queued or in
+#: flight (``PartitionWriter.produce_records``), fewer than the 5 requests an idempotent
+#: producer keeps in flight per partition. librdkafka wakes its broker thread at once for a
+#: ready batch, and when that partition already has 5 requests in flight it cannot send it and
+#: polls again, busily, until an acknowledgement comes: a task producing faster than the broker
+#: takes its records paid 3-7 CPU-s per GB for that loop with 128 MiB queued, 0.5-1.6 with 4
+#: batches (docs/benchmarks.md "Dedup"). Per partition, not ``queue.buffering.max.kbytes``: a
+#: task writing hundreds of clean partitions holds a partial batch for each (a queue of 4
+#: batches flushed them small, and a fan-in backlog ran 2.6x slower).
+QUEUED_BATCHES = 4
+#: Seconds a write task waits for a delivery report while it holds ``QUEUED_BATCHES``.
+ACK_WAIT_S = 0.1
 #: Seconds a read of the progress or state topic keeps trying, a new consumer each time, while
 #: the cluster moves: a killed leader's pending requests end in ``_DESTROY_BROKER`` once the
 #: controller fences it (``broker.session.timeout.ms``) and the metadata drops it, and a new
@@ -140,6 +152,16 @@ def wait_for_room(producer: Producer) -> None:
     stalled until the transaction timed out); a flush sends every partition's batch at once and
     serves the delivery reports."""
     producer.flush(ROOM_WAIT_S)
+
+
+def wait_for_acks(producer: Producer, limit: int) -> None:
+    """Serve delivery reports until the producer holds at most ``limit`` messages, queued or in
+    flight (``QUEUED_BATCHES``). A poll that brings no report flushes (``wait_for_room``): then
+    the queue may hold only partial batches, which librdkafka keeps until ``linger.ms``."""
+    while (held := len(producer)) > limit:
+        producer.poll(ACK_WAIT_S)
+        if len(producer) >= held:
+            wait_for_room(producer)
 
 
 def read_last_marker(settings: WriterSettings, key: bytes, group_id: str) -> int:

@@ -31,9 +31,11 @@ from dedup.clean_topics import checked_clean_topic, checked_clean_topics
 from dedup.commit import commit_batch, produce_waiting
 from dedup.fence import (
     MARKER_PARTITION,
+    QUEUED_BATCHES,
     init_producer,
     partition_transactional_id,
     read_last_marker,
+    wait_for_acks,
 )
 from dedup.rows import KIND_GAP, KIND_RUN, KIND_STAT, unpack_selection
 from dedup.writer_settings import (
@@ -84,6 +86,10 @@ class PartitionWriter:
         #: clean topic -> the timestamps it accepts (checked: ``checked_clean_topic``)
         self._windows: dict[str, TimestampWindow] = dict(windows or {})
         self._clean_names: dict[str, str] = {}
+        #: the clean partitions this writer's producer writes, and what it may hold per partition
+        self._written: set[tuple[str, int]] = set()
+        batch_bytes = settings.kafka_conf.get("batch.size", settings.write_batch_bytes)
+        self._held_per_partition = QUEUED_BATCHES * int(batch_bytes)
         #: milliseconds the last ``_start`` took (producer, init_transactions, marker read)
         self.fence_ms = 0
 
@@ -200,7 +206,7 @@ class PartitionWriter:
         self._check_new_topics(source_topics)
         self._learn_partition_counts(producer, [self.clean_name(t) for t in source_topics])
         targets: dict[tuple[str, int], tuple[str, int, tuple[int, int]]] = {}
-        payload_bytes = record_bytes = replaced = 0
+        payload_bytes = record_bytes = replaced = decoded = 0
         for topic, partition, payload, selection in runs:
             target = targets.get((topic, partition))
             if target is None:
@@ -209,6 +215,7 @@ class PartitionWriter:
                 # the timestamps the clean topic accepts now: plain bounds for the hot loop
                 accepts = self._windows.get(name, TimestampWindow()).bounds(now_ms)
                 target = targets[topic, partition] = (name, partition % count, accepts)
+                self._written.add((name, partition % count))
             try:
                 groups, _ = decode_record_groups(payload)
             except RemoteProtocolError as exc:
@@ -219,8 +226,13 @@ class PartitionWriter:
             payload_bytes += len(payload)
             for group in groups:
                 record_bytes += _record_bytes(group)
+                decoded += len(group)
                 for first, last in unpack_selection(selection, len(group)):
                     replaced += _produce_run(producer, group, first, last + 1, target)
+            # held bytes ~ messages x this call's mean record: QUEUED_BATCHES per partition
+            room = self._held_per_partition * len(self._written)
+            if len(producer) * record_bytes > room * decoded:
+                wait_for_acks(producer, room * decoded // record_bytes)
         result.replaced += replaced
         result.payload_bytes += payload_bytes
         result.record_bytes += record_bytes

@@ -19,9 +19,11 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Producer
 
 from common.errors import ServiceError
 from common.raw_run import RunBuilder
+from dedup import fence
 from dedup.rows import COLUMN_NAMES, KIND_RUN, KIND_STAT, STAT_COLUMNS, pack_selection
 from dedup.transaction import PartitionWriter
 from dedup.writer_settings import WriterSettings
@@ -213,3 +215,51 @@ def test_a_batch_written_past_the_transaction_timeout_names_the_setting_that_let
     assert (result.records, result.skipped) == (24, False)
     clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", 24, timeout=30)
     assert sorted(r.value for r in clean) == sorted(b"v%d" % o for o in range(24))
+
+
+def test_a_write_task_hands_librdkafka_at_most_four_batches_per_clean_partition(
+    downstream_kafka, monkeypatch
+) -> None:
+    """``dedup.fence.QUEUED_BATCHES``: an idempotent producer's broker thread polls busily while
+    a ready batch waits behind 5 requests in flight to its partition, so a task producing 24 MB
+    into 2 clean partitions with 64 KiB batches holds at most 4 batches per partition (and a
+    run: the bound is checked between runs), not the 128 MiB its queue admits; every record is
+    written once."""
+    raw = create_topic(downstream_kafka, partitions=1)
+    tag = raw
+    value = bytes(range(250)) * 40  # 10,000 B
+    for p in (0, 1):
+        for o in range(1_200):
+            raw_record(p, o, b"k", value, (), 1_700_000_000_000 + o)
+    create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=2)
+    held: list[int] = []
+
+    class Watched(Producer):
+        def produce(self, *args: Any, **kwargs: Any) -> None:
+            held.append(len(self))
+            super().produce(*args, **kwargs)
+
+    monkeypatch.setattr(fence.kafka, "producer", Watched)
+
+    def runs() -> Iterator[pa.RecordBatch]:
+        for first in range(0, 1_200, 6):
+            rows = [(p, o, o) for p in (0, 1) for o in range(first, first + 6)]
+            yield from decisions(rows).to_batches()
+
+    settings = make_writer(downstream_kafka.bootstrap, raw, tag).settings  # and its topics
+    batch = 65_536
+    writer = PartitionWriter(
+        dataclasses.replace(settings, kafka_conf={"batch.size": str(batch)}), f"query-{tag}", 0
+    )
+    try:
+        result = writer.write_batches(runs(), 0)
+    finally:
+        writer.close()
+    assert (result.records, result.skipped) == (2_400, False)
+    allowed = (2 * fence.QUEUED_BATCHES * batch + 12 * len(value)) // len(value)
+    assert len(held) >= 2_400
+    assert max(held) <= allowed, (max(held), allowed)
+    clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", 2_400, timeout=60)
+    assert sorted((r.partition, r.timestamp) for r in clean) == sorted(
+        (p, 1_700_000_000_000 + o) for p in (0, 1) for o in range(1_200)
+    )

@@ -10,7 +10,14 @@ import pytest
 
 from common.topic_limits import record_limit
 from dedup.clean_topics import batch_bytes_within
-from dedup.fence import WRITE_BATCH_BYTES, WRITE_LINGER_MS, _write_linger_ms, writer_conf
+from dedup.fence import (
+    QUEUED_BATCHES,
+    WRITE_BATCH_BYTES,
+    WRITE_LINGER_MS,
+    _write_linger_ms,
+    wait_for_acks,
+    writer_conf,
+)
 from dedup.writer_settings import LIBRDKAFKA_BATCH_BYTES, WriterSettings
 
 
@@ -71,3 +78,44 @@ def test_the_write_batch_is_what_every_written_topic_admits() -> None:
     assert batch_bytes_within({"gaps": ours}, 1 << 20) == record_limit(1 << 20)
     # a limit that cannot be read: librdkafka's own
     assert batch_bytes_within({"gaps": {}}, 16 << 20) == LIBRDKAFKA_BATCH_BYTES
+
+
+class QueueOf:
+    """A producer's queue: a poll serves ``acked`` delivery reports, a flush sends everything."""
+
+    def __init__(self, queued: int, acked: int) -> None:
+        self.queued, self.acked, self.calls = queued, acked, []
+
+    def __len__(self) -> int:
+        return self.queued
+
+    def poll(self, timeout: float) -> int:
+        self.calls.append("poll")
+        self.queued -= min(self.acked, self.queued)
+        return self.acked
+
+    def flush(self, timeout: float) -> int:
+        self.calls.append("flush")
+        self.queued = 0
+        return 0
+
+
+@pytest.mark.parametrize(
+    ("queued", "acked", "calls"),
+    [
+        (10, 3, []),  # at the limit: nothing to wait for
+        (13, 3, ["poll"]),
+        (20, 3, ["poll", "poll", "poll", "poll"]),
+        (11, 0, ["poll", "flush"]),  # no report: partial batches lingering, sent at once
+    ],
+)
+def test_a_task_holding_too_much_waits_for_acknowledgements_first(
+    queued: int, acked: int, calls: list[str]
+) -> None:
+    """A flush first would send every batch at once and poll busily behind the 5 requests in
+    flight per partition; only a poll that brings no report flushes."""
+    queue = QueueOf(queued, acked)
+    wait_for_acks(queue, 10)  # type: ignore[arg-type]
+    assert queue.calls == calls
+    assert len(queue) <= 10
+    assert QUEUED_BATCHES < 5  # below the in-flight requests that make librdkafka spin

@@ -207,7 +207,8 @@ class DirectTransaction:
         member = self._current
         assert member is not None  # set by publishes()
         assert member.live is not None  # made by _join()
-        member.last_offset = max((member.last_offset, *batch.offsets))
+        if batch.offsets:  # in offset order, from either reader
+            member.last_offset = max(member.last_offset, batch.offsets[-1])
         if member.resume_after >= 0:
             # rows a committed part covered; the rest of a batch keeps its offset order
             batch = batch.after(member.resume_after)

@@ -573,9 +573,16 @@ def summarize_py_spy(path: Path, top: int = 15) -> list[str]:
 # -- one case ---------------------------------------------------------------------------------
 
 
+def raise_share(pid: int, nice: int) -> None:
+    """Give ``pid``'s autogroup (its session: the scheduler shares the CPU between busy
+    autogroups equally, whatever a process's own nice) the weight of ``nice``, as a systemd unit's
+    ``CPUWeight=`` sets its cgroup's."""
+    Path(f"/proc/{pid}/autogroup").write_text(f"{nice}\n")
+
+
 def run_case(
     case: Case, bootstraps: tuple[str, str], brokers: dict[str, int], work: Path,
-    *, stall_s: float, py_spy: str | None,
+    *, stall_s: float, py_spy: str | None, receiver_nice: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     spec = PipelineSpec(
         records=case.records, topics=("bench",), partitions=case.partitions,
@@ -590,6 +597,9 @@ def run_case(
     with pipe:
         pipe.setup()
         pipe.start_components()
+        receiver = pipe.group["receiver"].proc
+        if receiver_nice is not None and receiver is not None:
+            raise_share(receiver.pid, receiver_nice)
         consumer = EndConsumer(bootstraps[1], end_topic, case.records, committed=case.dedup)
         consumer.start()
         # Warm-up: Spark started, clients connected, first transaction done.
@@ -1134,6 +1144,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline-records", type=int, default=200_000)
     ap.add_argument("--py-spy", choices=["sender", "receiver", "relay", "dedup"], default=None,
                     help="profile this component of the first case (20 s)")  # fmt: skip
+    ap.add_argument(
+        "--receiver-autogroup-nice",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the receiver's autogroup at nice N (e.g. -10: a larger CPU share)",
+    )
     ap.add_argument("--stall", type=float, default=60.0, help="give up after S s without progress")
     ap.add_argument(
         "--brokers", type=int, default=1,
@@ -1189,7 +1206,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"[bold]case {i + 1}/{len(cases)}: {case.label}[/] (load {os.getloadavg()[0]:.1f})"
             )
             res = run_case(case, bs, broker_pids, work / f"case-{i}", stall_s=args.stall,
-                           py_spy=args.py_spy if i == 0 else None)  # fmt: skip
+                           py_spy=args.py_spy if i == 0 else None,
+                           receiver_nice=args.receiver_autogroup_nice)  # fmt: skip
             res["loadavg_1m"] = os.getloadavg()[0]
             result["cases"].append(res)
             console.print(

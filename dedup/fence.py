@@ -44,14 +44,15 @@ WRITE_BATCH_BYTES = 8 << 20
 #: Seconds a produce waits for room in a full local queue before it tries again.
 ROOM_WAIT_S = 0.05
 #: Full batches per clean partition a write task lets librdkafka hold at once, queued or in
-#: flight (``PartitionWriter.produce_records``), fewer than the 5 requests an idempotent
-#: producer keeps in flight per partition. librdkafka wakes its broker thread at once for a
-#: ready batch, and when that partition already has 5 requests in flight it cannot send it and
-#: polls again, busily, until an acknowledgement comes: a task producing faster than the broker
-#: takes its records paid 3-7 CPU-s per GB for that loop with 128 MiB queued, 0.5-1.6 with 4
-#: batches (docs/benchmarks.md "Dedup"). Per partition, not ``queue.buffering.max.kbytes``: a
-#: task writing hundreds of clean partitions holds a partial batch for each (a queue of 4
-#: batches flushed them small, and a fan-in backlog ran 2.6x slower).
+#: flight (``PartitionWriter.produce_records``). An idempotent librdkafka producer counts the
+#: records in flight per partition against its limit of 5 requests, so a batch of 5 or more
+#: records in flight holds back the next; its broker thread wakes at once for a ready batch,
+#: cannot send it and polls again, busily, until an acknowledgement comes: a task producing
+#: faster than the broker takes its records paid 3-7 CPU-s per GB for that loop with 128 MiB
+#: queued, 0.5-1.6 with 4 batches (docs/benchmarks.md "Dedup"). Per partition, not
+#: ``queue.buffering.max.kbytes``: a task writing hundreds of clean partitions holds a partial
+#: batch for each (a queue of 4 batches flushed them small, and a fan-in backlog ran 2.6x
+#: slower).
 QUEUED_BATCHES = 4
 #: Seconds a write task waits for a delivery report while it holds ``QUEUED_BATCHES``.
 ACK_WAIT_S = 0.1

@@ -596,7 +596,9 @@ def run_case(
     )
     with pipe:
         pipe.setup()
-        pipe.start_components()
+        # the receiver listening first: a sender's first datagrams to a closed port are lost
+        # (ECONNREFUSED), and the warm-up would wait for records that can never arrive
+        pipe.start_components(receiver_first=True)
         receiver = pipe.group["receiver"].proc
         if receiver_nice is not None and receiver is not None:
             raise_share(receiver.pid, receiver_nice)

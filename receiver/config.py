@@ -45,6 +45,15 @@ _TOPIC_CHARS = re.compile(r"[A-Za-z0-9._-]+")
 #: run) gets its delivery report in Python: a success counts the run's records as delivered, a
 #: failure names its offsets (one report per run, not per source record: receiver/kafka_sink.py).
 PINNED_KAFKA = {"enable.idempotence": "true", "acks": "all", "delivery.report.only.error": "false"}
+#: An idempotent librdkafka producer lets a partition have another request in flight only while
+#: fewer than this many *records* (raw records: runs) are in flight, its limit of 5 requests
+#: compared with a count of records (rdkafka_broker.c, ``rd_kafka_toppar_producer_serve``). With
+#: batches of 5 or more runs one request per partition is in flight, and the broker thread, woken
+#: for the next ready batch before that check, polls busily until the broker answers: on a host
+#: whose broker is short of CPU that spin took most of the receiver's CPU. Batches of at most 4
+#: runs (up to 256 KiB at the default ``run_max_bytes``) keep two requests in flight and the thread
+#: asleep (docs/benchmarks.md, "End to end").
+IDEMPOTENT_INFLIGHT_RECORDS = 5
 #: Defaults of the run settings (docs/receiver.md, "Runs"). 64 KiB: a dedup micro-batch holds up
 #: to MAX_OFFSETS_PER_TRIGGER runs, and a 1.5 GB batch of 1 MB runs ran a local dedup's JVM out of
 #: memory (it exits, and again at each restart); 10,000 runs of 64 KiB (640 MB) pass in its
@@ -56,11 +65,11 @@ DEFAULT_HEARTBEAT_REPEAT_INTERVAL = 10.0
 #: Throughput-oriented producer defaults; ``kafka`` overrides any of them. linger.ms 100 rather
 #: than 20: fuller batches (up to batch.size) cut the downstream broker's CPU per record by about a
 #: third at 150k records/s (docs/benchmarks.md, Receiver); 100 ms is noise next to the dedup's
-#: micro-batches.
+#: micro-batches. batch.num.messages below IDEMPOTENT_INFLIGHT_RECORDS: see there.
 DEFAULT_KAFKA = {
     "linger.ms": "100",
     "batch.size": "1000000",
-    "batch.num.messages": "10000",
+    "batch.num.messages": "4",
     "compression.type": "none",  # docs/receiver.md: the raw topic is a buffer, not an archive
     "message.timeout.ms": "0",
     "retry.backoff.ms": "200",

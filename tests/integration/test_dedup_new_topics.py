@@ -44,7 +44,7 @@ def test_topics_the_dedup_creates_have_the_guides_replication_and_outlive_a_node
     )
     with Pipeline(spec, tmp_path) as p:
         p.setup()
-        p.start_components()
+        p.start_components(receiver_first=True)
         assert p.produce() == spec.records
         verdict = p.wait_settled(timeout=300, want_ok=True)
         assert verdict.ok, verdict.line()

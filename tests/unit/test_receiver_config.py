@@ -12,7 +12,12 @@ from common import settings
 from common.errors import ConfigError
 from common.wire import Key, KeyRing
 from receiver import cli
-from receiver.config import ENV_PREFIX, ReceiverConfig
+from receiver.config import (
+    DEFAULT_RUN_MAX_BYTES,
+    ENV_PREFIX,
+    IDEMPOTENT_INFLIGHT_RECORDS,
+    ReceiverConfig,
+)
 from runtime import key_files
 
 
@@ -46,6 +51,15 @@ def test_producer_config_pins_idempotence_and_bounds_the_queue() -> None:
     assert props["acks"] == "all"
     assert props["queue.buffering.max.messages"] == "5000"
     assert props["queue.buffering.max.kbytes"] == "4096"
+
+
+def test_a_default_batch_leaves_room_for_a_second_request_in_flight() -> None:
+    # librdkafka's idempotent producer counts records in flight against its 5 requests: a batch of
+    # 5 runs or more would keep one request per partition in flight and its broker thread spinning.
+    props = _build(file_values={"allow_cleartext": True}).producer_config()
+    assert int(props["batch.num.messages"]) < IDEMPOTENT_INFLIGHT_RECORDS
+    # ... and the batches still fill: 4 runs of the default size fit one batch.size
+    assert int(props["batch.num.messages"]) * DEFAULT_RUN_MAX_BYTES <= int(props["batch.size"])
 
 
 def test_the_largest_raw_record_is_a_run_or_one_record_whichever_is_larger() -> None:

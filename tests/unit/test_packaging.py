@@ -317,6 +317,17 @@ def test_dedup_gets_more_memory_than_the_others() -> None:
     assert memory_max("kafka-diode-dedup@.service") > memory_max("kafka-diode-receiver@.service")
 
 
+def test_the_receiver_gets_a_larger_cpu_share_than_every_other_unit() -> None:
+    # a starved receiver drops datagrams at its socket; every other component waits instead
+    def weight(unit: Path) -> int:
+        return int(read_unit(unit)["Service"].get("CPUWeight", ["100"])[0])
+
+    units = sorted(SYSTEMD_DIR.glob("*.service"))
+    receiver = SYSTEMD_DIR / "kafka-diode-receiver@.service"
+    assert receiver in units
+    assert all(weight(receiver) > weight(u) for u in units if u != receiver)
+
+
 def test_units_run_the_installed_entry_point() -> None:
     for unit in SERVICES:
         runs = [c for c in unit_command_lines(unit) if Path(c[0]).name == "kafka-diode"]

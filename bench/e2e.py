@@ -17,7 +17,9 @@ and summed per side). One *case*:
 Figures per case: end-to-end records/s and MB/s of payload (first produce call to the last clean
 record consumed); per-stage records/s (sender sent, receiver acknowledged by Kafka, dedup forwarded:
 the counter's growth over the interval where it grew); CPU seconds per million records per stage
-(utime+stime of the whole process group, children reaped included); peak memory (sum of VmHWM over
+(utime+stime of the whole process group, children reaped included; the stage
+``receiver-librdkafka`` is the receiver's ``rdk:*`` threads alone, where a producer polling
+busily shows); peak memory (sum of VmHWM over
 the group, ``peak_rss_mb``, an upper bound; and the peak of the group's summed Pss, ``peak_pss_mb``,
 what it held in RAM at once, sampled every second); datagram loss at the socket (sender datagrams
 sent vs receiver datagrams read, and the receiver's kernel drop counter); latency percentiles =
@@ -287,6 +289,27 @@ def group_usage(pgid: int) -> tuple[float, int, int]:
     return cpu, hwm, n
 
 
+def threads_cpu(pgid: int, prefix: str) -> float:
+    """CPU seconds of the threads named ``prefix...`` in group ``pgid`` and its descendants (the
+    receiver's librdkafka threads are ``rdk:*``: a producer polling busily shows there)."""
+    cpu = 0.0
+    for path, _fields in _group_members(pgid):
+        try:
+            tasks = list(os.scandir(Path(path, "task")))
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                stat = Path(task.path, "stat").read_text()
+            except OSError:
+                continue
+            name, rest = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :]
+            if name.startswith(prefix):
+                fields = rest.split()
+                cpu += (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return cpu
+
+
 def group_pss(pgid: int) -> int:
     """Sum of the proportional set size (``Pss`` in ``smaps_rollup``) of group ``pgid`` and its
     descendants, bytes.
@@ -382,6 +405,8 @@ class Sampler(threading.Thread):
                 continue
             cpu, hwm, _ = group_usage(proc.proc.pid)
             out[f"cpu:{name}"] = cpu
+            if name == "receiver":
+                out["cpu:receiver-librdkafka"] = threads_cpu(proc.proc.pid, "rdk:")
             self.peak_mem[name] = max(self.peak_mem.get(name, 0), hwm)
             self.peak_pss[name] = max(self.peak_pss.get(name, 0), group_pss(proc.proc.pid))
         for name, pid in self.brokers.items():

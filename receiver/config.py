@@ -62,10 +62,10 @@ IDEMPOTENT_INFLIGHT_RECORDS = 5
 DEFAULT_RUN_MAX_BYTES = 65_536
 DEFAULT_RUN_LINGER = 0.02
 DEFAULT_HEARTBEAT_REPEAT_INTERVAL = 10.0
-#: Throughput-oriented producer defaults; ``kafka`` overrides any of them. linger.ms 100 rather
-#: than 20: fuller batches (up to batch.size) cut the downstream broker's CPU per record by about a
-#: third at 150k records/s (docs/benchmarks.md, Receiver); 100 ms is noise next to the dedup's
-#: micro-batches. batch.num.messages below IDEMPOTENT_INFLIGHT_RECORDS: see there.
+#: Throughput-oriented producer defaults; ``kafka`` overrides any of them. batch.num.messages
+#: below IDEMPOTENT_INFLIGHT_RECORDS: see there. linger.ms 100: at a low rate a partition's batch
+#: waits that long for its runs (fewer requests for the downstream broker), which is noise next
+#: to the dedup's micro-batches.
 DEFAULT_KAFKA = {
     "linger.ms": "100",
     "batch.size": "1000000",

@@ -12,7 +12,8 @@ and summed per side). One *case*:
    pipeline runs: this is a *live* stream, not a pre-filled backlog;
 3. a consumer in this process reads the clean topic (``read_committed``) and notes, per record, its
    consume time; a sampler reads each component's Prometheus metrics and ``/proc`` (CPU and peak
-   memory of each process group: the dedup's JVM and Python workers included) every 0.25 s.
+   memory of each process group: the dedup's JVM and Python workers included) every 0.25 s, one
+   ``/proc`` scan for every group, Pss every second (it shares the cores it measures).
 
 Figures per case: end-to-end records/s and MB/s of payload (first produce call to the last clean
 record consumed); per-stage records/s (sender sent, receiver acknowledged by Kafka, dedup forwarded:
@@ -83,6 +84,8 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 SEQ = "bench.seq"
 WARMUP = 200
 SAMPLE_S = 0.25
+#: Pss is read every PSS_EVERY samples (1 s): a peak of RAM held moves slowly.
+PSS_EVERY = 4
 #: "1 MB" records are 990,000 bytes so record + headers stay under the broker's and librdkafka's
 #: default 1,000,000-byte message limit (no broker or client reconfiguration needed).
 SIZE_ALIASES = {"100B": 100, "200B": 200, "1KB": 1000, "10KB": 10_000, "1MB": 990_000}
@@ -212,14 +215,13 @@ def _produce_child(args: tuple[Any, ...], out: Any) -> None:
 # -- /proc ------------------------------------------------------------------------------------
 
 
-def _group_members(pgid: int) -> list[tuple[str, list[str]]]:
-    """``(/proc path, stat fields after the name)`` of group ``pgid`` and of every descendant.
+ProcTable = dict[int, tuple[str, list[str]]]
+Members = list[tuple[str, list[str]]]
 
-    Descendants count wherever they moved: Spark's Python daemon (``pyspark/daemon.py``) makes a
-    process group of its own, and its forked workers (the dedup's stateful step and write tasks)
-    would otherwise be missed, live, by a group-only scan (the rounds before 2026-11-27 did so).
-    """
-    stats: dict[int, tuple[str, list[str]]] = {}
+
+def proc_table() -> ProcTable:
+    """pid -> ``(/proc path, stat fields after the name)`` of every process, one scan."""
+    stats: ProcTable = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -228,6 +230,19 @@ def _group_members(pgid: int) -> list[tuple[str, list[str]]]:
         except (OSError, IndexError):
             continue
         stats[int(entry.name)] = (entry.path, fields)
+    return stats
+
+
+def _group_members(pgid: int, stats: ProcTable | None = None) -> Members:
+    """``(/proc path, stat fields after the name)`` of group ``pgid`` and of every descendant
+    (from ``stats``, one ``proc_table`` scan a caller may share between groups).
+
+    Descendants count wherever they moved: Spark's Python daemon (``pyspark/daemon.py``) makes a
+    process group of its own, and its forked workers (the dedup's stateful step and write tasks)
+    would otherwise be missed, live, by a group-only scan (the rounds before 2026-11-27 did so).
+    """
+    if stats is None:
+        stats = proc_table()
     members: list[tuple[str, list[str]]] = []
     for pid, (path, fields) in stats.items():
         walk, hops = pid, 0
@@ -264,7 +279,7 @@ def _in_parent_space(path: str, fields: list[str]) -> bool:
     return shares_address_space(int(Path(path).name), int(fields[1]))
 
 
-def group_usage(pgid: int) -> tuple[float, int, int]:
+def group_usage(pgid: int, members: Members | None = None) -> tuple[float, int, int]:
     """(CPU seconds, sum of VmHWM bytes, processes) of group ``pgid`` and its descendants.
 
     CPU includes ``cutime``/``cstime`` so children that already exited and were reaped still count.
@@ -273,7 +288,7 @@ def group_usage(pgid: int) -> tuple[float, int, int]:
     cpu = 0.0
     hwm = 0
     n = 0
-    for path, fields in _group_members(pgid):
+    for path, fields in _group_members(pgid) if members is None else members:
         try:
             cpu += sum(int(x) for x in fields[11:15]) / CLK_TCK
             if _in_parent_space(path, fields):
@@ -289,11 +304,11 @@ def group_usage(pgid: int) -> tuple[float, int, int]:
     return cpu, hwm, n
 
 
-def threads_cpu(pgid: int, prefix: str) -> float:
+def threads_cpu(pgid: int, prefix: str, members: Members | None = None) -> float:
     """CPU seconds of the threads named ``prefix...`` in group ``pgid`` and its descendants (the
     receiver's librdkafka threads are ``rdk:*``: a producer polling busily shows there)."""
     cpu = 0.0
-    for path, _fields in _group_members(pgid):
+    for path, _fields in _group_members(pgid) if members is None else members:
         try:
             tasks = list(os.scandir(Path(path, "task")))
         except OSError:
@@ -310,7 +325,7 @@ def threads_cpu(pgid: int, prefix: str) -> float:
     return cpu
 
 
-def group_pss(pgid: int) -> int:
+def group_pss(pgid: int, members: Members | None = None) -> int:
     """Sum of the proportional set size (``Pss`` in ``smaps_rollup``) of group ``pgid`` and its
     descendants, bytes.
 
@@ -319,7 +334,7 @@ def group_pss(pgid: int) -> int:
     (and each other) once, not once per worker.
     """
     total = 0
-    for path, fields in _group_members(pgid):
+    for path, fields in _group_members(pgid) if members is None else members:
         if _in_parent_space(path, fields):
             continue
         try:
@@ -384,6 +399,7 @@ class Sampler(threading.Thread):
         self.peak_pss: dict[str, int] = {}
         self.stop_event = threading.Event()
         self._last: dict[str, float] = {}
+        self._samples = 0
 
     def sample(self) -> dict[str, float]:
         out: dict[str, float] = {}
@@ -400,15 +416,24 @@ class Sampler(threading.Thread):
                 samples = [s for s in samples if s[0].get("event", "").startswith("dropped")]
             out[key] = _sum(samples)
         self._last = dict(out)
+        # One /proc scan for every group, and Pss (``smaps_rollup`` walks a JVM's page tables
+        # under its memory map's lock) once in PSS_EVERY samples: the sampler shares the two
+        # cores with what it measures (7 scans and Pss every sample took ~0.1 of a core).
+        table = proc_table()
+        with_pss = self._samples % PSS_EVERY == 0
+        self._samples += 1
         for name, proc in self.pipeline.group.processes.items():
             if proc.proc is None or not proc.running:
                 continue
-            cpu, hwm, _ = group_usage(proc.proc.pid)
+            members = _group_members(proc.proc.pid, table)
+            cpu, hwm, _ = group_usage(proc.proc.pid, members)
             out[f"cpu:{name}"] = cpu
             if name == "receiver":
-                out["cpu:receiver-librdkafka"] = threads_cpu(proc.proc.pid, "rdk:")
+                out["cpu:receiver-librdkafka"] = threads_cpu(proc.proc.pid, "rdk:", members)
             self.peak_mem[name] = max(self.peak_mem.get(name, 0), hwm)
-            self.peak_pss[name] = max(self.peak_pss.get(name, 0), group_pss(proc.proc.pid))
+            if with_pss:
+                pss = group_pss(proc.proc.pid, members)
+                self.peak_pss[name] = max(self.peak_pss.get(name, 0), pss)
         for name, pid in self.brokers.items():
             cpu, hwm = pid_usage(pid)
             out[f"cpu:{name}"] = cpu

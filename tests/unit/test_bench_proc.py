@@ -61,3 +61,26 @@ def test_a_child_in_its_parent_address_space_is_left_out_of_the_memory_sums(
     finally:
         os.killpg(parent.pid, 9)
         parent.wait()
+
+
+def test_one_proc_scan_shared_between_readings_finds_the_same_group() -> None:
+    """The sampler scans /proc once per sample and hands the members to every reading."""
+    sleeper = "import time; time.sleep(30)"
+    script = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
+    parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        for _ in range(200):  # the grandchild appears once the interpreter has started it
+            if group_usage(parent.pid)[2] == 2:
+                break
+            threading.Event().wait(0.05)
+        members = e2e._group_members(parent.pid, e2e.proc_table())
+        assert sorted(path for path, _ in members) == sorted(
+            path for path, _ in e2e._group_members(parent.pid)
+        )
+        assert len(members) == 2, "the child never appeared"
+        assert group_usage(parent.pid, members)[1:] == group_usage(parent.pid)[1:]
+        assert group_pss(parent.pid, members) > 0
+        assert group_pss(parent.pid, []) == 0  # the members given are what is read
+    finally:
+        os.killpg(parent.pid, 9)
+        parent.wait()

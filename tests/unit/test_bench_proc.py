@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 
 import pytest
 
@@ -38,9 +40,9 @@ def test_a_thread_shares_its_process_address_space_and_a_child_does_not() -> Non
         child.wait()
 
 
-def test_a_child_in_its_parent_address_space_is_left_out_of_the_memory_sums(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@contextlib.contextmanager
+def parent_and_child() -> Iterator[int]:
+    """A process group of two sleeping interpreters (parent and child): the parent's pid."""
     sleeper = "import time; time.sleep(30)"
     script = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
     parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
@@ -49,38 +51,35 @@ def test_a_child_in_its_parent_address_space_is_left_out_of_the_memory_sums(
             if group_usage(parent.pid)[2] == 2:
                 break
             threading.Event().wait(0.05)
-        both_pss, (_, both_hwm, n) = group_pss(parent.pid), group_usage(parent.pid)
-        assert n == 2, "the child never appeared"
-        # the kernel's answer for a child that has not called exec yet, which a test cannot
-        # hold still long enough to observe
-        monkeypatch.setattr(e2e, "shares_address_space", lambda pid, _parent: pid != parent.pid)
-        alone_pss, (_, alone_hwm, n) = group_pss(parent.pid), group_usage(parent.pid)
-        assert n == 2  # still a member for CPU
-        assert 0 < alone_pss < both_pss
-        assert 0 < alone_hwm < both_hwm
+        yield parent.pid
     finally:
         os.killpg(parent.pid, 9)
         parent.wait()
+
+
+def test_a_child_in_its_parent_address_space_is_left_out_of_the_memory_sums(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with parent_and_child() as parent:
+        both_pss, (_, both_hwm, n) = group_pss(parent), group_usage(parent)
+        assert n == 2, "the child never appeared"
+        # the kernel's answer for a child that has not called exec yet, which a test cannot
+        # hold still long enough to observe
+        monkeypatch.setattr(e2e, "shares_address_space", lambda pid, _parent: pid != parent)
+        alone_pss, (_, alone_hwm, n) = group_pss(parent), group_usage(parent)
+        assert n == 2  # still a member for CPU
+        assert 0 < alone_pss < both_pss
+        assert 0 < alone_hwm < both_hwm
 
 
 def test_one_proc_scan_shared_between_readings_finds_the_same_group() -> None:
     """The sampler scans /proc once per sample and hands the members to every reading."""
-    sleeper = "import time; time.sleep(30)"
-    script = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
-    parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    try:
-        for _ in range(200):  # the grandchild appears once the interpreter has started it
-            if group_usage(parent.pid)[2] == 2:
-                break
-            threading.Event().wait(0.05)
-        members = e2e._group_members(parent.pid, e2e.proc_table())
+    with parent_and_child() as parent:
+        members = e2e._group_members(parent, e2e.proc_table())
         assert sorted(path for path, _ in members) == sorted(
-            path for path, _ in e2e._group_members(parent.pid)
+            path for path, _ in e2e._group_members(parent)
         )
         assert len(members) == 2, "the child never appeared"
-        assert group_usage(parent.pid, members)[1:] == group_usage(parent.pid)[1:]
-        assert group_pss(parent.pid, members) > 0
-        assert group_pss(parent.pid, []) == 0  # the members given are what is read
-    finally:
-        os.killpg(parent.pid, 9)
-        parent.wait()
+        assert group_usage(parent, members)[1:] == group_usage(parent)[1:]
+        assert group_pss(parent, members) > 0
+        assert group_pss(parent, []) == 0  # the members given are what is read

@@ -261,6 +261,7 @@ class Receiver:
                 self._on_datagram,
                 self._after_burst,
                 max_per_wakeup=cfg.max_datagrams_per_wakeup,
+                pause=cfg.read_pause,
                 on_error=self._on_socket_error,
                 on_coalesced=self._on_coalesced,
                 segment_of=coalesced_segment,

@@ -62,6 +62,12 @@ IDEMPOTENT_INFLIGHT_RECORDS = 5
 DEFAULT_RUN_MAX_BYTES = 65_536
 DEFAULT_RUN_LINGER = 0.02
 DEFAULT_HEARTBEAT_REPEAT_INTERVAL = 10.0
+#: A paced sender's record arrives alone (a GSO run per record), so without a pause the receiver
+#: wakes once per record, and at its raised CPU share (packaging/systemd) preempts the sender,
+#: brokers and dedup each time (docs/receiver.md, "Sockets and speed").
+DEFAULT_READ_PAUSE = 0.002
+#: At most 50 ms: 50 ms of a 10 Gbit/s link (62.5 MB) still fits the default rcvbuf_bytes.
+MAX_READ_PAUSE = 0.05
 #: Throughput-oriented producer defaults; ``kafka`` overrides any of them. batch.num.messages
 #: below IDEMPOTENT_INFLIGHT_RECORDS: see there. linger.ms 100: at a low rate a partition's batch
 #: waits that long for its runs (fewer requests for the downstream broker), which is noise next
@@ -101,6 +107,10 @@ class ReceiverConfig:
     """Requested SO_RCVBUF per socket; as root SO_RCVBUFFORCE bypasses net.core.rmem_max."""
     max_datagrams_per_wakeup: int = 512
     """Datagrams read from one socket per readiness event before yielding to the event loop."""
+    read_pause: float = DEFAULT_READ_PAUSE
+    """Seconds a socket is left unread after a read found it empty, so that what arrives
+    meanwhile is read in one wakeup, not one wakeup per sender's send (0: read at once). Adds up
+    to this much latency; the socket buffer holds it (2 ms of 1 Gbit/s is 250 KB)."""
     udp_gro: bool = True
     """UDP receive offload where the kernel has it (Linux 5.0+): one read returns a run of
     datagrams of one flow (a sender's GSO run on loopback, what the NIC coalesced), and the
@@ -250,6 +260,12 @@ class ReceiverConfig:
             "max_datagrams_per_wakeup",
             "is outside 1..65536",
             "e.g. 512",
+        )
+        need(
+            0 <= self.read_pause <= MAX_READ_PAUSE,
+            "read_pause",
+            f"{self.read_pause} is outside 0..{MAX_READ_PAUSE} seconds",
+            f"e.g. {DEFAULT_READ_PAUSE} (0 reads at once)",
         )
         need(
             self.key_file is not None or self.receiver_key_file is not None or self.allow_cleartext,

@@ -5,7 +5,11 @@ Why not an asyncio ``DatagramProtocol``: one callback per datagram, each reading
 (docs/FACTS "UDP receive"). Instead every socket is registered with ``loop.add_reader`` and, on
 each readiness event, read with ``recv_into`` into one reused 64 KiB buffer until the kernel
 says ``EAGAIN`` or ``max_per_wakeup`` datagrams were read (then the loop gets its turn; the socket
-is level-triggered, so the reader is called again at once).
+is level-triggered, so the reader is called again at once). A read that finds the socket empty
+takes the reader away for ``pause`` seconds: a paced sender's records arrive one GSO run at a
+time, and a wakeup per run costs the receiver, and every process it preempts, more than reading
+what came in the pause at once (docs/receiver.md, "Sockets and speed"). A full wakeup
+(``max_per_wakeup`` read) never pauses: the socket has more.
 
 Kernel drops: with ``SO_RXQ_OVFL`` set, a ``recvmsg`` returns the socket's cumulative drop counter
 as ancillary data. The first read of each wakeup uses ``recvmsg_into`` to sample it; the rest use
@@ -173,6 +177,7 @@ class SocketDrainer:
         on_wakeup_done: Callable[[], None],
         *,
         max_per_wakeup: int,
+        pause: float = 0.0,
         on_error: Callable[[OSError], None],
         gro: bool | None = None,
         on_coalesced: Callable[[bytes, int], None] | None = None,
@@ -195,6 +200,10 @@ class SocketDrainer:
         self._on_wakeup_done = on_wakeup_done
         self._on_error = on_error
         self._max = max_per_wakeup
+        self._pause = pause
+        self._resume_at: asyncio.TimerHandle | None = None
+        self.pauses = 0
+        """Wakeups after which the reader paused (the socket was empty)."""
         self._buf = bytearray(RECV_BUFFER)
         self._view = memoryview(self._buf)
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -221,9 +230,27 @@ class SocketDrainer:
 
     def stop(self) -> None:
         """Stop reading (idempotent). The socket stays open; datagrams queue in the kernel."""
+        if self._resume_at is not None:
+            self._resume_at.cancel()
+            self._resume_at = None
         if self._loop is not None:
             self._loop.remove_reader(self._sock.fileno())
             self._loop = None
+
+    def _after_read(self, read: int) -> None:
+        """End of a wakeup: the caller's turn, then a pause if the socket was found empty."""
+        self.datagrams += read
+        self._on_wakeup_done()
+        loop = self._loop
+        if self._pause > 0 and read < self._max and loop is not None:
+            loop.remove_reader(self._sock.fileno())
+            self._resume_at = loop.call_later(self._pause, self._resume, loop)
+            self.pauses += 1
+
+    def _resume(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._resume_at = None
+        if self._loop is loop:  # not stopped meanwhile
+            loop.add_reader(self._sock.fileno(), self._drain)
 
     def close(self) -> None:
         """Stop and close the socket (idempotent)."""
@@ -264,8 +291,7 @@ class SocketDrainer:
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self._on_error(exc)
-        self.datagrams += read
-        self._on_wakeup_done()
+        self._after_read(read)
 
     def _drain_gro(self) -> None:
         """``_drain`` for a GRO socket: every read says the segment size of what it returned."""
@@ -315,8 +341,7 @@ class SocketDrainer:
             if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
                 self._on_error(exc)
         self._flush()
-        self.datagrams += read
-        self._on_wakeup_done()
+        self._after_read(read)
 
     def _join(self, data: bytes, segment: int) -> None:
         """Keep a run read coalesced until it is known to end, then hand it to ``on_coalesced``.

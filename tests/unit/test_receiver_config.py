@@ -130,6 +130,8 @@ def test_a_raw_topic_smaller_than_a_run_is_a_problem_naming_run_max_bytes(
         ({"allow_cleartext": True, "run_max_bytes": 2_000_000_000}, "run_max_bytes"),
         ({"allow_cleartext": True, "run_linger": -0.1}, "run_linger"),
         ({"allow_cleartext": True, "run_linger": 60}, "run_linger"),
+        ({"allow_cleartext": True, "read_pause": -0.001}, "read_pause"),
+        ({"allow_cleartext": True, "read_pause": 0.051}, "read_pause"),
         (
             {"allow_cleartext": True, "kafka": {"delivery.report.only.error": "true"}},
             "kafka.delivery.report.only.error",

@@ -66,6 +66,64 @@ def test_drains_every_datagram_in_bounded_bursts() -> None:
     assert max(steps) <= 7  # bounded per wakeup: the loop gets its turn
 
 
+def test_a_wakeup_that_empties_the_socket_pauses_and_what_came_meanwhile_is_read_at_once() -> None:
+    sock, _ = open_udp_socket("127.0.0.1", 0, reuse_port=False, rcvbuf=1 << 20)
+    port = sock.getsockname()[1]
+    got = Got()
+    wakeups: list[tuple[float, int]] = []  # (loop time, datagrams so far) at each wakeup's end
+    pause = 0.05
+    drainer = SocketDrainer(
+        sock,
+        got.append,
+        lambda: wakeups.append((asyncio.get_running_loop().time(), len(got))),
+        max_per_wakeup=64,
+        pause=pause,
+        on_error=pytest.fail,
+    )
+    tx = _sender()
+
+    async def main() -> None:
+        drainer.start(asyncio.get_running_loop())
+        tx.sendto(b"first", ("127.0.0.1", port))
+        await got.until(1)
+        for i in range(5):  # arrive while the reader pauses
+            tx.sendto(b"next %d" % i, ("127.0.0.1", port))
+        await got.until(6)
+        drainer.close()
+
+    asyncio.run(main())
+    tx.close()
+    assert got == [b"first"] + [b"next %d" % i for i in range(5)]
+    assert [n for _, n in wakeups] == [1, 6]  # the five in one wakeup
+    assert wakeups[1][0] - wakeups[0][0] >= pause  # read no sooner than the pause allows
+    assert drainer.pauses == 2
+    assert drainer._resume_at is None  # the pending resume cancelled by close
+
+
+def test_a_full_wakeup_reads_on_without_a_pause() -> None:
+    sock, _ = open_udp_socket("127.0.0.1", 0, reuse_port=False, rcvbuf=1 << 20)
+    port = sock.getsockname()[1]
+    got = Got()
+    # a pause longer than the deadline: a wakeup that paused while datagrams wait would time out
+    drainer = SocketDrainer(
+        sock, got.append, lambda: None, max_per_wakeup=4, pause=60.0, on_error=pytest.fail
+    )
+    tx = _sender()
+    payloads = [b"%d" % i for i in range(10)]
+
+    async def main() -> None:
+        for p in payloads:
+            tx.sendto(p, ("127.0.0.1", port))
+        drainer.start(asyncio.get_running_loop())
+        await got.until(len(payloads), limit=5.0)
+        drainer.close()
+
+    asyncio.run(main())
+    tx.close()
+    assert got == payloads
+    assert drainer.pauses == 1  # after the third wakeup (2 of 4), which found the socket empty
+
+
 def test_large_datagram_is_not_truncated() -> None:
     sock, _ = open_udp_socket("127.0.0.1", 0, reuse_port=False, rcvbuf=1 << 20)
     port = sock.getsockname()[1]

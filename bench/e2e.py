@@ -418,7 +418,8 @@ class Sampler(threading.Thread):
         self._last = dict(out)
         # One /proc scan for every group, and Pss (``smaps_rollup`` walks a JVM's page tables
         # under its memory map's lock) once in PSS_EVERY samples: the sampler shares the two
-        # cores with what it measures (7 scans and Pss every sample took ~0.1 of a core).
+        # cores with what it measures (7 scans and Pss every sample: ~3 CPU-s more per two 1 GB
+        # cases, docs/benchmarks.md "End to end").
         table = proc_table()
         with_pss = self._samples % PSS_EVERY == 0
         self._samples += 1

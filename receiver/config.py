@@ -62,9 +62,9 @@ IDEMPOTENT_INFLIGHT_RECORDS = 5
 DEFAULT_RUN_MAX_BYTES = 65_536
 DEFAULT_RUN_LINGER = 0.02
 DEFAULT_HEARTBEAT_REPEAT_INTERVAL = 10.0
-#: A paced sender's record arrives alone (a GSO run per record), so without a pause the receiver
-#: wakes once per record, and at its raised CPU share (packaging/systemd) preempts the sender,
-#: brokers and dedup each time (docs/receiver.md, "Sockets and speed").
+#: A paced sender's sends arrive one by one (a GSO run per large record), so without a pause the
+#: receiver wakes once per send, and at its raised CPU share (packaging/systemd) preempts the
+#: sender, brokers and dedup each time (docs/receiver.md, "Sockets and speed").
 DEFAULT_READ_PAUSE = 0.002
 #: At most 50 ms: 50 ms of a 10 Gbit/s link (62.5 MB) still fits the default rcvbuf_bytes.
 MAX_READ_PAUSE = 0.05

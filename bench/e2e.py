@@ -401,7 +401,8 @@ class Sampler(threading.Thread):
         self._last: dict[str, float] = {}
         self._samples = 0
 
-    def sample(self) -> dict[str, float]:
+    def sample(self, *, pss: bool = False) -> dict[str, float]:
+        """One sample; Pss too if ``pss`` or every PSS_EVERY samples."""
         out: dict[str, float] = {}
         scraped: dict[str, dict[str, list[tuple[dict[str, str], float]]]] = {}
         for name, port in self.pipeline.ep.metrics.items():
@@ -421,7 +422,7 @@ class Sampler(threading.Thread):
         # cores with what it measures (7 scans and Pss every sample: ~3 CPU-s more per two 1 GB
         # cases, docs/benchmarks.md "End to end").
         table = proc_table()
-        with_pss = self._samples % PSS_EVERY == 0
+        with_pss = pss or self._samples % PSS_EVERY == 0
         self._samples += 1
         for name, proc in self.pipeline.group.processes.items():
             if proc.proc is None or not proc.running:
@@ -449,7 +450,8 @@ class Sampler(threading.Thread):
     def finish(self) -> None:
         self.stop_event.set()
         self.join(10)
-        self.series.append((time.time(), self.sample()))
+        # Pss at the end too: a JVM's heap grows as a case runs, so its peak may be the last
+        self.series.append((time.time(), self.sample(pss=True)))
 
     def latest(self) -> dict[str, float]:
         return self.series[-1][1] if self.series else {}

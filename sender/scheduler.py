@@ -331,23 +331,23 @@ class SendScheduler:
         same target and size (a shorter one ends the run), at most ``max_segments`` datagrams
         and ``max_bytes`` in all, and no more than the pacer lets leave at once (``Pacer.room``:
         pacing holds per datagram, and a run is never larger than the burst). Runs are only made
-        of fresh data with one copy each and nothing else waiting: any other case is a run of
-        one, so the order of transmissions is exactly ``next_transmit``'s. Call ``transmitted``
-        for each, in order.
+        of fresh data with one copy each; a control datagram waiting for the backlog ahead of it
+        to come within ``margin`` lets the data up to that point run. Any other case is a run of
+        one, so the order of transmissions is exactly ``next_transmit``'s. Call
+        ``transmitted_run`` once for the run.
         """
         first = self.next_transmit(now)
         if first is None:
             return None
         run = [first]
         data_lane, control_lane = self._fresh
-        if (
-            max_segments < 2
-            or self._copies != 1
-            or control_lane
-            or len(data_lane) < 2
-            or data_lane[0] is not first
-        ):
+        if max_segments < 2 or self._copies != 1 or len(data_lane) < 2 or data_lane[0] is not first:
             return run
+        # next_transmit lets data pass a waiting heartbeat only while the data head is at least
+        # ``margin`` below it; on a paced link a heartbeat waits like that most of the time
+        # (a second of backlog is more than the margin), and runs of one there cost a system
+        # call per datagram
+        last_before_control = control_lane[0].sequence - self.margin if control_lane else None
         size = len(first.data)
         target = first.target
         room_bytes, room_datagrams = self._pacer.room()
@@ -359,6 +359,8 @@ class SendScheduler:
         for item in islice(data_lane, 1, int(limit)):
             n = len(item.data)
             if n > size or n > budget or item.target != target:
+                break
+            if last_before_control is not None and item.sequence > last_before_control:
                 break
             append(item)
             budget -= n

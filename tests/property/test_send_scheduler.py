@@ -295,6 +295,12 @@ def check_run(
     for item in run:
         assert pacer.delay(len(item.data), now) == 0.0
         pacer.take(len(item.data), now)
+    twin = copy.deepcopy(scheduler, {id(scheduler.fec): None})
+    for item in run:  # exactly the datagrams next_transmit hands out one after another
+        alone = twin.next_transmit(now)
+        assert alone is not None
+        assert (alone.sequence, alone.target, alone.data) == (item.sequence, item.target, item.data)
+        twin.transmitted(alone, now)
     if len(run) == 1:
         return
     size = len(run[0].data)
@@ -385,3 +391,35 @@ def test_gso_runs_are_made_and_deliver_every_record_once(rate_bytes: float) -> N
     assert sorted(o for _, o in delivered) == list(range(300))
     assert isinstance(seen["multi_runs"], int)
     assert seen["multi_runs"] > 10
+
+
+def test_data_passing_a_waiting_heartbeat_leaves_in_runs() -> None:
+    """On a paced link a heartbeat waits most of the time for the backlog ahead of it to come
+    within the margin (a second of backlog is more than it); the data that passes it meanwhile
+    leaves in GSO runs, not one datagram per system call, and the heartbeat leaves where
+    ``next_transmit`` would send it."""
+    now = 0.0
+    encoder = Encoder(WireConfig(allow_cleartext=True), None, session_id=os.urandom(16))
+    pacer = Pacer(PacingConfig(bytes_per_s=15e6, max_datagram_size=1472), now)
+    scheduler = SendScheduler(pacer=pacer, max_backlog_bytes=64 << 20, replay_window=1024)
+    for offset in range(400):  # 10 KB records: eight datagrams each, 3,200 in all
+        scheduler.push(encoder.add("t", 0, offset, 1, 0, None, bytes(10_000), (), now), 1, now)
+    beat = encoder.heartbeat(sender_id="s", started_at_ms=0, sent_at_ms=0,
+                             high_offsets=(("t", 0, 399),), low_offsets=(("t", 0, 0),),
+                             counters=())  # fmt: skip
+    scheduler.push(beat, 0, now)
+    heartbeat = beat[-1].sequence
+    setting = Setting(15e6, 0.0, 1, 0.0, 1, True, 1.0, 0.0, 1024, 0, 0, 0.0, 0, gso_segments=64)
+    calls = data = 0
+    while scheduler.control_pending:
+        run = scheduler.next_run(now, setting.gso_segments, GSO_MAX_BYTES)
+        if run is None:
+            now = scheduler.next_timer() or now
+            continue
+        check_run(run, setting, 15e6 * 0.02, 1.0, scheduler, now)
+        if run[0].lane == 0:
+            calls += 1
+            data += len(run)
+        scheduler.transmitted_run(run, now)
+    assert data == heartbeat - scheduler.margin + 1  # the data up to the margin went first
+    assert calls <= data / 6  # in runs: eight datagrams a record, some split by the pacer

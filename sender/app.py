@@ -441,6 +441,7 @@ class SenderApp:
                 records_sent=p.records_sent,
                 bytes_sent=p.bytes_sent,
                 datagrams_sent=p.datagrams_sent,
+                send_calls=p.send_calls,
                 copies_sent=p.copies_sent,
                 fec_blocks=p.fec.blocks if p.fec is not None else 0,
                 fec_repairs=p.fec.repairs if p.fec is not None else 0,

@@ -43,6 +43,11 @@ class SenderMetrics:
         self.datagrams_sent = Counter(
             f"{_PREFIX}_datagrams_sent", "Datagrams handed to the socket (every copy)", registry=r
         )
+        self.send_calls = Counter(
+            f"{_PREFIX}_send_calls",
+            "System calls that handed datagrams to the socket (a UDP GSO run is one)",
+            registry=r,
+        )
         self.copies_sent = Counter(
             f"{_PREFIX}_copies_sent", "Redundant copies sent (beyond the first)", registry=r
         )
@@ -145,6 +150,7 @@ class SenderMetrics:
             "records_sent",
             "bytes_sent",
             "datagrams_sent",
+            "send_calls",
             "copies_sent",
             "heartbeats_sent",
             "records_other_chains",

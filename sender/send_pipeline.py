@@ -119,6 +119,11 @@ class SendPipeline:
         return self.scheduler.datagrams_sent
 
     @property
+    def send_calls(self) -> int:
+        """System calls that handed datagrams to the socket (a UDP GSO run is one)."""
+        return self._udp.calls
+
+    @property
     def bytes_sent(self) -> int:
         """UDP payload bytes handed to the socket, every copy counted."""
         return self.scheduler.bytes_sent

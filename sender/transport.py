@@ -171,11 +171,18 @@ class UdpSender:
         """Whether runs go out with UDP GSO (False: one datagram per call)."""
         self.gso_calls = 0
         """``sendmsg`` calls that carried a GSO run of two or more datagrams."""
+        self._gso_datagrams = 0  # the datagrams those runs carried
 
     @property
     def target_count(self) -> int:
         """How many targets (sockets) there are; valid indexes are ``0 .. target_count - 1``."""
         return len(self._sends)
+
+    @property
+    def calls(self) -> int:
+        """System calls that handed datagrams to a socket: one per datagram sent alone, one per
+        GSO run."""
+        return self.sent - self._gso_datagrams + self.gso_calls
 
     @property
     def max_segments(self) -> int:
@@ -219,6 +226,7 @@ class UdpSender:
             return self._run_failed(target, run, control, exc)
         self.sent += len(run)
         self.gso_calls += 1
+        self._gso_datagrams += len(run)
         return len(run), SendResult.SENT
 
     def _run_failed(
@@ -242,6 +250,7 @@ class UdpSender:
             else:
                 self.sent += len(run)
                 self.gso_calls += 1
+                self._gso_datagrams += len(run)
                 return len(run), SendResult.SENT
         return len(run), SendResult.DROPPED
 

@@ -158,6 +158,7 @@ def test_the_datagrams_sent_in_runs_arrive_as_sent(
         assert got == [d for run in sent for d in run]
         assert drainer.datagrams == len(got)
         assert udp.sent == len(got)
+        assert udp.calls == len(sent)  # a run of one goes with send, a longer one with sendmsg
         assert drainer.kernel_drops == 0
 
 
@@ -223,8 +224,10 @@ def test_without_gso_a_run_goes_one_datagram_per_call() -> None:
         udp.gso = False
         assert udp.max_segments == 1
         assert udp.send_run([b"a" * 10, b"b" * 10]) == (1, SendResult.SENT)
+        assert udp.send_run([b"b" * 10]) == (1, SendResult.SENT)
         drainer._drain()
-        assert got == [b"a" * 10]
+        assert got == [b"a" * 10, b"b" * 10]
+        assert udp.calls == 2
 
 
 @pytest.mark.parametrize("by_length", [False, True], ids=["kernel-segment", "datagram-length"])

@@ -389,6 +389,13 @@ class RawRangesReader(DataSourceStreamReader):
         topic = self.options.topic
         begin = {str(p): int(o) for p, o in (start.get(topic) or {}).items()}
         until = {str(p): int(o) for p, o in (end.get(topic) or {}).items()}
+        if new := set(until) - set(begin):
+            # read from its log start, as latestOffset planned it (and the Kafka source reads a
+            # new partition): a partition new since the last batch, or every partition when the
+            # checkpoint's last batch read another raw topic. Left out, its records up to the
+            # batch's end would never be read, and come back only as gaps.
+            lows = self._marks(earliest=True)
+            begin.update({p: lows.get(p, 0) for p in new})
         found = ranges(topic, begin, until)
         groups = task_groups(found, self.options.tasks, self.options.groups)
         return [RangePartition(g) for g in groups]

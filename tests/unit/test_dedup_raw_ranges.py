@@ -157,12 +157,12 @@ def test_min_offsets_waits_for_records_or_the_delay_then_takes_what_is_there() -
 
 
 def test_ranges_cover_exactly_what_the_batch_took() -> None:
-    source, _ = reader({"0": 0}, {"0": 0})
+    source, _ = reader({"0": 0, "3": 1}, {"0": 0})
     start = {"raw": {"0": 10, "1": 5, "2": 8}}
     end = {"raw": {"0": 20, "1": 5, "2": 9, "3": 4}}
-    # partition 1 has nothing; partition 3 is new (its start is its end: no range yet)
+    # partition 1 has nothing; partition 3 is new: from its log start
     assert [p.value for p in source.partitions(start, end)] == [
-        (("raw", 0, 10, 20),), (("raw", 2, 8, 9),),
+        (("raw", 0, 10, 20),), (("raw", 2, 8, 9),), (("raw", 3, 1, 4),),
     ]  # fmt: skip
 
 
@@ -205,6 +205,18 @@ def test_a_partition_new_since_the_last_batch_starts_at_its_log_start() -> None:
     source, _ = reader({"0": 0, "1": 4}, {"0": 12, "1": 30})
     end = source.latestOffset({"raw": {"0": 10}}, source.getDefaultReadLimit())
     assert end == {"raw": {"0": 12, "1": 30}}
+    # and the batch reads it from there: what it planned, nothing skipped
+    read = [r for task in source.partitions({"raw": {"0": 10}}, end) for r in task.value]
+    assert sorted(read) == [("raw", 0, 10, 12), ("raw", 1, 4, 30)]
+
+
+def test_a_checkpoint_of_another_raw_topic_reads_this_one_from_its_log_start() -> None:
+    source, _ = reader({"0": 3, "1": 0}, {"0": 40, "1": 25})
+    before = {"old.raw": {"0": 9000, "1": 9100}}  # RAW_TOPICS changed under the checkpoint
+    end = source.latestOffset(before, source.getDefaultReadLimit())
+    assert end == {"raw": {"0": 40, "1": 25}}
+    read = [r for task in source.partitions(before, end) for r in task.value]
+    assert sorted(read) == [("raw", 0, 3, 40), ("raw", 1, 0, 25)]
 
 
 def test_a_log_end_below_the_next_offset_is_data_loss(caplog: pytest.LogCaptureFixture) -> None:

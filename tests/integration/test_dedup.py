@@ -499,3 +499,26 @@ def test_a_direct_checkpoint_reads_on_with_either_reader(
         seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
         assert [k for k, n in seen.items() if n > 1] == [], reader
         assert set(seen) == expected, reader
+
+
+def test_a_direct_checkpoint_whose_raw_topic_changed_reads_the_new_one_from_its_start(
+    downstream_kafka, kafka_topic, tmp_path
+) -> None:
+    """RAW_TOPICS names another topic between two starts of a direct checkpoint: the last batch
+    in its offset log read the old topic, so every partition of the new one is new to the
+    query, and is read from its log start (dedup/raw_ranges.py), as Spark's Kafka source reads a
+    new partition: every record of both topics in the clean topic once."""
+    tag = kafka_topic(downstream_kafka, partitions=3)
+    create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=3)
+    expected: set[tuple[int, int]] = set()
+    for step in range(2):
+        raw = kafka_topic(downstream_kafka, partitions=3)
+        first, last = 40 * step, 40 * step + 39
+        produce_records(downstream_kafka, raw, [run_record(p, first, last) for p in range(3)])
+        expected |= {(p, o) for p in range(3) for o in range(first, last + 1)}
+        env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag) | {"STATE_LAYOUT": "direct"}
+        finish(run_dedup(env, "--until-settled"))
+        clean = consume_all(downstream_kafka, f"clean.{tag}.{SOURCE}", timeout=30)
+        seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
+        assert [k for k, n in seen.items() if n > 1] == [], step
+        assert set(seen) == expected, sorted(expected - set(seen))[:10]

@@ -1213,7 +1213,9 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     ap.add_argument("--upstream", default=None, help="use this broker instead of starting one")
     ap.add_argument("--downstream", default=None)
-    ap.add_argument("--work-dir", type=Path, default=None)
+    ap.add_argument("--work-dir", type=Path, default=None,
+                    help="an empty or new directory for the brokers' data, logs and the dedup's "
+                    "checkpoint, kept at the end (default: a temporary one, removed)")  # fmt: skip
     ap.add_argument("--json-out", type=Path, default=None, help="also write the JSON here")
     ap.add_argument("--spark-passthrough", nargs=2, metavar=("BOOTSTRAP", "TOPIC"),
                     help=argparse.SUPPRESS)  # fmt: skip
@@ -1222,6 +1224,10 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(spark_passthrough(*args.spark_passthrough)))
         return 0
 
+    if args.work_dir is not None and args.work_dir.is_dir() and any(args.work_dir.iterdir()):
+        # its brokers would start on the last run's data and its dedup read on from the last
+        # run's checkpoint: the runs would not be comparable
+        ap.error(f"--work-dir {args.work_dir} is not empty: give an empty or new directory")
     cases, rates = build_plan(args)
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="kafka-diode-e2e-"))
     result: dict[str, Any] = {"bench": "e2e", "machine": machine(), "argv": sys.argv[1:]}

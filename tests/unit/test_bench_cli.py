@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bench import e2e
 from kafka_diode import bench_cli
 
 
@@ -42,3 +43,15 @@ def test_unknown_bench_is_a_usage_error() -> None:
     with pytest.raises(SystemExit) as exc:
         bench_cli.main(["nope"])
     assert exc.value.code == 2
+
+
+def test_the_e2e_bench_refuses_a_work_dir_an_earlier_run_left(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A reused work dir would start the brokers on the last run's data and the dedup on its
+    checkpoint: the runs would not be comparable."""
+    (tmp_path / "kafka-downstream").mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        e2e.main(["--case", "200:10", "--work-dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "is not empty" in capsys.readouterr().err

@@ -409,7 +409,9 @@ def test_data_passing_a_waiting_heartbeat_leaves_in_runs() -> None:
                              counters=())  # fmt: skip
     scheduler.push(beat, 0, now)
     heartbeat = beat[-1].sequence
-    setting = Setting(15e6, 0.0, 1, 0.0, 1, True, 1.0, 0.0, 1024, 0, 0, 0.0, 0, gso_segments=64)
+    setting = Setting(
+        15e6, 0.0, 1, 0.0, 1, True, 1.0, 0.0, 1024, 0, 0, 0.0, 0, gso_segments=GSO_MAX_SEGMENTS
+    )
     calls = data = 0
     while scheduler.control_pending:
         run = scheduler.next_run(now, setting.gso_segments, GSO_MAX_BYTES)

@@ -287,3 +287,19 @@ def test_only_the_layout_modules_branch_on_a_layout() -> None:
 )
 def test_the_layout_check_sees_a_planted_branch(planted: str) -> None:
     assert _layout_branches(ast.parse(planted)) == [1]
+
+
+def test_the_sender_starts_without_the_decoders_imports() -> None:
+    """A sender only encodes: the wire decoder (and numpy, which its batch decoder needs) stays
+    out of its start-up (common/wire/__init__.py imports ``Decoder`` on first use)."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    probe = (
+        "import sys, sender.app, sender.cli; "
+        "print(sorted(m for m in ('numpy', 'common.wire.decoder') if m in sys.modules)); "
+        "from common.wire import Decoder; print(Decoder.__module__)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                         check=True, timeout=60).stdout.split()  # fmt: skip
+    assert out == ["[]", "common.wire.decoder"]

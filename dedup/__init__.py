@@ -16,8 +16,8 @@ its part)::
       layouts/buckets.py   Spark's stateful operator; ticks and resets into the control topic
       layouts/direct.py    a transaction per raw partition; ticks and resets into the raw partitions
     the query and its batches (driver)
-      job.py               the Spark session and query: source, the layout's plan, foreachBatch
-      batch_driver.py      foreachBatch: maps a batch to its write task (write_task), folds results
+      job.py               the Spark session and query: source, the layout's plan, write task
+      batch_driver.py      the write task (write_task) and foreachBatch: runs a batch, folds results
       idle_tick.py         ticks: a batch at least once per gap-scan interval
       runner.py            runs the query until it stops
     the write tasks (executors) and their transactions

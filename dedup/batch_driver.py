@@ -5,9 +5,11 @@ appear in the clean and gap topics **at most once**, and exactly once if the que
 batch ``N``, however often the process or any task crashes, is retried or lingers as a zombie,
 and however often the query restarts from the same checkpoint.
 
-Where the work runs: nowhere near the driver. ``foreachBatch`` (driver) only maps the batch's
-DataFrame with ``write_task`` (``mapInArrow``): one task per partition of the stateful step (or
-per raw partition: the direct layout), in the executors, in parallel. Each task
+Where the work runs: nowhere near the driver. The query maps the layout's plan with
+``write_task`` (``mapInArrow``, built once: ``task_function``), and ``foreachBatch`` (driver) runs
+each batch with one action: one task per partition of the stateful step (or per raw partition:
+the direct layout), in the executors, in parallel. Each task learns its micro-batch from Spark's
+task context (``TaskSpec.in_batch``). Each task
 (``dedup/transaction.py``, ``dedup/direct_task.py``) produces the first-seen records with their
 payload, its gap records and what says the batch is done in one transaction, and hands back a few
 counters. The driver collects those (one row per task and one per source partition) for the
@@ -39,30 +41,27 @@ from dedup.faults import fault
 from dedup.layouts import Layout, StateLayout, implementation
 from dedup.metrics import DedupMetrics
 from dedup.range_reader import RangeReading
-from dedup.task_result import RESULT_DDL, decode_results, task_attempt, task_result
+from dedup.task_result import decode_results, task_attempt, task_batch, task_result
 from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER
 from dedup.writer_settings import BatchResult, TaskSpec, WriterSettings
 
 log = logging.getLogger(__name__)
 
-#: How long the writer waits for the query id after the query started (start() returns fast).
-BIND_TIMEOUT_S = 120.0
-
 
 class TransactionalBatchWriter:
     """``foreachBatch`` target on the driver: runs each batch's write tasks, folds their results.
 
-    The driver handles no record: it hands the batch to ``write_partition_task`` (one task per
-    stateful partition, ``mapInArrow`` on the batch, so no shuffle: task ``p`` holds exactly the
-    groups of state partition ``p``) and collects one ``task`` row and the ``stat`` rows of each.
+    The driver handles no record: the query maps the batch with ``write_task`` (one task per
+    stateful partition, ``mapInArrow`` on the stateful step's output, so no shuffle: task ``p``
+    holds exactly the groups of state partition ``p``), and the driver collects one ``task`` row
+    and the ``stat`` rows of each.
     """
 
     def __init__(self, settings: WriterSettings, metrics: DedupMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
         self._query_id: str | None = None
-        self._bound = threading.Event()
-        self._started = False
+        self._prepared = False
         #: a fixed clean topic checked at start-up -> the timestamps it accepts (to the tasks)
         self._windows: dict[str, TimestampWindow] = {}
         self.last: BatchResult | None = None
@@ -75,6 +74,9 @@ class TransactionalBatchWriter:
         #: awaiting its second scan: further scans change nothing until input comes
         #: (dedup/idle_tick.py ticks less often then)
         self.settled = False
+        #: the gap scans' interval (GAP_EMIT_INTERVAL_SEC), set by the runner: ``settled`` needs
+        #: a batch this long after the last input
+        self.scan_interval_s = 0.0
         #: a batch is being computed and written now (driver thread of Spark's stream execution);
         #: a slow batch is work, not idleness, so --until-idle never stops in the middle of one
         self.in_batch = False
@@ -93,9 +95,10 @@ class TransactionalBatchWriter:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def bind(self, query_id: str) -> None:
-        """Give the writer the Spark query id (stable across restarts from one checkpoint)."""
+        """Give the writer the Spark query id (stable across restarts from one checkpoint: the
+        tasks' markers and state records carry it; they read it from their task context)."""
         self._query_id = query_id
-        self._bound.set()
+        log.info("query %s started", query_id)
 
     def request_stop(self) -> None:
         """Ask to be told (``between_batches``) when the running batch call has returned."""
@@ -104,11 +107,11 @@ class TransactionalBatchWriter:
     def close(self) -> None:
         """Nothing to release: every transaction is complete when its task returns."""
 
-    def _start(self) -> None:
-        """Ready the first batch: the query id, the gap and progress topics, a fixed clean topic
-        checked (a clean topic too small stops the job here, on the driver, not in the tasks)."""
-        if not self._bound.wait(BIND_TIMEOUT_S):
-            raise ServiceError("the dedup query did not report its id; cannot fence batches")
+    def prepare(self) -> None:
+        """Ready the query's write side before it starts: the gap and progress topics, the write
+        batch size they admit, a fixed clean topic checked (a clean topic too small stops the job
+        here, on the driver, not in the tasks). Call after the layout readied ``params`` and
+        ``reading``, before ``task_function``."""
         create_dedup_topics(
             self.settings, [self.settings.gap_topic, self.settings.progress_topic], compact=True
         )
@@ -118,12 +121,32 @@ class TransactionalBatchWriter:
         if TOPIC_FIELD not in clean:
             self._windows[clean] = checked_clean_topic(self.settings, clean)
         log.info(
-            "writer ready: transactional.id=%s-p<partition> query=%s batch.size=%s",
+            "writer ready: transactional.id=%s-p<partition> batch.size=%s",
             self.settings.transactional_id,
-            self._query_id,
             self.settings.kafka_conf.get("batch.size", batch_bytes),
         )
-        self._started = True
+        self._prepared = True
+
+    def task_function(self) -> functools.partial[Iterator[pa.RecordBatch]]:
+        """The query's write task (``mapInArrow`` over the layout's plan), built once: each task
+        takes its query and micro-batch from Spark's task context (``TaskSpec.in_batch``).
+
+        Built per batch in ``foreachBatch`` instead, Spark would analyze and plan the mapped
+        DataFrame again and the driver build and ship the Python function again every batch: a
+        few ms of the driver's and the JVM's CPU in each (docs/dedup-internals.md, "A
+        micro-batch's fixed cost in the JVM")."""
+        if not self._prepared:
+            raise ServiceError("the dedup's writer was not prepared before its query was planned")
+        spec = TaskSpec(
+            settings=self.settings,
+            windows=dict(self._windows),
+            layout=self.layout.kind,
+            params=self.params,
+            raw_partitions=self.layout.raw_partitions,
+            transaction_groups=self.layout.transaction_groups,
+            reading=self.reading,
+        )
+        return functools.partial(write_task, spec)
 
     # -- one micro-batch ---------------------------------------------------------------------
 
@@ -144,25 +167,11 @@ class TransactionalBatchWriter:
 
     def _write_batch(self, df: Any, batch_id: int) -> None:
         started = time.monotonic()
-        if not self._started:
-            self._start()
-        spec = TaskSpec(
-            settings=self.settings,
-            query_id=self._query_id or "",
-            batch_id=batch_id,
-            windows=dict(self._windows),
-            layout=self.layout.kind,
-            params=self.params,
-            now_ms=int(time.time() * 1000),
-            raw_partitions=self.layout.raw_partitions,
-            transaction_groups=self.layout.transaction_groups,
-            reading=self.reading,
-        )
-        task = functools.partial(write_task, spec)
-        # One action; no shuffle between the stateful step and the tasks (see the class doc).
-        table = decode_results(df.mapInArrow(task, RESULT_DDL).toArrow())
+        # One action, which runs the batch's write tasks (the query maps its plan with
+        # ``task_function``; no shuffle between the stateful step and the tasks: the class doc).
+        table = decode_results(df.toArrow())
         fault("driver-after-commit", batch_id, 0)
-        self.last = self.account(table, batch_id)
+        self.last = self.account(table, batch_id, started=started)
         self.batches_seen += 1
         tasks = self.last_tasks
         log.debug(
@@ -175,8 +184,12 @@ class TransactionalBatchWriter:
             (pc.max(tasks.column("write_ms")).as_py() or 0) if tasks is not None else 0,
         )
 
-    def account(self, table: pa.Table, batch_id: int) -> BatchResult:
-        """Fold the tasks' result rows of one batch into the metrics (public for the bench)."""
+    def account(
+        self, table: pa.Table, batch_id: int, *, started: float | None = None
+    ) -> BatchResult:
+        """Fold the tasks' result rows of one batch into the metrics (public for the bench);
+        ``started``: the batch's monotonic start (None: not known, the bench's)."""
+        input_before = self.last_input_at
         kinds = table.column("kind")
         tasks = table.filter(pc.equal(kinds, "task"))
         self.last_tasks = tasks
@@ -226,7 +239,13 @@ class TransactionalBatchWriter:
             self.last_input_at = time.monotonic()
         pending = pc.sum(stats.column("pending_gaps")).as_py() or 0
         withheld = pc.sum(stats.column("withheld")).as_py() or 0
-        self.settled = not (inputs or withheld or records or gap_count or fenced or pending)
+        # A partition is scanned once its last scan is an interval old, so a batch less than an
+        # interval after input (a tick written while the first batch was planned, say) may have
+        # scanned none of the gaps that input opened: not proof of a settled state.
+        scanned = started is None or started - input_before >= self.scan_interval_s
+        self.settled = scanned and not (
+            inputs or withheld or records or gap_count or fenced or pending
+        )
         if not result.skipped:
             self.committed_batches += 1
         if self.metrics is not None:
@@ -257,6 +276,8 @@ def write_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa
     """
     partition, attempt = task_attempt()
     started = time.monotonic()
+    if spec.batch_id < 0:
+        spec = spec.in_batch(*task_batch(), now_ms=int(time.time() * 1000))
     nonempty = (b for b in batches if b.num_rows)
     for run in implementation(spec.layout).run_task(spec, partition, nonempty):
         write_ms = round((time.monotonic() - started) * 1000)

@@ -15,10 +15,12 @@ scan with no input since the last one changes nothing once no partition holds a 
 (seen by one scan, reported by the next: ``gaps.PartitionDetector.scan``). So after a batch with
 no input and no output whose scanned partitions hold no pending gap (``dedup/batch_driver.py``
 ``settled``; every partition is due at a tick's batch, which comes an interval after the last
-batch), further ticks would change nothing until input arrives, and input makes a batch by
-itself. The ticker then ticks ``SETTLED_FACTOR`` times less often rather than never: a safety
-net should a wall-clock step have left a partition unscanned in the settling batch. A silent
-link then costs one batch per 10 intervals (docs/benchmarks.md "Dedup").
+batch: a quiet batch sooner than an interval after input, such as one of a tick written while
+the first batch was planned, does not count), further ticks would change nothing until input
+arrives, and input makes a batch by itself. The ticker then ticks ``SETTLED_FACTOR`` times less
+often rather than never: a safety net should a wall-clock step have left a partition unscanned
+in the settling batch. A silent link then costs one batch per 10 intervals (docs/benchmarks.md
+"Dedup").
 
 Runs in the **driver** (``dedup/runner.py`` polls it twice a second). Pure: the clock and the
 write are passed in.

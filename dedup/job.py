@@ -39,6 +39,7 @@ from dedup.config import DedupConfig
 from dedup.detect import DetectParams
 from dedup.jvm import CHECKPOINT_MANAGER_CLASS, checkpoint_manager_jar
 from dedup.layouts import LayoutImpl, checkpoint_layout, implementation, session_layout
+from dedup.task_result import RESULT_DDL
 from dedup.writer_settings import KAFKA_TIMEOUT_S
 from runtime import cgroup_memory, kafka
 
@@ -330,11 +331,10 @@ def start_query(
     writer: TransactionalBatchWriter,
     transform: Callable[[DataFrame], DataFrame] | None = None,
 ) -> StreamingQuery:
-    """Start the whole query; ``writer`` is bound to the query id before its first batch runs."""
-    # The control topic must exist before Spark subscribes to it; the gap and progress topics
-    # are compacted (latest gap state per key; markers are small either way).
+    """Start the whole query: the layout's plan mapped with ``writer``'s write task."""
+    # The control topic must exist before Spark subscribes to it (``writer.prepare`` creates
+    # the gap and progress topics).
     create_dedup_topics(writer.settings, [config.control_topic], partitions=1)
-    create_dedup_topics(writer.settings, [config.gap_topic, config.progress_topic], compact=True)
     if transform is not None:
         output = transform(raw_stream(spark, config))
     else:
@@ -343,8 +343,10 @@ def start_query(
         )
         writer.layout = layout
         output = layout.impl.plan(spark, config, writer, layout)
+    writer.prepare()
     query = (
-        output.writeStream.queryName("kafka-diode-dedup")
+        output.mapInArrow(writer.task_function(), RESULT_DDL)
+        .writeStream.queryName("kafka-diode-dedup")
         .foreachBatch(writer)
         .option("checkpointLocation", config.state_dir_config)
         .trigger(processingTime=f"{config.persist_interval_ms} milliseconds")

@@ -72,6 +72,7 @@ def run(
             if not raw_partitions:
                 return EXIT_OK
     writer = TransactionalBatchWriter(writer_settings(config, WriterSettings), metrics)
+    writer.scan_interval_s = config.gap_emit_interval_sec
     raw = raw_position_metrics(config, metrics.registry)
     jars = [str(path) for path in spark_connector_jars()]
     spark = job.build_session(config, jars, raw_partitions)

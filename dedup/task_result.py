@@ -115,6 +115,30 @@ def decode_results(cells: pa.Table) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+#: The local properties Spark's stream execution sets on a micro-batch's jobs, so every task of
+#: the batch can read them (the task function is built once, when the query starts).
+BATCH_ID_PROPERTY = "streaming.sql.batchId"
+QUERY_ID_PROPERTY = "sql.streaming.queryId"
+
+
+def task_batch() -> tuple[str, int]:
+    """(query id, micro-batch id) of the Spark task this code runs in (on an executor).
+
+    Raises:
+        RuntimeError: not inside a task of a streaming query's micro-batch.
+    """
+    from pyspark import TaskContext  # noqa: PLC0415  only inside a task; --help stays light
+
+    context = TaskContext.get()
+    if context is None:
+        raise RuntimeError("not inside a Spark task")
+    query = context.getLocalProperty(QUERY_ID_PROPERTY)
+    batch = context.getLocalProperty(BATCH_ID_PROPERTY)
+    if not query or batch is None:
+        raise RuntimeError("not inside a task of a streaming query's micro-batch")
+    return query, int(batch)
+
+
 def task_attempt() -> tuple[int, int]:
     """(partition, attempt number) of the Spark task this code runs in (on an executor).
 

@@ -8,7 +8,7 @@ transaction wrote, folded by the driver into the metrics.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from common.topic_limits import TimestampWindow
@@ -71,10 +71,12 @@ class TaskSpec:
 
     settings: WriterSettings
     """The writer's settings (``state_topic`` among them)."""
-    query_id: str
-    """Spark's query id (stable per checkpoint): the markers' and state records' key prefix."""
-    batch_id: int
-    """The micro-batch."""
+    query_id: str = ""
+    """Spark's query id (stable per checkpoint): the markers' and state records' key prefix
+    ("" with ``batch_id`` -1: the running task's, ``in_batch``)."""
+    batch_id: int = -1
+    """The micro-batch (-1: the running Spark task's, ``in_batch``: the query's task function is
+    built once, when it starts, so its spec names no batch)."""
     windows: Mapping[str, TimestampWindow] = field(default_factory=dict)
     """Clean topics the driver checked at start-up (a fixed CLEAN_TOPIC) and the timestamps
     each accepts; the tasks check any other clean topic at its first use in their process."""
@@ -98,6 +100,12 @@ class TaskSpec:
     heap: FreezeOnLoad = field(default_factory=FreezeOnLoad)
     """Unpickled in a Python worker, freezes its loaded code out of the collector's walks
     (``dedup/worker_heap.py``)."""
+
+    def in_batch(self, query_id: str, batch_id: int, now_ms: int) -> TaskSpec:
+        """This spec for one micro-batch's task (unchanged if it names its batch already)."""
+        if self.batch_id >= 0:
+            return self
+        return replace(self, query_id=query_id, batch_id=batch_id, now_ms=now_ms)
 
 
 @dataclass

@@ -29,7 +29,7 @@ from confluent_kafka import KafkaException
 
 from common.errors import ServiceError
 from common.topic_limits import record_limit
-from dedup.batch_driver import TaskSpec, TransactionalBatchWriter
+from dedup.batch_driver import TransactionalBatchWriter
 from dedup.clean_topics import create_dedup_topics, write_batch_bytes
 from dedup.fence import WRITE_BATCH_BYTES, init_producer
 from dedup.transaction import ORIGINAL_TIMESTAMP_HEADER, PartitionWriter
@@ -160,9 +160,8 @@ def test_a_clean_topic_too_small_for_max_record_size_stops_the_writer(downstream
     assert "MAX_RECORD_SIZE" in str(info.value)
     # the driver checks a fixed clean topic at start-up, before any task runs
     driver = TransactionalBatchWriter(settings)
-    driver.bind(f"query-{raw_topic}")
     with pytest.raises(ServiceError, match=r"max\.message\.bytes=16781312"):
-        driver._start()
+        driver.prepare()
     assert consume_all(downstream_kafka, clean, timeout=5) == []
 
 
@@ -187,18 +186,9 @@ def test_a_fixed_clean_topic_is_checked_by_the_driver_and_its_window_shipped_to_
         raw_topics=(raw_topic, f"control.{raw_topic}"),
     )
     driver = TransactionalBatchWriter(settings)
-    driver.bind(f"query-{raw_topic}")
-    driver._start()
-    spec = pickle.loads(
-        pickle.dumps(
-            TaskSpec(
-                settings=settings,
-                query_id=f"query-{raw_topic}",
-                batch_id=0,
-                windows=dict(driver._windows),
-            )
-        )
-    )  # as Spark ships it to the executors
+    driver.prepare()
+    task = pickle.loads(pickle.dumps(driver.task_function()))  # as Spark ships it to executors
+    spec = task.args[0].in_batch(f"query-{raw_topic}", 0, now)
     assert spec.windows[clean].after_ms == HOUR
     task = PartitionWriter(settings, spec.query_id, 0, windows=spec.windows)
     try:

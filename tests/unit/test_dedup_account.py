@@ -115,6 +115,21 @@ def test_a_batch_is_settled_only_when_it_changed_nothing_and_left_no_gap_pending
     assert writer.settled is settled
 
 
+def test_a_batch_within_a_scan_interval_of_input_is_not_settled() -> None:
+    """A partition's gaps are scanned once its last scan is an interval old: a quiet batch that
+    came sooner after input (a tick written while the first batch was planned) may have scanned
+    nothing, so it does not slow the ticks down (or stop ``--until-settled``)."""
+    writer = TransactionalBatchWriter(SETTINGS, DedupMetrics())
+    writer.scan_interval_s = 10.0
+    writer.batches_seen = 1
+    writer.last_input_at = 100.0
+    quiet = with_stats(tasks([(0, 0, 0, False)]), [{}])
+    writer.account(quiet, 12, started=109.5)
+    assert writer.settled is False
+    writer.account(quiet, 13, started=110.0)
+    assert writer.settled is True
+
+
 def test_the_first_batch_restarts_the_idle_clock_even_without_input() -> None:
     """A restart replays the batch its predecessor logged but did not commit, often one with no
     input: the JVM's start and that replay took longer than --until-idle (an upgrade from a

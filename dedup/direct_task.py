@@ -20,7 +20,7 @@ partition count (checked by the driver, ``dedup/job.py``).
 Effectively once: the commit path every layout takes (``dedup.commit.commit_batch``, which states
 the argument); here what says batch ``N`` is done for a group is its raw partitions' state
 records themselves (``batch_id``), written by its last commit of ``N`` together, so a replay
-never redoes committed work, and ``now`` is the driver's clock at the batch (docs/dedup.md "The
+never redoes committed work, and ``now`` is the task's clock at its start (docs/dedup.md "The
 direct layout").
 
 A task whose transaction has been open for a third of ``transaction.timeout.ms`` commits what it

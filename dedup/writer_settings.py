@@ -86,7 +86,7 @@ class TaskSpec:
     """The direct layout: the detectors' settings (None: a stateful layout, the rows come
     detected)."""
     now_ms: int = 0
-    """The direct layout: the driver's clock when it started the batch, the gap scans' time."""
+    """The direct layout: the gap scans' time, the task's clock when it started (``in_batch``)."""
     raw_partitions: int = 0
     """The direct layout: the raw topic's partition count (the driver checked it is fixed); a
     record of source partition ``p`` belongs in raw partition ``p mod raw_partitions`` (0: not

@@ -42,19 +42,20 @@ def test_a_thread_shares_its_process_address_space_and_a_child_does_not() -> Non
 
 @contextlib.contextmanager
 def parent_and_child() -> Iterator[int]:
-    """A process group of two sleeping interpreters (parent and child): the parent's pid."""
-    sleeper = "import time; time.sleep(30)"
+    """A process group of two sleeping interpreters (parent and child): the parent's pid, once
+    the child sleeps (its memory no longer grows: readings taken apart agree)."""
+    sleeper = "import time; print('asleep', flush=True); time.sleep(30)"
     script = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {sleeper!r}])"
-    parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script], start_new_session=True, stdout=subprocess.PIPE
+    )
     try:
-        for _ in range(200):  # the grandchild appears once the interpreter has started it
-            if group_usage(parent.pid)[2] == 2:
-                break
-            threading.Event().wait(0.05)
+        assert parent.stdout is not None
+        assert parent.stdout.readline() == b"asleep\n", "the child never started"
         yield parent.pid
     finally:
         os.killpg(parent.pid, 9)
-        parent.wait()
+        parent.communicate()
 
 
 def test_a_child_in_its_parent_address_space_is_left_out_of_the_memory_sums(

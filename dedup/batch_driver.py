@@ -60,7 +60,6 @@ class TransactionalBatchWriter:
     def __init__(self, settings: WriterSettings, metrics: DedupMetrics | None = None) -> None:
         self.settings = settings
         self.metrics = metrics
-        self._query_id: str | None = None
         self._prepared = False
         #: a fixed clean topic checked at start-up -> the timestamps it accepts (to the tasks)
         self._windows: dict[str, TimestampWindow] = {}
@@ -95,9 +94,8 @@ class TransactionalBatchWriter:
     # -- lifecycle ---------------------------------------------------------------------------
 
     def bind(self, query_id: str) -> None:
-        """Give the writer the Spark query id (stable across restarts from one checkpoint: the
-        tasks' markers and state records carry it; they read it from their task context)."""
-        self._query_id = query_id
+        """Log the Spark query id (stable across restarts from one checkpoint: the tasks'
+        markers and state records carry it; they read it from their task context)."""
         log.info("query %s started", query_id)
 
     def request_stop(self) -> None:

@@ -6,7 +6,8 @@ batch ``N``, however often the process or any task crashes, is retried or linger
 and however often the query restarts from the same checkpoint.
 
 Where the work runs: nowhere near the driver. The query maps the layout's plan with
-``write_task`` (``mapInArrow``, built once: ``task_function``), and ``foreachBatch`` (driver) runs
+``write_task`` (``mapInArrow``, built once: ``task_function``; the direct layout's range source
+runs it in its ``read``), and ``foreachBatch`` (driver) runs
 each batch with one action: one task per partition of the stateful step (or per raw partition:
 the direct layout), in the executors, in parallel. Each task learns its micro-batch from Spark's
 task context (``TaskSpec.in_batch``). Each task
@@ -108,8 +109,8 @@ class TransactionalBatchWriter:
     def prepare(self) -> None:
         """Ready the query's write side before it starts: the gap and progress topics, the write
         batch size they admit, a fixed clean topic checked (a clean topic too small stops the job
-        here, on the driver, not in the tasks). Call after the layout readied ``params`` and
-        ``reading``, before ``task_function``."""
+        here, on the driver, not in the tasks). Call before the layout's plan, which readies
+        ``params`` and ``reading`` and then takes ``task_function``."""
         create_dedup_topics(
             self.settings, [self.settings.gap_topic, self.settings.progress_topic], compact=True
         )
@@ -126,8 +127,9 @@ class TransactionalBatchWriter:
         self._prepared = True
 
     def task_function(self) -> functools.partial[Iterator[pa.RecordBatch]]:
-        """The query's write task (``mapInArrow`` over the layout's plan), built once: each task
-        takes its query and micro-batch from Spark's task context (``TaskSpec.in_batch``).
+        """The query's write task (``mapInArrow`` over the layout's plan, or the range source's
+        ``read``), built once: each task takes its query and micro-batch from Spark's task
+        context (``TaskSpec.in_batch``).
 
         Built per batch in ``foreachBatch`` instead, Spark would analyze and plan the mapped
         DataFrame again and the driver build and ship the Python function again every batch: a

@@ -331,22 +331,21 @@ def start_query(
     writer: TransactionalBatchWriter,
     transform: Callable[[DataFrame], DataFrame] | None = None,
 ) -> StreamingQuery:
-    """Start the whole query: the layout's plan mapped with ``writer``'s write task."""
+    """Start the whole query: the layout's plan, its rows the write tasks' result cells."""
     # The control topic must exist before Spark subscribes to it (``writer.prepare`` creates
     # the gap and progress topics).
     create_dedup_topics(writer.settings, [config.control_topic], partitions=1)
+    writer.prepare()
     if transform is not None:
-        output = transform(raw_stream(spark, config))
+        output = mapped(transform(raw_stream(spark, config)), writer)
     else:
         layout = checkpoint_layout(
             spark, config, raw_partition_count(config), spark.sparkContext.defaultParallelism
         )
         writer.layout = layout
         output = layout.impl.plan(spark, config, writer, layout)
-    writer.prepare()
     query = (
-        output.mapInArrow(writer.task_function(), RESULT_DDL)
-        .writeStream.queryName("kafka-diode-dedup")
+        output.writeStream.queryName("kafka-diode-dedup")
         .foreachBatch(writer)
         .option("checkpointLocation", config.state_dir_config)
         .trigger(processingTime=f"{config.persist_interval_ms} milliseconds")
@@ -354,6 +353,11 @@ def start_query(
     )
     writer.bind(str(query.id))
     return query
+
+
+def mapped(plan: DataFrame, writer: TransactionalBatchWriter) -> DataFrame:
+    """``plan``'s rows handed to ``writer``'s write task (``mapInArrow``, planned once)."""
+    return plan.mapInArrow(writer.task_function(), RESULT_DDL)
 
 
 def raw_partition_count(config: DedupConfig) -> int:

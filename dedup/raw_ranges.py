@@ -7,9 +7,12 @@ only. Its offsets are the raw partitions' next offsets, in the Kafka source's JS
 (``{"raw": {"0": 1200, "1": 1180}}``), so Spark plans, logs and replays them as it did the Kafka
 source's: a checkpoint written by either source reads on with the other. Each micro-batch is
 one row per raw partition with input, ``(topic, partition, start, end)``, in one task per
-transaction group, or at most as many as Spark runs at once (:func:`task_groups`); the direct
-task reads each ``[start, end)`` itself with librdkafka (``dedup/range_reader.py``) and no
-payload enters the JVM.
+transaction group, or at most as many as Spark runs at once (:func:`task_groups`). The source's
+``read`` runs the dedup's write task over its task's ranges (the ``task`` option), which reads
+each ``[start, end)`` itself with librdkafka (``dedup/range_reader.py``): no payload enters the
+JVM, and the rows Spark gets are the write task's result cells (``RESULT_DDL``). Mapped over the
+ranges in a second Python evaluation instead, each task would cost another round trip through a
+Python worker (docs/dedup-internals.md "A micro-batch's fixed cost in the JVM").
 
 The planning (which offsets a batch takes) is pure (:func:`plan_ends`, :func:`rate_limit`,
 :func:`starting_offsets`); :class:`RawRangesReader` asks Kafka for the log ends and runs in the
@@ -20,25 +23,31 @@ with ``maxTriggerDelay``.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import pickle
 import re
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows
 
 from common.errors import ConfigError, ServiceError
+from dedup.task_result import RESULT_DDL
 
 log = logging.getLogger(__name__)
 
 #: ``spark.readStream.format(SOURCE_NAME)``
 SOURCE_NAME: Final = "kafka_diode_raw_ranges"
-#: One row per raw partition with input in the micro-batch.
-RANGE_SCHEMA: Final = "topic string, partition int, start long, end long"
+#: The write task's input: one row per raw partition with input in the task's share of a batch.
+RANGE_ARROW_SCHEMA: Final = pa.schema(
+    [("topic", pa.string()), ("partition", pa.int32()), ("start", pa.int64()), ("end", pa.int64())]
+)
 #: The Kafka source's sentinels in ``startingOffsets`` JSON.
 EARLIEST: Final = -2
 LATEST: Final = -1
@@ -49,6 +58,8 @@ DEFAULT_MAX_TRIGGER_DELAY_MS: Final = 15 * 60 * 1000
 
 Offsets = dict[str, int]
 """One raw topic's next offset per partition (keys: the partition as text, as the JSON has)."""
+WriteTask = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
+"""The dedup's write task over one task's ranges (``TransactionalBatchWriter.task_function``)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,6 +193,8 @@ class RangeOptions:
     starting: Mapping[str, int] | str
     admission: Admission
     fail_on_data_loss: bool
+    task: WriteTask
+    """The write task ``read`` runs over each task's ranges (the ``task`` option)."""
     tasks: int
     """Spark tasks per micro-batch at most (0: one per raw partition with input)."""
     groups: int = 0
@@ -206,9 +219,20 @@ class RangeOptions:
                 ),
             ),
             fail_on_data_loss=options.get("failOnDataLoss", "false").lower() == "true",
+            task=_decode_task(options["task"]),
             tasks=int(options.get("tasks", "0")),
             groups=int(options.get("groups", "0")),
         )
+
+
+def _encode_task(task: WriteTask) -> str:
+    return base64.b64encode(pickle.dumps(task)).decode("ascii")
+
+
+def _decode_task(text: str) -> WriteTask:
+    # the query's own driver pickled it (``source_options``), as Spark pickles a mapped function
+    task: WriteTask = pickle.loads(base64.b64decode(text))  # noqa: S301
+    return task
 
 
 #: The Kafka source's options this source takes (Spark's names ignore case): lower case -> name.
@@ -232,6 +256,7 @@ def source_options(
     max_offsets: int,
     fail_on_data_loss: bool,
     kafka_source: Mapping[str, str],
+    task: WriteTask,
     tasks: int = 0,
     groups: int = 0,
 ) -> dict[str, str]:
@@ -249,6 +274,7 @@ def source_options(
         "failOnDataLoss": str(fail_on_data_loss).lower(),
         "tasks": str(tasks),
         "groups": str(groups),
+        "task": _encode_task(task),
     }
     for key, value in kafka_source.items():
         if key.lower() in SHARED_OPTIONS:
@@ -319,7 +345,7 @@ class RawRangesSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> str:
-        return RANGE_SCHEMA
+        return RESULT_DDL
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:  # noqa: N802  Spark's name
         return RawRangesReader(RangeOptions.parse(self.options))
@@ -400,8 +426,13 @@ class RawRangesReader(DataSourceStreamReader):
         groups = task_groups(found, self.options.tasks, self.options.groups)
         return [RangePartition(g) for g in groups]
 
-    def read(self, partition: InputPartition) -> Iterator[Range]:
-        yield from partition.value
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """The write task's result cells for ``partition``'s ranges."""
+        ranges = pa.RecordBatch.from_pylist(
+            [dict(zip(RANGE_ARROW_SCHEMA.names, r, strict=True)) for r in partition.value],
+            schema=RANGE_ARROW_SCHEMA,
+        )
+        yield from self.options.task(iter((ranges,)))
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to commit: the checkpoint's offset log is where the dedup reads on."""

@@ -164,7 +164,8 @@ class LayoutImpl(Protocol):
         writer: TransactionalBatchWriter,
         layout: StateLayout,
     ) -> DataFrame:
-        """Plan the query: the DataFrame ``foreachBatch`` hands the writer (readied here)."""
+        """Plan the query: the DataFrame ``foreachBatch`` hands the writer (readied here, before
+        its ``task_function``), one result cell per write task."""
         ...
 
     def run_task(

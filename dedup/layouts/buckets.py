@@ -61,11 +61,11 @@ def plan(
     writer: TransactionalBatchWriter,
     layout: StateLayout,
 ) -> DataFrame:
-    """The query up to ``foreachBatch``: source, classification, the stateful step."""
+    """The query up to ``foreachBatch``: source, classification, the stateful step, the write
+    task over each state partition's output."""
     from dedup import job  # noqa: PLC0415  imports pyspark (the driver only)
     from dedup.classify_sql import classify  # noqa: PLC0415
 
-    del writer  # the tasks need nothing beyond the TaskSpec
     topics = source_topics(config)
     keys = bucket_keys(spark, layout)
     log.info(
@@ -74,7 +74,8 @@ def plan(
         layout.state_partitions,
     )
     raw = job.raw_stream(spark, config, topics)
-    return detected(classify(raw, topics, keys, layout.state_partitions), config)
+    stateful = detected(classify(raw, topics, keys, layout.state_partitions), config)
+    return job.mapped(stateful, writer)
 
 
 def source_topics(config: DedupConfig) -> tuple[str, ...]:

@@ -98,14 +98,14 @@ def plan(
     writer: TransactionalBatchWriter,
     layout: StateLayout,
 ) -> DataFrame:
-    """The raw topic's offset ranges, or its rows as they come from Spark's Kafka source
-    (``DIRECT_READER``; each task classifies its own), after readying the state topic and
-    ``writer`` (``ready``)."""
+    """The write tasks over the raw topic's offset ranges (the range source's ``read`` runs
+    them), or over its rows as they come from Spark's Kafka source (``DIRECT_READER``; each
+    task classifies its own), after readying the state topic and ``writer`` (``ready``)."""
     from dedup import job  # noqa: PLC0415  imports pyspark (the driver only)
 
     ready(writer, config, layout)
     if config.direct_reader == "spark":
-        return job.raw_stream(spark, config, source_topics(config))
+        return job.mapped(job.raw_stream(spark, config, source_topics(config)), writer)
     return range_stream(spark, config, writer, layout)
 
 
@@ -124,8 +124,9 @@ def range_stream(
     layout: StateLayout,
 ) -> DataFrame:
     """``dedup/raw_ranges.py``'s source over the raw topic, one task per transaction group of
-    ``layout`` (or as many as Spark runs at once); ``writer``'s tasks read the ranges with the
-    consumer settings the retention probe has (``raw_position.consumer_conf``)."""
+    ``layout`` (or as many as Spark runs at once), each running ``writer``'s write task, which
+    reads the ranges with the consumer settings the retention probe has
+    (``raw_position.consumer_conf``)."""
     from dedup import raw_ranges  # noqa: PLC0415  imports pyspark (the driver only)
     from dedup.raw_position import consumer_conf  # noqa: PLC0415
 
@@ -143,6 +144,7 @@ def range_stream(
         max_offsets=config.max_offsets_per_trigger,
         fail_on_data_loss=config.fail_on_data_loss,
         kafka_source=config.kafka_source,
+        task=writer.task_function(),
         tasks=spark.sparkContext.defaultParallelism,
         groups=layout.transaction_groups,
     )

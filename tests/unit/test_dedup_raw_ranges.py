@@ -6,8 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Iterator
+from typing import Any
 
+import pyarrow as pa
 import pytest
+from pyspark.sql.datasource import InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from common.errors import ConfigError, ServiceError
@@ -15,6 +19,7 @@ from dedup.config import from_sources
 from dedup.layouts.direct import READER_GROUP
 from dedup.raw_position import consumer_conf
 from dedup.raw_ranges import (
+    RANGE_ARROW_SCHEMA,
     Admission,
     RangeOptions,
     RawRangesReader,
@@ -32,6 +37,18 @@ from runtime.kafka import FETCH_QUEUE_BACKOFF_MS
 BASE = {"RAW_TOPICS": "raw", "BOOTSTRAP_SERVERS": "k:9092", "STATE_DIR_CONFIG": "/var/lib/d"}
 
 
+def echo_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """A write task that hands back its input (the real one: dedup.batch_driver.write_task)."""
+    yield from batches
+
+
+def read_ranges(source: RawRangesReader, partition: InputPartition) -> list[tuple[Any, ...]]:
+    """What ``source.read`` handed its write task for ``partition``."""
+    batches = list(source.read(partition))
+    assert all(b.schema == RANGE_ARROW_SCHEMA for b in batches)
+    return [tuple(row.values()) for b in batches for row in b.to_pylist()]
+
+
 def options(env: dict[str, str] | None = None) -> dict[str, str]:
     config = from_sources({**BASE, **(env or {})})
     base = {"bootstrap.servers": config.bootstrap_servers, **config.kafka_conf}
@@ -43,6 +60,7 @@ def options(env: dict[str, str] | None = None) -> dict[str, str]:
         max_offsets=config.max_offsets_per_trigger,
         fail_on_data_loss=config.fail_on_data_loss,
         kafka_source=config.kafka_source,
+        task=echo_task,
     )
 
 
@@ -139,8 +157,8 @@ def test_a_batch_takes_at_most_max_offsets_and_the_rest_follows() -> None:
     ]  # fmt: skip
     # Spark's own limit (Trigger.AvailableNow) overrides the option
     assert source.latestOffset(first, ReadAllAvailable()) == {"raw": {"0": 30_000, "1": 10_000}}
-    # a range is one row, read by the task: the reader yields its task's ranges as they are
-    assert list(source.read(source.partitions(start, first)[1])) == [("raw", 1, 0, 2500)]
+    # a range is one row, read by the write task the reader runs over its task's ranges
+    assert read_ranges(source, source.partitions(start, first)[1]) == [("raw", 1, 0, 2500)]
 
 
 def test_min_offsets_waits_for_records_or_the_delay_then_takes_what_is_there() -> None:
@@ -176,7 +194,7 @@ def test_a_batch_of_many_partitions_takes_as_many_tasks_as_spark_runs_at_once() 
     assert tasks == [
         tuple(("raw", p, 0, 10) for p in (0, 1, 2, 3, 5, 6)), (("raw", 4, 0, 100),),
     ]  # fmt: skip
-    assert list(source.read(source.partitions(start, end)[0])) == list(tasks[0])
+    assert read_ranges(source, source.partitions(start, end)[0]) == list(tasks[0])
     # as many tasks as ranges when there are fewer, and the same groups for the same batch
     assert task_groups(ranges("raw", start["raw"], end["raw"])[:2], 4) == [
         [("raw", 0, 0, 10)], [("raw", 1, 0, 10)],

@@ -117,8 +117,8 @@ def records_read(progress: Mapping[str, Any]) -> int:
     """Raw records a micro-batch read: what each source's offsets moved by, or its
     ``numInputRows`` where they do not say (a first batch, a source that is not Kafka's).
 
-    Spark counts the rows its sources give; the direct layout's librdkafka reader gives one row
-    per raw partition's range (``dedup/raw_ranges.py``), whose records the task reads itself.
+    Spark counts the rows its sources give; the direct layout's librdkafka reader gives its
+    write tasks' result cells (``dedup/raw_ranges.py``), whose tasks read the records themselves.
     """
     total = 0
     for source in progress.get("sources") or ():

@@ -317,8 +317,8 @@ def task_groups(found: Sequence[Range], tasks: int, groups: int = 0) -> list[lis
     transaction of one ``transactional.id`` (two tasks of one group would fence each other).
     Without, at most ``tasks`` (0: one range each) of about equal offsets: the longest range
     goes first, into the task with the fewest offsets so far (a backlog of one partition stays
-    alone). A Spark task costs two Python evaluations (the source's ``read`` and the write
-    task) beside what its ranges cost (docs/dedup-internals.md "A task's fixed cost").
+    alone). A Spark task costs a Python evaluation (the source's ``read``, running the
+    write task) beside what its ranges cost (docs/dedup-internals.md "A task's fixed cost").
     """
     if groups > 0:
         by_group: dict[int, list[Range]] = {}

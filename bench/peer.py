@@ -23,7 +23,11 @@ One run of one system:
    a JVM's compiler: ``--warmup 200000`` runs a backlog of the same size through both systems
    first, so that the measured one meets what a long-lived service is (the JIT done); the wait
    ends when every warm-up record is in the clean topic, or when at least half are and none came
-   for 15 s (the peer loses ~10 % of such a backlog at its socket);
+   for 15 s (the peer loses ~10 % of such a backlog at its socket). The brokers are JVMs too:
+   ``--warm-rounds`` (2 by default) runs whole rounds first, each system's included, that are
+   shown but left out of the medians and ratios, so that the measured runs meet brokers whose
+   compiler has settled, as a production cluster's has (on fresh brokers the first runs cost
+   the downstream broker two to three times its settled CPU per record, for either system);
 2. stop the sender, pre-fill the upstream topic with the backlog (N records of ``--value-bytes``,
    3 partitions, values ``b<seq> <log-like text>``, keys ``k<i mod 1000>``, no headers: the peer
    carries none), then **release** it: start the sender again;
@@ -864,7 +868,7 @@ SUMMARY_KEYS = (
 
 def summarize(runs: list[dict[str, Any]], system: str) -> dict[str, float]:
     """Median of each figure over the system's runs."""
-    mine = [r for r in runs if r.get("system") == system and "error" not in r]
+    mine = [r for r in runs if r.get("system") == system and "error" not in r and not r.get("warm")]
     out: dict[str, float] = {"runs": float(len(mine))}
     for key in SUMMARY_KEYS:
         values = [float(r[key]) for r in mine if r.get(key) is not None]
@@ -885,8 +889,9 @@ def markdown(runs: list[dict[str, Any]]) -> str:
             error = " ".join(r["error"].split())[:160]
             rows.append(f"| {i} | {r['system']} | error: {error} |" + " |" * 10)
             continue
+        label = f"{i} (warm-up)" if r.get("warm") else str(i)
         rows.append(
-            f"| {i} | {r['system']} | {r['raw_records_per_s']:,.0f} | "
+            f"| {label} | {r['system']} | {r['raw_records_per_s']:,.0f} | "
             f"**{r['clean_records_per_s']:,.0f}** | {r['clean_mb_per_s']:.1f} | "
             f"{r['sender_cpu_s_per_m']:.1f} · {r['receiver_cpu_s_per_m']:.1f} · "
             f"{r['dedup_cpu_s_per_m']:.1f} | **{r['low_side_cpu_s_per_m']:.1f}** | "
@@ -911,6 +916,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=3)
     ap.add_argument("--order", default="ours,peer", help="systems in the order of one round")
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--warm-rounds", type=int, default=2,
+        help="rounds run first and left out of the medians (the brokers' compiler settles)",
+    )  # fmt: skip
     ap.add_argument(
         "--warmup",
         type=int,
@@ -941,14 +950,17 @@ def main(argv: list[str] | None = None) -> int:
     # SIGTERM unwinds like Ctrl+C, so every finally below stops what it started.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     records = args.records or (30_000 if args.value_bytes >= 10_000 else 200_000)
-    order = [s.strip() for s in args.order.split(",") if s.strip()] * args.rounds
+    one_round = [s.strip() for s in args.order.split(",") if s.strip()]
+    order = one_round * (args.warm_rounds + args.rounds)
+    warm_runs = len(one_round) * args.warm_rounds
     if not set(order) <= {"ours", "peer"}:
         ap.error("--order takes ours and peer")
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="kafka-diode-peer-"))
     work.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {
         "bench": "peer", "argv": sys.argv[1:], "machine": machine(), "order": order,
-        "records": records, "warmup": args.warmup, "value_bytes": args.value_bytes,
+        "records": records, "warmup": args.warmup, "warm_rounds": args.warm_rounds,
+        "value_bytes": args.value_bytes,
         "partitions": args.partitions,
         "uptime_start": subprocess.run(["uptime"], capture_output=True, text=True,
                                        check=False).stdout.strip(),
@@ -964,6 +976,7 @@ def main(argv: list[str] | None = None) -> int:
             result["peer_error"] = str(exc)
             log(f"peer not built: {exc}")
             order = [s for s in order if s != "peer"]
+            warm_runs = len([s for s in one_round if s != "peer"]) * args.warm_rounds
     runs: list[dict[str, Any]] = []
     brokers: list[LocalBroker] = []
     try:
@@ -988,6 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
                 res = run_peer(ctx, i, build) if system == "peer" and build else run_ours(ctx, i)
             except (RuntimeError, TimeoutError, OSError, KafkaException) as exc:
                 res = {"system": system, "error": f"{type(exc).__name__}: {exc}"[-4000:]}
+            res["warm"] = i <= warm_runs
             runs.append(res)
             if "error" in res:
                 log(f"  {system} failed: {res['error'][-800:]}")

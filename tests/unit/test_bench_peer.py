@@ -15,6 +15,7 @@ from bench.peer import (
     ratios,
     render_properties,
     source_offsets,
+    summarize,
     value_seq,
 )
 
@@ -83,6 +84,20 @@ def test_ratios_are_ours_over_peer_and_none_without_a_figure() -> None:
     assert got["clean_rate"] == 1.5
     assert got["low_side_cpu_per_record"] is None
     assert got["raw_rate"] is None
+
+
+def test_summary_leaves_out_the_warm_rounds_and_failed_runs() -> None:
+    runs = [
+        {"system": "ours", "clean_records_per_s": 1.0, "warm": True},
+        {"system": "ours", "clean_records_per_s": 10.0, "warm": False},
+        {"system": "ours", "clean_records_per_s": 30.0, "warm": False},
+        {"system": "ours", "error": "RuntimeError: stalled", "warm": False},
+        {"system": "peer", "clean_records_per_s": 5.0, "warm": False},
+    ]
+    ours = summarize(runs, "ours")
+    assert ours["runs"] == 2.0
+    assert ours["clean_records_per_s"] == 20.0
+    assert summarize(runs, "peer")["clean_records_per_s"] == 5.0
 
 
 def test_warmup_counts_distinct_records_and_ends_on_all_or_half_then_quiet() -> None:

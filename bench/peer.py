@@ -947,6 +947,8 @@ def main(argv: list[str] | None = None) -> int:
                     "directory, removed at the end)")  # fmt: skip
     ap.add_argument("--json-out", type=Path, default=None)
     args = ap.parse_args(argv)
+    if args.rounds < 1 or args.warm_rounds < 0:
+        ap.error("--rounds takes 1 or more, --warm-rounds 0 or more")
     # SIGTERM unwinds like Ctrl+C, so every finally below stops what it started.
     signal.signal(signal.SIGTERM, _exit_on_signal)
     records = args.records or (30_000 if args.value_bytes >= 10_000 else 200_000)

@@ -12,6 +12,7 @@ from bench.peer import (
     WarmupCount,
     cpu_by_program,
     is_control,
+    main,
     ratios,
     render_properties,
     source_offsets,
@@ -135,3 +136,13 @@ def test_cpu_by_program_tells_the_leader_from_its_python_children() -> None:
     finally:
         leader.kill()
         leader.wait()
+
+
+@pytest.mark.parametrize("flags", [["--warm-rounds", "-1"], ["--rounds", "0"]])
+def test_round_counts_are_checked_before_anything_starts(
+    flags: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["/nonexistent-peer-src", *flags])
+    assert exc.value.code == 2
+    assert "--warm-rounds 0 or more" in capsys.readouterr().err

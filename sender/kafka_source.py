@@ -89,7 +89,7 @@ class KafkaSource:
         Raises:
             ConfigError: librdkafka refused a property (names ``kafka``).
         """
-        props: dict[str, Any] = dict(self._config.consumer_properties())
+        props: dict[str, Any] = dict(self._config.group_consumer_properties())
         props["error_cb"] = self._on_error
         props["on_commit"] = self._on_commit_cb
         self._consumer = await self._call(kafka.consumer, props)
@@ -246,9 +246,10 @@ class KafkaSource:
         return out
 
     async def reopen(self) -> None:
-        """Replace the consumer with a new one (stall recovery): the old one leaves the group
-        (its revocation commits the sent offsets), the new one subscribes again and starts from
-        the group's commits. Call only between ``consume`` calls."""
+        """Replace the consumer with a new one (stall recovery): the old one's revocation commits
+        the sent offsets as it closes, the new one subscribes again (a static member takes the
+        old one's place) and starts from the group's commits. Call only between ``consume``
+        calls."""
         await self._call(self._reopen)
 
     def _reopen(self) -> None:
@@ -257,7 +258,7 @@ class KafkaSource:
             old.close()
         except (KafkaException, RuntimeError) as exc:
             log.warning("consumer close before re-creating it: %s", exc)
-        props: dict[str, Any] = dict(self._config.consumer_properties())
+        props: dict[str, Any] = dict(self._config.group_consumer_properties())
         props["error_cb"] = self._on_error
         props["on_commit"] = self._on_commit_cb
         self._consumer = kafka.consumer(props)

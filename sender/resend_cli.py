@@ -79,6 +79,7 @@ _LIVE_ONLY = (
     "topics",
     "exclude_topics",
     "group_id",
+    "static_membership",
     "start_position",
     "start_timestamp",
     "heartbeat_interval",

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import KafkaError, Message
 
-from common.errors import LocalProtocolError
+from common.errors import LocalProtocolError, ServiceError
 from common.logging import RateLimitedLog
 from common.wire import RecordTooLarge
 from sender.record_filter import SEND, WITHHOLD
@@ -205,6 +205,16 @@ class SourceFeed:
         err: KafkaError = msg.error()
         if err.code() == KafkaError._PARTITION_EOF:
             return
+        if err.code() == KafkaError._FATAL:
+            # A consumer's only fatal error: another member joined with its group.instance.id
+            # (static membership). It can neither read nor commit again, and re-joining would
+            # fence the other one in turn: stop, and let the supervisor say so.
+            member = self.config.group_consumer_properties().get("group.instance.id")
+            raise ServiceError(
+                f"the Kafka consumer was fenced ({err.str()}): another consumer joined group "
+                f"{self.config.group_id!r} as static member {member!r}; give each sender of "
+                "that group its own sender_id, or set static_membership = false"
+            )
         kind = (
             "broker"
             if err.code() in (KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN)

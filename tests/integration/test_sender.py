@@ -270,8 +270,12 @@ def test_sigkill_then_restart_sends_everything_and_sigterm_commits(
     rx.drain()
     before = len(rx.records)
     assert before < n  # killed mid-stream
+    sent_before = rx.count
     second = _spawn_sender(upstream_kafka, topic, group_id, rx.port, log_path)
     try:
+        # A static member (static_membership, the default) takes the dead one's partitions at
+        # once; a dynamic one waits ~45 s for the dead member's session to time out.
+        wait_until(lambda: (rx.drain(), rx.count > sent_before)[1], 25, 0.02, "a record resent")
         wait_until(lambda: (rx.drain(), len(rx.records) >= n)[1], 90, 0.02, "all records")
         second.send_signal(signal.SIGTERM)
         second.wait(60)
@@ -288,6 +292,63 @@ def test_sigkill_then_restart_sends_everything_and_sigterm_commits(
         ends[partition] = max(ends.get(partition, 0), offset + 1)
     assert committed(upstream_kafka, group_id, topic, 3) == ends
     assert rx.count >= n  # at least once: re-sent records after the kill are duplicates
+
+
+def test_a_fenced_static_member_stops_the_sender_naming_the_fix(
+    upstream_kafka, kafka_topic, group_id, tmp_path
+) -> None:
+    # Another consumer joining as this sender's static member fences it for good: it can
+    # neither read nor commit. It stops (exit 1) with an ERROR that says why and what to change;
+    # its uncommitted records are the new member's to read again (at least once).
+    topic = kafka_topic(upstream_kafka, partitions=3)
+    produce_records(
+        upstream_kafka,
+        topic,
+        [Record(key=None, value=os.urandom(200), partition=i % 3) for i in range(3000)],
+    )
+    rx = Receiver(None)
+    log_path = tmp_path / "sender.log"
+    extra = ["--rate-bytes", "100000", "--max-record-size", "500000", "--sender-id", "fenced"]
+    sender = _spawn_sender(upstream_kafka, topic, group_id, rx.port, log_path, extra)
+    other = None
+    try:
+        wait_until(lambda: (rx.drain(), rx.count > 0)[1], 60, 0.02, "the sender sending")
+        member = settings.build(
+            SenderConfig,
+            file_values={
+                "bootstrap_servers": upstream_kafka.bootstrap,
+                "target": f"127.0.0.1:{rx.port}",
+                "topics": [topic],
+                "group_id": group_id,
+                "sender_id": "fenced",
+                "insecure_cleartext": True,
+            },
+        ).group_instance_id()
+        other = Consumer(
+            {
+                "bootstrap.servers": upstream_kafka.bootstrap,
+                "group.id": group_id,
+                "group.instance.id": member,
+                "enable.auto.commit": False,
+            }
+        )
+        other.subscribe([topic])
+        deadline = time.monotonic() + 60
+        while sender.poll() is None and time.monotonic() < deadline:
+            other.poll(0.2)  # joins, takes the member's place, fetches
+            rx.drain()
+        assert sender.poll() == 1, log_path.read_text(errors="replace")[-2000:]
+    finally:
+        if sender.poll() is None:
+            sender.kill()
+            sender.wait()
+        if other is not None:
+            other.close()
+        rx.close()
+    text = log_path.read_text(errors="replace")
+    assert "fenced" in text
+    assert f"static member {member!r}" in text
+    assert "static_membership = false" in text
 
 
 def _ends(positions) -> dict[int, int]:

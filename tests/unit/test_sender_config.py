@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import string
 
 import pytest
 
@@ -48,6 +49,39 @@ def test_layers_file_env_flags() -> None:
     assert cfg.kafka == {"security.protocol": "SSL"}
     assert cfg.consumer_properties()["security.protocol"] == "SSL"
     assert cfg.consumer_properties()["enable.auto.commit"] is False
+
+
+def test_the_live_consumer_is_a_static_member_under_a_stable_derived_id() -> None:
+    # A restarted sender rejoins as the member it was, so it need not wait out the dead one's
+    # session (docs/sender.md, "Restarts"); another group, topic selection or sender_id is
+    # another member, so two senders of one group on one host do not fence each other.
+    props = make(sender_id="high-1").group_consumer_properties()
+    member = props["group.instance.id"]
+    assert member == make(sender_id="high-1").group_instance_id()
+    assert isinstance(member, str)
+    assert member.startswith("kafka-diode-sender-high-1-")
+    others = {
+        make(sender_id="high-2").group_instance_id(),
+        make(sender_id="high-1", group_id="other").group_instance_id(),
+        make(sender_id="high-1", topics=["b"]).group_instance_id(),
+        make(sender_id="high-1", exclude_topics="^x").group_instance_id(),
+    }
+    assert member not in others
+    assert len(others) == 4
+    # the order topics are listed in names the same selection
+    assert (
+        make(topics=["a", "b"]).group_instance_id() == make(topics=["b", "a"]).group_instance_id()
+    )
+    # Kafka takes [a-zA-Z0-9._-], at most 249 characters
+    odd = make(sender_id="höst name/" + "x" * 240).group_instance_id()
+    assert len(odd) <= 249
+    assert set(odd) <= set(string.ascii_letters + string.digits + "._-")
+    # the resend's consumer (a throwaway group) and an operator's choice are left alone
+    assert "group.instance.id" not in make().consumer_properties()
+    named = make(kafka={"group.instance.id": "mine"}).group_consumer_properties()
+    assert named["group.instance.id"] == "mine"
+    off = make(static_membership=False).group_consumer_properties()
+    assert "group.instance.id" not in off
 
 
 def test_a_full_prefetch_queue_is_fetched_again_soon() -> None:

@@ -5,7 +5,9 @@ Two child processes per case, each timing only its own CPU (user + system, ``tim
 - **sender**: the real send path without Kafka: ``common.wire.Encoder`` (AES-256-GCM, no
   compression, default 1452-byte datagrams) -> ``SendPipeline`` (scheduler, pacer, backpressure)
   -> ``UdpSender`` on uvloop, fed in bursts of ``--batch`` records (as a consumer batch would be),
-  values pre-generated random bytes (incompressible) and 16-byte keys;
+  values pre-generated random bytes (incompressible) and 16-byte keys; ``--headers N`` gives each
+  record N headers, the first a sequence id that changes with every record, the others 16-byte
+  constants (as tracing and content-type headers are);
 - **receiver**: the real receive path without Kafka: ``open_udp_socket`` + ``SocketDrainer`` ->
   ``Decoder`` (and ``FecDecoder`` keeping the authentic sources) -> ``RunCoalescer`` (the
   raw layout v2 run values the raw producer would be given).
@@ -25,6 +27,7 @@ the ``lost`` column shows and which does not change its CPU per decoded byte muc
 
     .venv/bin/python bench/transport.py [--sizes 200,1000,10000,100000] [--modes off,on]
         [--megabytes 40] [--rounds 3] [--rate-bytes 0] [--profile receiver] [--datagram-size 8952]
+        [--headers 1]
 
 Prints a table, then one JSON object as the last line.
 """
@@ -214,12 +217,13 @@ def receiver_main(
 
 def sender_main(
     conn: Any, port: int, gso: bool, key: bytes, size: int, count: int, batch: int,
-    rate: float, profile: str | None, wire: WireConfig,
+    rate: float, profile: str | None, wire: WireConfig, headers: int = 0,
 ) -> None:  # fmt: skip
     """Child: send ``count`` records of ``size`` bytes through the real send path."""
     ring = KeyRing([Key.from_material(key)])
     values = [os.urandom(size) for _ in range(VALUES)]
     keys = [b"%016d" % i for i in range(VALUES)]
+    constant = tuple((f"h{n}", b"%016d" % n) for n in range(1, headers))
 
     async def main() -> dict[str, Any]:
         loop = asyncio.get_running_loop()
@@ -250,7 +254,8 @@ def sender_main(
             pipeline.begin()
             for offset in range(start, min(count, start + batch)):
                 i = offset % VALUES
-                record("bench", 0, offset, ts, 0, keys[i], values[i], None)
+                extra = (("seq", b"bench-%d" % offset), *constant) if headers else ()
+                record("bench", 0, offset, ts, 0, keys[i], values[i], extra)
             pipeline.settle()
             if not released.is_set():
                 await released.wait()
@@ -300,6 +305,7 @@ def run_case(ctx: Any, size: int, mode: str, args: argparse.Namespace) -> dict[s
             args.rate_bytes,
             args.profile,
             wire,
+            args.headers,
         ),
     )
     tx.start()
@@ -348,7 +354,12 @@ def main() -> int:
         default=WireConfig().max_datagram_size,
         help="max_datagram_size of both sides (8952: a jumbo-frame link)",
     )
+    parser.add_argument(
+        "--headers", type=int, default=0, help="headers per record (0: none; see above)"
+    )
     args = parser.parse_args()
+    if not 0 <= args.headers <= 16:
+        parser.error("--headers must be 0..16")
     sizes = [int(s) for s in args.sizes.split(",")]
     modes = args.modes.split(",")
     ctx = multiprocessing.get_context("spawn")
@@ -399,6 +410,7 @@ def main() -> int:
         "rounds": args.rounds,
         "datagram_size": args.datagram_size,
         "rate_bytes": args.rate_bytes,
+        "headers": args.headers,
         "machine": f"{platform.machine()} {os.cpu_count()} cpu, Python {platform.python_version()}",
         "load_average": [round(x, 1) for x in os.getloadavg()],
         **results,

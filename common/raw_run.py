@@ -205,12 +205,17 @@ class RunBuilder:
         self.last = offset
         self.size += grown
 
-    def append_next(
-        self, offset: int, timestamp: int, key: bytes | None, value: bytes | None, max_size: int
+    def append_next(  # noqa: PLR0917  the receiver's per-record path, positional
+        self,
+        offset: int,
+        timestamp: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: Headers,
+        max_size: int,
     ) -> bool:
-        """Append a record without headers that continues the run by stride 1, if its timestamp
-        delta fits a long and the value stays within ``max_size``; False (nothing appended)
-        otherwise.
+        """Append a record that continues the run by stride 1, if its timestamp delta fits a
+        long and the value stays within ``max_size``; False (nothing appended) otherwise.
 
         Why: a record of 1 KB and up fills a datagram alone and arrives as a group of one; here
         it costs about half of what the general checks and :meth:`extend`'s joins cost. The
@@ -226,7 +231,8 @@ class RunBuilder:
         td = SMALL_LONGS[delta] if 0 <= delta < _SMALL else encode_long(delta)
         kb, kn = NULL_ITEM if key is None else bytes_item(len(key))
         vb, vn = NULL_ITEM if value is None else bytes_item(len(value))
-        grown = len(od) + len(td) + kn + vn + 1  # and the headers column's end
+        hb = encode_headers(headers) if headers else _END
+        grown = len(od) + len(td) + kn + vn + len(hb)
         if self.size + grown > max_size:
             return False
         self.stride = 1
@@ -238,7 +244,7 @@ class RunBuilder:
         self._values += vb
         if value:
             self._values += value
-        self._headers += _END
+        self._headers += hb
         self.count += 1
         self.last = offset
         self.size += grown

@@ -138,8 +138,13 @@ class RunCoalescer:
         if builder is not None:
             offsets = group.offsets
             if len(offsets) == 1:  # a record that filled a datagram alone: the usual from 1 KB
-                if not group.headers[0] and builder.append_next(
-                    offsets[0], group.timestamps[0], group.keys[0], group.values[0], max_bytes
+                if builder.append_next(
+                    offsets[0],
+                    group.timestamps[0],
+                    group.keys[0],
+                    group.values[0],
+                    group.headers[0],
+                    max_bytes,
                 ):
                     self.records += 1
                     return

@@ -19,6 +19,14 @@ from common.errors import RemoteProtocolError
 from common.raw_run import RunBuilder, check_run, parse_run_key
 from common.wire.batch_decode import decode_record_groups
 from common.wire.batch_encode import RECORD_BATCH_SCHEMA
+from common.wire.events import Headers
+
+#: A record's headers: names of any text, null, empty and short values, a long one now and then.
+HEADERS = st.lists(
+    st.tuples(st.text(max_size=8), st.none() | st.binary(max_size=12) | st.binary(min_size=70)),
+    min_size=1,
+    max_size=4,
+).map(tuple)
 
 
 def reference(data: bytes) -> list[tuple]:
@@ -125,6 +133,7 @@ def _state(builder: RunBuilder) -> tuple[object, ...]:
             st.none() | st.binary(max_size=40),
             st.none() | st.binary(max_size=20_000),
             st.sampled_from([1, 1, 1, 0, 2]),  # the offset's step from the last
+            st.just(()) | HEADERS,
         ),
         min_size=2,
         max_size=40,
@@ -134,7 +143,7 @@ def _state(builder: RunBuilder) -> tuple[object, ...]:
     st.booleans(),
 )
 def test_append_next_is_append_or_nothing(
-    records: list[tuple[int, bytes | None, bytes | None, int]],
+    records: list[tuple[int, bytes | None, bytes | None, int, Headers]],
     first: int,
     cap: int,
     strided: bool,
@@ -146,31 +155,34 @@ def test_append_next_is_append_or_nothing(
     ours = RunBuilder("t", 3, 1, first, base_ts)
     reference = RunBuilder("t", 3, 1, first, base_ts)
     for builder in (ours, reference):
-        builder.append(first, base_ts, records[0][1], records[0][2], ())
+        builder.append(first, base_ts, records[0][1], records[0][2], records[0][4])
         if strided:  # a run of every other offset (a share chain's)
             builder.append(first + 2, base_ts, None, None, ())
-    for ts, key, value, step in records[1:]:
+    for ts, key, value, step, headers in records[1:]:
         offset = ours.last + step
         before = _state(ours)
-        taken = ours.append_next(offset, ts, key, value, cap)
+        taken = ours.append_next(offset, ts, key, value, headers, cap)
         follows = step == 1 and ours.stride <= 1 and -(1 << 63) <= ts - base_ts < 1 << 63
         if taken:
-            reference.append(offset, ts, key, value, ())
+            reference.append(offset, ts, key, value, headers)
             assert follows
             assert ours.size <= cap
             assert _state(ours) == _state(reference)
         else:
             assert _state(ours) == before
             if follows:  # refused only for want of room
-                assert ours.size + _grown(offset - first, ts - base_ts, key, value) > cap
+                grown = _grown(offset - first, ts - base_ts, key, value, headers)
+                assert ours.size + grown > cap
 
 
-def _grown(delta: int, ts_delta: int, key: bytes | None, value: bytes | None) -> int:
-    """What ``append`` adds to the size for a record without headers (its own arithmetic)."""
+def _grown(
+    delta: int, ts_delta: int, key: bytes | None, value: bytes | None, headers: Headers
+) -> int:
+    """What ``append`` adds to the size for the record (its own arithmetic)."""
     probe = RunBuilder("t", 3, 1, 0, 0)
     probe.append(0, 0, None, None, ())
     size = probe.size
-    probe.append(delta, ts_delta, key, value, ())
+    probe.append(delta, ts_delta, key, value, headers)
     return probe.size - size
 
 

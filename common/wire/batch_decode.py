@@ -751,6 +751,49 @@ _LAST_HEAD: list[tuple[bytes, str, int, int]] = [(b"", "", 0, 0)]
 _LAST_TS: list[tuple[bytes, int]] = [(b"\x00", 0)]
 
 
+def _short_headers(data: bytes, pos: int, end: int) -> Headers | None:
+    """The headers of a one-record batch's only record at ``pos``, when they are one block of
+    fewer than 64 headers, each name and value shorter than 64 bytes, followed by the ends of
+    the record's array, of the headers column and of the groups (the batch's last three bytes);
+    else None, and ``_headers`` reads them. What ``_headers`` reads from the same bytes: its
+    per-header reading, names from :data:`_HEADER_NAMES` (its four block reads and its layout
+    bookkeeping are what a single record does not need). UnicodeDecodeError: see the caller."""
+    b = data[pos]
+    if not 0 < b < 0x80 or b & 1:
+        return None
+    names = _HEADER_NAMES
+    items: list[tuple[str, bytes | None]] = []
+    pos += 1
+    for _ in range(b >> 1):
+        b = data[pos]
+        if b >= 0x80 or b & 1:
+            return None
+        nxt = pos + 1 + (b >> 1)
+        raw = data[pos + 1 : nxt]
+        name = names.get(raw)
+        if name is None:
+            name = raw.decode("utf-8")
+            if len(names) >= _MAX_HEADER_NAMES:
+                names.clear()
+            names[raw] = name
+        b = data[nxt]
+        if b == 0:
+            items.append((name, None))
+            pos = nxt + 1
+        elif b == 2 and (c := data[nxt + 1]) < 0x80 and not c & 1:
+            pos = nxt + 2 + (c >> 1)
+            items.append((name, data[nxt + 2 : pos]))
+        else:
+            return None
+    if pos != end - 3 or data[pos:] != _THREE_ENDS:
+        return None
+    return tuple(items)
+
+
+#: The ends of a record's header array, of the headers column and of the groups.
+_THREE_ENDS: Final = b"\x00\x00\x00"
+
+
 def _one_record(data: bytes) -> tuple[tuple[RecordGroup, ...], int] | None:
     """The batch of one record, in the shape the encoder writes it
     (``batch_encode.single_record_batch``, and ``BatchBuilder`` with one record): one group,
@@ -805,9 +848,13 @@ def _one_record(data: bytes) -> tuple[tuple[RecordGroup, ...], int] | None:
         if data[pos:] == _ONE_RECORD_END:
             headers: tuple[Headers, ...] = (_NO_HEADERS,)
         elif data[pos : pos + 2] == _END_AND_ONE:  # a headers column of one record's headers
-            headers, pos = _headers(data, pos + 1, end)
-            if len(headers) != 1 or pos != end - 1 or data[pos] != 0:  # then the groups' end
-                return None
+            one = _short_headers(data, pos + 2, end)
+            if one is None:
+                headers, pos = _headers(data, pos + 1, end)
+                if len(headers) != 1 or pos != end - 1 or data[pos] != 0:  # then the groups' end
+                    return None
+            else:
+                headers = (one,)
         else:
             return None
     except (IndexError, RemoteProtocolError, UnicodeDecodeError):

@@ -250,16 +250,17 @@ class RunBuilder:
         self.size += grown
         return True
 
-    def extend(
+    def extend(  # noqa: PLR0917  the columns of a group, positional like append
         self,
         offsets: Sequence[int],
         timestamps: Sequence[int],
         keys: Sequence[bytes | None],
         values: Sequence[bytes | None],
+        headers: Sequence[Headers],
         max_size: int,
     ) -> bool:
-        """Append records without headers in one piece, if the value stays within ``max_size``;
-        False (nothing appended) otherwise.
+        """Append records in one piece, if the value stays within ``max_size``; False (nothing
+        appended) otherwise.
 
         The caller checked that ``offsets`` continue the run by stride 1 (``offsets[0]`` follows
         and each is the previous plus one) and that every timestamp's delta from the base fits a
@@ -275,7 +276,11 @@ class RunBuilder:
         td = b"".join([_long(timestamp - base) for timestamp in timestamps])
         kb = b"".join([_NULL if k is None else bytes_item(len(k))[0] + k for k in keys])
         vb = b"".join([_NULL if v is None else bytes_item(len(v))[0] + v for v in values])
-        grown = len(od) + len(td) + len(kb) + len(vb) + n
+        if any(headers):
+            hb = b"".join([encode_headers(h) if h else _END for h in headers])
+        else:
+            hb = _END * n
+        grown = len(od) + len(td) + len(kb) + len(vb) + len(hb)
         if self.size + grown > max_size:
             return False
         if self.count == 1:
@@ -284,7 +289,7 @@ class RunBuilder:
         self._td += td
         self._keys += kb
         self._values += vb
-        self._headers += _END * n
+        self._headers += hb
         self.count += n
         self.last = offsets[-1]
         self.size += grown

@@ -196,14 +196,15 @@ class RunCoalescer:
             or builder.stride > 1
             or offsets[-1] != o0 + n - 1
             or (n > 2 and offsets != tuple(range(o0, o0 + n)))
-            or any(group.headers)
         ):
             return False
         timestamps = group.timestamps
         base = builder.base_ts
         if not (min(timestamps) - base >= -_LONG_BOUND and max(timestamps) - base < _LONG_BOUND):
             return False
-        return builder.extend(offsets, timestamps, group.keys, group.values, max_bytes)
+        return builder.extend(
+            offsets, timestamps, group.keys, group.values, group.headers, max_bytes
+        )
 
     def _start(  # noqa: PLR0917  the new run's identity, from the hot loop
         self,

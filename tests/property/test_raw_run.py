@@ -193,6 +193,7 @@ def _grown(
             st.integers(-(1 << 40), 1 << 40),
             st.none() | st.binary(max_size=40),
             st.none() | st.binary(max_size=20_000),
+            st.just(()) | HEADERS,
         ),
         min_size=2,
         max_size=40,
@@ -201,25 +202,24 @@ def _grown(
     st.integers(0, 1 << 40),
 )
 def test_extend_in_pieces_is_append_record_by_record(
-    records: list[tuple[int, bytes | None, bytes | None]], pieces: list[int], first: int
+    records: list[tuple[int, bytes | None, bytes | None, Headers]], pieces: list[int], first: int
 ) -> None:
-    """``RunBuilder.extend`` (one record, or several in one piece) adds the bytes and the size
-    ``append`` adds for the same records one by one."""
+    """``RunBuilder.extend`` (one record, or several in one piece, with or without headers)
+    adds the bytes and the size ``append`` adds for the same records one by one."""
     base_ts = records[0][0]
     each = RunBuilder("t", 3, 1, first, base_ts)
     whole = RunBuilder("t", 3, 1, first, base_ts)
-    for at, (ts, key, value) in enumerate(records):
-        each.append(first + at, ts, key, value, ())
-    whole.append(first, base_ts, records[0][1], records[0][2], ())
+    for at, (ts, key, value, headers) in enumerate(records):
+        each.append(first + at, ts, key, value, headers)
+    whole.append(first, base_ts, records[0][1], records[0][2], records[0][3])
     at = 1
     for n in pieces * len(records):
         if at >= len(records):
             break
         part = records[at : at + n]
         offsets = [first + at + i for i in range(len(part))]
-        assert whole.extend(
-            offsets, [r[0] for r in part], [r[1] for r in part], [r[2] for r in part], 1 << 30
-        )
+        columns = [[r[i] for r in part] for i in range(4)]
+        assert whole.extend(offsets, *columns, 1 << 30)
         at += len(part)
     assert whole.size == each.size
     assert whole.count == each.count == len(records)

@@ -50,25 +50,43 @@ def string_bytes(s: str) -> bytes:
     return long_bytes(len(raw)) + raw
 
 
+#: Header name -> its Avro string: records repeat a few names (sender and receiver encode the
+#: headers of every record that has any). Bounded (cleared when full): names come from upstream.
+_HEADER_NAME_BYTES: dict[str, bytes] = {}
+_MAX_HEADER_NAMES: Final = 4096
+
+
 def encode_headers(headers: Sequence[tuple[str, bytes | None]]) -> bytes:
     """One record's headers as an Avro ``array<Header>``."""
     if not headers:
         return _EMPTY_ARRAY
-    parts = [long_bytes(len(headers))]
+    n = len(headers)
+    parts = [SMALL_LONGS[n] if n < _SMALL else encode_long(n)]
+    append = parts.append
+    names = _HEADER_NAME_BYTES
     for name, value in headers:
-        parts.append(string_bytes(name))
+        encoded = names.get(name)
+        if encoded is None:
+            encoded = string_bytes(name)
+            if len(names) >= _MAX_HEADER_NAMES:
+                names.clear()
+            names[name] = encoded
+        append(encoded)
         if value is None:
-            parts.append(_NULL)
+            append(_NULL)
         else:
-            parts.append(PRESENT + long_bytes(len(value)) + value)
-    parts.append(_EMPTY_ARRAY)
+            m = len(value)
+            append(BYTES_ITEMS[m][0] if m < _ITEM_TABLE else PRESENT + encode_long(m))
+            append(value)
+    append(_EMPTY_ARRAY)
     return b"".join(parts)
 
 
 #: ``(prefix, encoded size)`` of a ``union{null, bytes}`` of each length below 4096: the prefix is
 #: ``b"\x02"`` (the bytes branch) and the length; the size counts prefix and bytes.
+_ITEM_TABLE: Final = 4096
 BYTES_ITEMS: Final = tuple(
-    (PRESENT + SMALL_LONGS[n], 1 + len(SMALL_LONGS[n]) + n) for n in range(4096)
+    (PRESENT + SMALL_LONGS[n], 1 + len(SMALL_LONGS[n]) + n) for n in range(_ITEM_TABLE)
 )
 NULL_ITEM: Final = (_NULL, 1)
 

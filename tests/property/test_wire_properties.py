@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 from collections import Counter, defaultdict
 
+import fastavro
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +19,7 @@ from common.wire import (
     RecordBatch,
     WireConfig,
 )
+from common.wire.batch_encode import encode_headers
 from common.wire.envelope import HEADER
 from tests.wire_support import SESSION, add, drain, feed, records_of, ring
 
@@ -32,6 +35,12 @@ blobs = st.one_of(
     st.binary(max_size=40),
     st.binary(min_size=300, max_size=3000),
 )
+#: Avro's ``Header`` record (common/schema/record_batch.avsc; a name does not change encodings).
+HEADER_SCHEMA = {
+    "type": "record",
+    "name": "Header",
+    "fields": [{"name": "key", "type": "string"}, {"name": "value", "type": ["null", "bytes"]}],
+}
 headers = st.lists(
     st.tuples(st.sampled_from(["h", "x-id", ""]), st.one_of(st.none(), st.binary(max_size=8))),
     max_size=3,
@@ -234,3 +243,25 @@ def test_heartbeat_low_and_high_offsets_round_trip_in_any_order(offsets, config,
     assert isinstance(hb, Heartbeat)
     assert hb.high_offsets == tuple(highs)
     assert hb.low_offsets == tuple(lows)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.text(max_size=70),
+            st.none() | st.binary(max_size=70) | st.binary(min_size=4090, max_size=17_000),
+        ),
+        max_size=70,
+    )
+)
+def test_encoded_headers_are_what_avro_writes(items: list[tuple[str, bytes | None]]) -> None:
+    """``encode_headers`` (names kept encoded between calls, value prefixes from a table) writes
+    exactly fastavro's ``array<Header>``, for any names, null, short and long values, and more
+    than 64 headers."""
+    out = io.BytesIO()
+    fastavro.schemaless_writer(
+        out, {"type": "array", "items": HEADER_SCHEMA}, [{"key": k, "value": v} for k, v in items]
+    )
+    assert encode_headers(items) == out.getvalue()
+    assert encode_headers(tuple(items)) == out.getvalue()  # again: the names from the memo

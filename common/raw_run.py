@@ -258,6 +258,7 @@ class RunBuilder:
         values: Sequence[bytes | None],
         headers: Sequence[Headers],
         max_size: int,
+        headers_bytes: bytes | None = None,
     ) -> bool:
         """Append records in one piece, if the value stays within ``max_size``; False (nothing
         appended) otherwise.
@@ -265,6 +266,8 @@ class RunBuilder:
         The caller checked that ``offsets`` continue the run by stride 1 (``offsets[0]`` follows
         and each is the previous plus one) and that every timestamp's delta from the base fits a
         long. The bytes are exactly those :meth:`append` would add, record by record.
+        ``headers_bytes``, when given, is ``headers`` encoded (``RecordGroup.headers_bytes``:
+        the decoder read them so), taken instead of encoding them again.
         """
         first, base = self.first, self.base_ts
         start = offsets[0] - first
@@ -276,7 +279,9 @@ class RunBuilder:
         td = b"".join([_long(timestamp - base) for timestamp in timestamps])
         kb = b"".join([_NULL if k is None else bytes_item(len(k))[0] + k for k in keys])
         vb = b"".join([_NULL if v is None else bytes_item(len(v))[0] + v for v in values])
-        if any(headers):
+        if headers_bytes is not None:
+            hb = headers_bytes
+        elif any(headers):
             hb = b"".join([encode_headers(h) if h else _END for h in headers])
         else:
             hb = _END * n

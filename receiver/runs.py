@@ -23,9 +23,10 @@ finished run, records of one partition and session in the order they were handed
 run's value decodes (``common.raw_run.check_run``) to exactly its records. Finished runs are
 returned in the order they finished; runs of one (topic, partition) finish in arrival order.
 
-Cost: a group that simply continues its open run (the next consecutive offsets, no headers: the
-usual datagram of a backlog) is appended column-wise in one piece (``RunBuilder.extend``, the same
-bytes); any other group record by record.
+Cost: a group that simply continues its open run (the next consecutive offsets: the usual
+datagram of a backlog) is appended column-wise in one piece (``RunBuilder.extend``, the same
+bytes; its headers as the decoder read them, ``RecordGroup.headers_bytes``, when it has them);
+any other group record by record.
 """
 
 from __future__ import annotations
@@ -184,8 +185,8 @@ class RunCoalescer:
     @staticmethod
     def _extend(builder: RunBuilder, group: RecordGroup, max_bytes: int) -> bool:
         """The whole group onto ``builder`` in one piece (``RunBuilder.extend``), when it simply
-        continues the run: consecutive offsets right after it (stride 1), no headers, timestamps
-        whose deltas fit, and room under the cap. False: nothing done, take the record path."""
+        continues the run: consecutive offsets right after it (stride 1), timestamps whose
+        deltas fit, and room under the cap. False: nothing done, take the record path."""
         offsets = group.offsets
         n = len(offsets)
         if not n:
@@ -203,7 +204,13 @@ class RunCoalescer:
         if not (min(timestamps) - base >= -_LONG_BOUND and max(timestamps) - base < _LONG_BOUND):
             return False
         return builder.extend(
-            offsets, timestamps, group.keys, group.values, group.headers, max_bytes
+            offsets,
+            timestamps,
+            group.keys,
+            group.values,
+            group.headers,
+            max_bytes,
+            group.headers_bytes,
         )
 
     def _start(  # noqa: PLR0917  the new run's identity, from the hot loop

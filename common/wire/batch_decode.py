@@ -12,12 +12,18 @@ from __future__ import annotations
 import re
 import struct
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import numpy as np
 
 from common.errors import RemoteProtocolError
-from common.wire.batch_encode import PRESENT, RECORD_BATCH_SCHEMA, long_bytes, string_bytes
+from common.wire.batch_encode import (
+    PRESENT,
+    RECORD_BATCH_SCHEMA,
+    encode_headers,
+    long_bytes,
+    string_bytes,
+)
 from common.wire.envelope import (
     encode_long,
 )
@@ -42,9 +48,17 @@ _MAX_TOPIC_LENGTH: Final = 249
 # which accepts every valid Avro encoding (several blocks, negative counts with a byte size).
 
 _new = object.__new__
-(_g_topic, _g_partition, _g_ts_type, _g_offsets, _g_timestamps, _g_keys, _g_values, _g_headers) = (
-    getattr(RecordGroup, name).__set__ for name in RecordGroup.__slots__
-)
+(
+    _g_topic,
+    _g_partition,
+    _g_ts_type,
+    _g_offsets,
+    _g_timestamps,
+    _g_keys,
+    _g_values,
+    _g_headers,
+    _g_headers_bytes,
+) = (getattr(RecordGroup, name).__set__ for name in RecordGroup.__slots__)
 
 #: The value of each one-byte Avro long (bytes 0x00-0x7f).
 _ZIGZAG: Final = tuple((b >> 1) ^ -(b & 1) for b in range(0x80))
@@ -380,31 +394,62 @@ def _nullables(data: bytes, pos: int, end: int) -> tuple[tuple[bytes | None, ...
 #: Bounded (cleared when full): names come from the wire.
 _HEADER_NAMES: dict[bytes, str] = {}
 _MAX_HEADER_NAMES: Final = 4096
-#: A header *layout* (names in order, each value's length, no null value) -> a compiled pattern
-#: of its canonical encoding with the values as groups, and the names. Every structural byte is
-#: fixed in the pattern and only the value bytes are free, so whatever it matches decodes, by the
-#: general reading, to exactly those names and the matched values. Bounded (cleared when full),
-#: and at most ``_COMPILES_PER_COLUMN`` compiled per column: layouts come from the wire.
-_LAYOUTS: dict[tuple[tuple[str, int], ...], tuple[re.Pattern[bytes], tuple[str, ...]]] = {}
+
+
+class _Layout(NamedTuple):
+    """A header *layout* (names in order, each value's length, no null value): ``pattern`` is
+    its canonical encoding with the values as groups. Every structural byte is fixed in it and
+    only the value bytes are free, so whatever it matches decodes, by the general reading, to
+    exactly ``names`` and the matched values. Each record in the layout takes ``size`` bytes,
+    so ``column`` (the same without groups, repeated) matched over ``n * size`` bytes proves
+    that ``n`` records in a row are in it."""
+
+    pattern: re.Pattern[bytes]
+    names: tuple[str, ...]
+    size: int
+    column: re.Pattern[bytes]
+
+
+#: Layouts by ``(name, value length)`` pairs. Bounded (cleared when full), and at most
+#: ``_COMPILES_PER_COLUMN`` compiled per column: layouts come from the wire.
+_LAYOUTS: dict[tuple[tuple[str, int], ...], _Layout] = {}
 _MAX_LAYOUTS: Final = 256
 _COMPILES_PER_COLUMN: Final = 2
+#: Where the last column of canonically encoded headers ended: its last record's header bytes
+#: and headers, and the layout of its last records (or None). The next column starts from them,
+#: so a column of small records in the same layout is read in one piece, not record by record
+#: from the third on; a hint only (what matches it decodes to the same headers either way).
+_LAST_HEADERS: list[tuple[bytes, Headers, _Layout | None]] = [(b"", (), None)]
 
 
-def _layout(key: tuple[tuple[str, int], ...]) -> tuple[re.Pattern[bytes], tuple[str, ...]]:
-    """The pattern of a header layout (see :data:`_LAYOUTS`)."""
-    parts = [re.escape(long_bytes(len(key)))]
+def _layout(key: tuple[tuple[str, int], ...]) -> _Layout:
+    """The layout of ``key`` (see :class:`_Layout`), compiled and kept in :data:`_LAYOUTS`."""
+    head = long_bytes(len(key))
+    fixed = [re.escape(head)]
+    size = len(head) + 1
     for name, n in key:
-        parts.append(re.escape(string_bytes(name) + PRESENT + long_bytes(n)))
-        parts.append(b"(.{%d})" % n)
-    parts.append(b"\x00")
+        literal = string_bytes(name) + PRESENT + long_bytes(n)
+        fixed.append(re.escape(literal))
+        size += len(literal) + n
+    grouped = [fixed[0]]
+    bare = [fixed[0]]
+    for literal, (_, n) in zip(fixed[1:], key, strict=True):
+        grouped += [literal, b"(.{%d})" % n]
+        bare += [literal, b".{%d}" % n]
     if len(_LAYOUTS) >= _MAX_LAYOUTS:
         _LAYOUTS.clear()
-    layout = _LAYOUTS[key] = (re.compile(b"".join(parts), re.DOTALL), tuple(n for n, _ in key))
+    layout = _LAYOUTS[key] = _Layout(
+        re.compile(b"".join(grouped) + b"\x00", re.DOTALL),
+        tuple(n for n, _ in key),
+        size,
+        re.compile(b"(?:" + b"".join(bare) + b"\x00)*", re.DOTALL),
+    )
     return layout
 
 
-def _headers(data: bytes, pos: int, end: int) -> tuple[tuple[Headers, ...], int]:
-    """The ``array<array<Header>>`` column.
+def _headers(data: bytes, pos: int, end: int) -> tuple[tuple[Headers, ...], int, bytes | None]:
+    """The ``array<array<Header>>`` column, its end, and its records' header bytes when each is
+    canonical (``encode_headers``'s bytes) in one block (``RecordGroup.headers_bytes``; else None).
 
     Fast paths, each exactly what the general reading gives (the fuzz and property tests hold
     them to it): a column of empty arrays; a record whose header bytes are byte for byte the
@@ -419,28 +464,54 @@ def _headers(data: bytes, pos: int, end: int) -> tuple[tuple[Headers, ...], int]
         n = b >> 1
         nxt = pos + 1 + n
         if data[pos + 1 : nxt + 1] == bytes(n + 1):  # ...all empty, then the end of the array
-            return (_NO_HEADERS,) * n, nxt + 1
+            return (_NO_HEADERS,) * n, nxt + 1, data[pos + 1 : nxt]
     out: list[Headers] = []
     names = _HEADER_NAMES
-    previous = b""  # the previous record's header bytes, and what they decoded to
-    previous_headers: Headers = _NO_HEADERS
-    layout: re.Pattern[bytes] | None = None  # the layout of the last two records, if any
-    layout_names: tuple[str, ...] = ()
+    # the previous record's header bytes and what they decoded to, and the layout of the last
+    # two records, if any: to begin with, the last canonical column's (_LAST_HEADERS)
+    previous, previous_headers, layout = _LAST_HEADERS[0]
     last_key: tuple[tuple[str, int], ...] | None = None
     compiles = 0
+    canonical = True  # every record so far in encode_headers's bytes, in one block
+    records_start = -1
     while True:
         n, pos = _block(data, pos, end)
         if not n:
-            return tuple(out), pos
+            if canonical and records_start >= 0:
+                _LAST_HEADERS[0] = (previous, previous_headers, layout)
+                return tuple(out), pos, data[records_start : pos - 1]
+            return tuple(out), pos, None
+        if records_start < 0:
+            records_start = pos
+        else:  # a second block: its count sits between records
+            canonical = False
+        stop = pos + n * len(previous)
+        if previous and stop <= end and data[pos:stop] == previous * n:  # all the same
+            out += [previous_headers] * n
+            pos = stop
+            continue
+        if layout is not None:  # the whole block in the last records' layout: two calls
+            stop = pos + n * layout.size
+            if stop <= end and layout.column.fullmatch(data, pos, stop) is not None:
+                found = layout.pattern.findall(data, pos, stop)
+                if len(layout.names) == 1:  # findall gives the one group's values
+                    only = layout.names[0]
+                    out += [((only, value),) for value in found]
+                else:
+                    names_of = layout.names
+                    out += [tuple(zip(names_of, values, strict=True)) for values in found]
+                previous, previous_headers = data[stop - layout.size : stop], out[-1]
+                pos = stop
+                continue
         for _ in range(n):
             if previous and data.startswith(previous, pos) and pos + len(previous) <= end:
                 out.append(previous_headers)
                 pos += len(previous)
                 continue
             if layout is not None:
-                match = layout.match(data, pos, end)
+                match = layout.pattern.match(data, pos, end)
                 if match is not None:
-                    out.append(tuple(zip(layout_names, match.groups(), strict=True)))
+                    out.append(tuple(zip(layout.names, match.groups(), strict=True)))
                     pos = match.end()
                     continue
             start = pos
@@ -481,14 +552,15 @@ def _headers(data: bytes, pos: int, end: int) -> tuple[tuple[Headers, ...], int]
             headers = tuple(items) if items else _NO_HEADERS
             out.append(headers)
             previous, previous_headers = data[start:pos], headers
+            if canonical and previous != encode_headers(headers):
+                canonical = False
             if headers and compiles < _COMPILES_PER_COLUMN:
                 key = tuple((name, -1 if value is None else len(value)) for name, value in headers)
                 if key == last_key and len(key) < 64 and min(n for _, n in key) >= 0:
-                    found = _LAYOUTS.get(key)
-                    if found is None:
+                    layout = _LAYOUTS.get(key)
+                    if layout is None:
                         compiles += 1
-                        found = _layout(key)
-                    layout, layout_names = found
+                        layout = _layout(key)
                 last_key = key
 
 
@@ -677,6 +749,7 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
             if 0 < b < 0x80 and not b & 1 and data[pos + 1 : pos + n + 2] == _ZEROS[n]:
                 headers = (_NO_HEADERS,) * n
                 pos += n + 2
+                headers_bytes: bytes | None = None  # RunBuilder.extend's fast path needs none
             elif (
                 b >= 0x80
                 and (big := _big_count(data, pos, end))[0]
@@ -684,8 +757,9 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
             ):
                 headers = (_NO_HEADERS,) * big[0]
                 pos = big[1] + big[0] + 1
+                headers_bytes = None
             else:
-                headers, pos = _headers(data, pos, end)
+                headers, pos, headers_bytes = _headers(data, pos, end)
             n = len(offsets)
             if not (len(timestamps) == len(keys) == len(values) == len(headers) == n):
                 raise _bad("record batch columns differ in length")
@@ -702,6 +776,7 @@ def _decode_groups(data: bytes) -> tuple[tuple[RecordGroup, ...], int]:
             _g_keys(group, keys)
             _g_values(group, values)
             _g_headers(group, headers)
+            _g_headers_bytes(group, headers_bytes)
             groups.append(group)
             total += n
         if data[pos] == 0:
@@ -851,7 +926,7 @@ def _one_record(data: bytes) -> tuple[tuple[RecordGroup, ...], int] | None:
         elif data[pos : pos + 2] == _END_AND_ONE:  # a headers column of one record's headers
             one = _short_headers(data, pos + 2, end)
             if one is None:
-                headers, pos = _headers(data, pos + 1, end)
+                headers, pos, _ = _headers(data, pos + 1, end)
                 if len(headers) != 1 or pos != end - 1 or data[pos] != 0:  # then the groups' end
                     return None
             else:
@@ -871,6 +946,7 @@ def _one_record(data: bytes) -> tuple[tuple[RecordGroup, ...], int] | None:
     _g_keys(group, (key,))
     _g_values(group, (value,))
     _g_headers(group, headers)
+    _g_headers_bytes(group, None)
     return (group,), 1
 
 

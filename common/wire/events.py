@@ -119,6 +119,10 @@ class RecordGroup:
     """Values; ``None`` is a tombstone."""
     headers: tuple[Headers, ...]
     """Headers of each record."""
+    headers_bytes: bytes | None = field(default=None, compare=False, repr=False)
+    """Every record's headers in their canonical Avro encoding
+    (``common.wire.batch_encode.encode_headers``), concatenated, when the decoder read them in
+    it; else None. What a raw run stores, so the receiver need not encode them again."""
 
     def __len__(self) -> int:
         return len(self.offsets)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from common.errors import RemoteProtocolError
 from common.raw_run import RunBuilder, check_run, parse_run_key
 from common.wire.batch_decode import decode_record_groups
-from common.wire.batch_encode import RECORD_BATCH_SCHEMA
+from common.wire.batch_encode import RECORD_BATCH_SCHEMA, encode_headers
 from common.wire.events import Headers
 
 #: A record's headers: names of any text, null, empty and short values, a long one now and then.
@@ -200,12 +200,17 @@ def _grown(
     ),
     st.lists(st.integers(1, 5), min_size=1, max_size=40),
     st.integers(0, 1 << 40),
+    st.booleans(),
 )
 def test_extend_in_pieces_is_append_record_by_record(
-    records: list[tuple[int, bytes | None, bytes | None, Headers]], pieces: list[int], first: int
+    records: list[tuple[int, bytes | None, bytes | None, Headers]],
+    pieces: list[int],
+    first: int,
+    encoded: bool,
 ) -> None:
-    """``RunBuilder.extend`` (one record, or several in one piece, with or without headers)
-    adds the bytes and the size ``append`` adds for the same records one by one."""
+    """``RunBuilder.extend`` (one record, or several in one piece, with or without headers,
+    given as tuples or ``encoded`` as the decoder hands them over) adds the bytes and the size
+    ``append`` adds for the same records one by one."""
     base_ts = records[0][0]
     each = RunBuilder("t", 3, 1, first, base_ts)
     whole = RunBuilder("t", 3, 1, first, base_ts)
@@ -219,7 +224,8 @@ def test_extend_in_pieces_is_append_record_by_record(
         part = records[at : at + n]
         offsets = [first + at + i for i in range(len(part))]
         columns = [[r[i] for r in part] for i in range(4)]
-        assert whole.extend(offsets, *columns, 1 << 30)
+        blob = b"".join(encode_headers(h) for h in columns[3]) if encoded else None
+        assert whole.extend(offsets, *columns, 1 << 30, blob)
         at += len(part)
     assert whole.size == each.size
     assert whole.count == each.count == len(records)

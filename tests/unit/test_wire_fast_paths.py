@@ -45,7 +45,7 @@ from common.wire.envelope import (
     encode_varint,
     frame,
 )
-from common.wire.events import records_of
+from common.wire.events import Headers, records_of
 from common.wire.replay import ReplayWindow
 from tests.wire_support import SESSION, drain, encode_all, feed
 from tests.wire_support import records_of as records_in
@@ -155,7 +155,10 @@ _HEADER_VALUES = (
 )
 def test_header_fast_paths_decode_as_fastavro_does(layouts, picks, seed) -> None:
     """Repeated header bytes, repeated layouts (same names and value lengths, other values) and
-    irregular ones, valid or mutated: the header column reads as fastavro reads it, or MALFORMED."""
+    irregular ones, valid or mutated, each read after the one before (whose last layout the
+    next column starts from): the header column reads as fastavro reads it, or MALFORMED; a
+    group's ``headers_bytes`` is None or its headers' canonical encoding, and given for every
+    valid group of several records with headers."""
     rnd = random.Random(seed)
     builder = BatchBuilder()
     for i, pick in enumerate(picks):
@@ -167,7 +170,13 @@ def test_header_fast_paths_decode_as_fastavro_does(layouts, picks, seed) -> None
         encoded = batch_encode.encode_headers(headers)
         assert builder.try_add("t", 0, 1, i, i, None, b"v", encoded, 1 << 24)
     valid = builder.encode()
-    assert list(records_of(decode_record_groups(valid)[0])) == _fastavro_records(valid)
+    for _ in range(2):  # the second time from the hint the first left
+        groups = decode_record_groups(valid)[0]
+        assert list(records_of(groups)) == _fastavro_records(valid)
+        for group in groups:  # a group of several records with headers has them
+            wanted = len(group) > 1 and any(group.headers)
+            assert group.headers_bytes in {None, _canonical(group.headers)}
+            assert group.headers_bytes is not None or not wanted
     for _ in range(20):
         data = bytearray(valid)
         data[rnd.randrange(len(data))] = rnd.choice([0, 2, 4, 0x20, 0x80, rnd.randrange(256)])
@@ -176,10 +185,51 @@ def test_header_fast_paths_decode_as_fastavro_does(layouts, picks, seed) -> None
         except Exception:  # any fastavro failure: ours must then be MALFORMED
             reference = None
         try:
-            ours = list(records_of(decode_record_groups(bytes(data))[0]))
+            groups = decode_record_groups(bytes(data))[0]
         except RemoteProtocolError:
             continue
-        assert ours == reference, bytes(data).hex()
+        assert list(records_of(groups)) == reference, bytes(data).hex()
+        for group in groups:
+            assert group.headers_bytes in {None, _canonical(group.headers)}, bytes(data).hex()
+
+
+def _canonical(headers: tuple[Headers, ...]) -> bytes:
+    return b"".join(batch_encode.encode_headers(h) for h in headers)
+
+
+@pytest.mark.parametrize("count", [2, 5, 63, 64, 200])
+def test_header_bytes_that_are_not_canonical_are_not_handed_on(count: int) -> None:
+    """Headers in valid Avro that is not ``encode_headers``'s (a two-byte length, a
+    negative block count with its size, two blocks): read alike, no ``headers_bytes``."""
+    headers = (("trace-id", b"t" * 16),)
+    canonical = batch_encode.encode_headers(headers)
+    body = canonical[1:-1]  # the item
+    variants = [
+        b"\x02" + b"\x90\x00" + b"trace-id" + body[9:] + b"\x00",  # name length 8 in two bytes
+        b"\x01" + bytes([len(body) * 2]) + body + b"\x00",  # a block of -1 with its size
+        b"\x02" + body + b"\x02" + body + b"\x00",  # two blocks of one (two headers)
+    ]
+    for variant in variants:
+        builder = BatchBuilder()
+        for i in range(count):  # the canonical ones first: the hint then holds their layout
+            assert builder.try_add("t", 0, 1, i, i, None, b"v", canonical, 1 << 24)
+        assert builder.try_add("t", 0, 1, count, count, None, b"v", variant, 1 << 24)
+        data = builder.encode()
+        groups = decode_record_groups(data)[0]
+        assert list(records_of(groups)) == _fastavro_records(data)
+        assert [g.headers_bytes for g in groups] == [None]
+    builder = BatchBuilder()
+    for i in range(count):
+        assert builder.try_add("t", 0, 1, i, i, None, b"v", canonical, 1 << 24)
+    assert decode_record_groups(builder.encode())[0][0].headers_bytes == canonical * count
+    # the column itself in two blocks: the second block's count would sit between records
+    column = batch_encode.long_bytes(count) + canonical * count
+    for blocks in (column + b"\x00", column + b"\x02" + canonical + b"\x00"):
+        read, end, raw = batch_module._headers(blocks, 0, len(blocks))
+        assert read == (headers,) * (len(blocks) // len(canonical))
+        assert end == len(blocks)
+        one_block = blocks.endswith(canonical * count + b"\x00")
+        assert raw == (canonical * count if one_block else None)
 
 
 def test_header_layout_cache_is_bounded() -> None:

@@ -2,12 +2,13 @@
 
 The receiver writes runs (raw layout v2: one raw record per run of up to ``run_max_bytes`` of
 consecutive records) with the producer defaults of ``receiver.config.DEFAULT_KAFKA``, whose
-``compression.type`` is lz4. Here the same producer settings write the same kind of raw values to a
-local broker this script starts, with each codec in turn (interleaved, the order flipping every
-round), for two payloads: random bytes (incompressible, what an encrypted or compressed upstream
-carries) and log-like text (``bench/e2e.py``'s ``text_pool``). Per case: the producing process's
-CPU (user + system, librdkafka's threads included) per GB of record values, the broker's CPU per GB
-(from /proc), and the bytes the topic takes on the broker's disk per byte of value.
+``compression.type`` is none (this benchmark is why). Here the same producer settings write the
+same kind of raw values to a local broker this script starts, with each codec in turn (interleaved,
+the order flipping every round), for two payloads: random bytes (incompressible, what an encrypted
+or compressed upstream carries) and log-like text (``bench/e2e.py``'s ``text_pool``). Per case: the
+producing process's CPU (user + system, librdkafka's threads included) per GB of record values, the
+broker's CPU per GB (from /proc), and the bytes the topic takes on the broker's disk per byte of
+value.
 
     .venv/bin/python bench/raw_compression.py [--codecs none,lz4,zstd] [--megabytes 200]
         [--value-bytes 10000] [--rounds 2]

@@ -456,8 +456,11 @@ def _headers(data: bytes, pos: int, end: int) -> tuple[tuple[Headers, ...], int,
     previous record's (constant headers: the same bytes parse to the same headers, so the
     previous tuple is reused after one comparison); a record in the layout of the two records
     before it (same names, same value lengths: trace ids, content types), matched by one compiled
-    pattern (:data:`_LAYOUTS`); otherwise names and values with one-byte lengths read inline,
-    names looked up in :data:`_HEADER_NAMES` instead of decoded again.
+    pattern (:data:`_LAYOUTS`); a whole block of either kind in one piece, the previous record
+    and layout being the last column's to begin with (:data:`_LAST_HEADERS`); otherwise names
+    and values with one-byte lengths read inline, names looked up in :data:`_HEADER_NAMES`
+    instead of decoded again. A record read that way counts as canonical only if
+    ``encode_headers`` gives its bytes back.
     """
     b = data[pos]
     if 0 < b < 0x80 and not b & 1:  # one block of n < 64 items...

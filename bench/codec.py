@@ -40,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 # --tree=DIR must act before the imports below
 sys.path.insert(
@@ -56,6 +57,9 @@ from fastavro import parse_schema, schemaless_reader, schemaless_writer
 import common.wire as wire_after
 from common.wire import Decoder, Encoder, Key, KeyRing, RecordBatch, WireConfig
 from common.wire.config import COMPRESSIONS, fragment_capacity
+
+#: Envelope bytes of the fragment index (docs/protocol.md §3): 0 starts a message.
+_FRAGMENT_INDEX = 36
 
 ROW_SCHEMA = parse_schema(
     {
@@ -91,9 +95,12 @@ ROW_SCHEMA = parse_schema(
 )
 
 
-def make_records(n: int, *, round_robin: bool = False, vary: bool = False) -> list[tuple]:
-    """``n`` records; ``vary``: values of 150-250 bytes (200 on average) and three records per
-    millisecond, so neither the equal-length column reads nor consecutive timestamps apply."""
+def make_records(
+    n: int, *, round_robin: bool = False, vary: bool = False, value_bytes: int = 200
+) -> list[tuple]:
+    """``n`` records of ``value_bytes``; ``vary``: values of 150-250 bytes (200 on average) and
+    three records per millisecond, so neither the equal-length column reads nor consecutive
+    timestamps apply."""
     rnd = random.Random(42)
     words = [b"click", b"view", b"purchase", b"login", b"logout", b"search"]
     out = []
@@ -105,7 +112,7 @@ def make_records(n: int, *, round_robin: bool = False, vary: bool = False) -> li
             rnd.randrange(10**6),
         )
         value += rnd.randbytes(40).hex().encode()
-        size = rnd.randint(150, 250) if vary else 200
+        size = rnd.randint(150, 250) if vary else value_bytes
         value = (value + b" " * size)[: size - 1] + b"}"
         key = (b"customer-%041d" % rnd.randrange(10**12))[:50]
         # a consumer hands out runs of one partition; --round-robin interleaves 4 partitions
@@ -130,18 +137,44 @@ def bench_encode(
     return time.perf_counter() - t0, time.process_time() - c0, out
 
 
+def gro_reads(datagrams: list[bytes]) -> list[tuple[bytes, int]]:
+    """The datagrams as the receiver reads them with ``udp_gro``: a fragmented message's
+    datagrams joined into one read (its segment size: the first one's), others alone."""
+    reads: list[tuple[bytes, int]] = []
+    message: list[bytes] = []
+    for d in datagrams:
+        if not (d[_FRAGMENT_INDEX] | d[_FRAGMENT_INDEX + 1]) and message:
+            reads.append((b"".join(message), len(message[0])))
+            message = []
+        message.append(d)
+    if message:
+        reads.append((b"".join(message), len(message[0])))
+    return reads
+
+
+def decode_reads(decoder: Any, reads: list[tuple[bytes, int]]) -> None:
+    """Feed ``reads`` (``gro_reads``) to ``decoder`` as the receiver does: a read of several
+    datagrams to ``receive_coalesced``, one by one where it takes nothing (a session's first
+    message, before the session is known)."""
+    receive, coalesced = decoder.receive_datagram, decoder.receive_coalesced
+    for data, segment in reads:
+        if len(data) == segment or not coalesced(data, 0, segment, 0.0):
+            for at in range(0, len(data), segment):
+                receive(data[at : at + segment], 0.0)
+
+
 def bench_decode(
     config: WireConfig, ring: KeyRing, datagrams: list[bytes], *, records: bool = False
 ) -> tuple[float, float, int]:
     """Decode to events; with ``records`` also build every Record (what ``.records`` costs)."""
     dec = Decoder(config, ring)
-    receive = dec.receive_datagram
     next_event = dec.next_event
     columnar = hasattr(RecordBatch, "groups") and not records
+    reads = gro_reads(datagrams)
     n = 0
     c0, t0 = time.process_time(), time.perf_counter()
-    for d in datagrams:
-        receive(d, 0.0)
+    for read in reads:
+        decode_reads(dec, [read])
         while (ev := next_event()) is not None:
             if type(ev) is RecordBatch:
                 n += ev.count if columnar else len(ev.records)
@@ -195,13 +228,13 @@ def interleave(tree: str, records: list[tuple], rounds: int) -> dict:
                     out += r
             out += enc.flush()
             res.setdefault(f"{name}_encode", []).append(n / (time.process_time() - c0))
-            datagrams = [d.data for d in out]
+            reads = gro_reads([d.data for d in out])
             dec = w.Decoder(config, ring)
-            receive, next_event, batch_type = dec.receive_datagram, dec.next_event, w.RecordBatch
+            next_event, batch_type = dec.next_event, w.RecordBatch
             got = 0
             c0 = time.process_time()
-            for d in datagrams:
-                receive(d, 0.0)
+            for read in reads:
+                decode_reads(dec, [read])
                 while (ev := next_event()) is not None:
                     if type(ev) is batch_type:
                         got += ev.count
@@ -242,18 +275,25 @@ def main() -> int:
     ap.add_argument(
         "--vary", action="store_true", help="values of 150-250 bytes, 3 records per millisecond"
     )
+    ap.add_argument(
+        "--value-bytes", type=int, default=200,
+        help="value size; above a datagram, each message is decoded as one GRO read",
+    )  # fmt: skip
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--tree", help="import common from this checkout (--tree=DIR)")
     ap.add_argument("--interleave", metavar="DIR", help="alternate rounds against DIR/common")
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args()
-    records = make_records(args.records, round_robin=args.round_robin, vary=args.vary)
+    records = make_records(
+        args.records, round_robin=args.round_robin, vary=args.vary, value_bytes=args.value_bytes
+    )
     if args.interleave:
         load = os.getloadavg()[0]
         figures = interleave(args.interleave, records, args.rounds)
         summary = {
             "bench": "codec_interleave", "records_per_round": args.records,
-            "rounds": args.rounds, "vary": args.vary, "before": args.interleave,
+            "rounds": args.rounds, "vary": args.vary, "value_bytes": args.value_bytes,
+            "before": args.interleave,
             "load_avg_1m_start": round(load, 2), "load_avg_1m_end": round(os.getloadavg()[0], 2),
             **figures,
         }  # fmt: skip
@@ -266,7 +306,7 @@ def main() -> int:
     result: dict = {
         "bench": "codec",
         "records": args.records,
-        "value_bytes": 200,
+        "value_bytes": args.value_bytes,
         "key_bytes": 50,
         "datagram_bytes": 1472,
         "python": platform.python_version(),

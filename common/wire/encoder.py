@@ -95,11 +95,14 @@ _set_data, _set_sequence, _set_completes = (
     getattr(OutgoingDatagram, name).__set__ for name in OutgoingDatagram.__slots__
 )
 _SMALL = len(SMALL_LONGS)
-#: Header bytes 24..43 of a one-datagram message: sequence, key id, fragment index 0 and count 1
-#: (as one uint32 of value 1), message length.
-_SEQUENCE_KEY_ONE_TOTAL: Final = struct.Struct(">QIII")
-#: Header bytes 24..43 of any fragment: sequence, key id, fragment index and count, message length.
-_SEQUENCE_KEY_FRAGMENT_TOTAL: Final = struct.Struct(">QIHHI")
+#: A one-datagram message's whole header: its first 24 bytes, then sequence, key id, fragment
+#: index 0 and count 1 (as one uint32 of value 1), message length.
+_ONE_DATAGRAM_HEADER: Final = struct.Struct(">24sQIII")
+#: A fragment's whole header: its first 24 bytes (magic to session id), then sequence, key id,
+#: fragment index and count, message length.
+_FRAGMENT_HEADER: Final = struct.Struct(">24sQIHHI")
+#: The AES-GCM nonce: the session id's first 4 bytes and the sequence (docs/protocol.md §7.2).
+_NONCE: Final = struct.Struct(">4sQ")
 _NO_HEADERS = b"\x00"  # an empty Avro array
 _TABLE = len(BYTES_ITEMS)
 
@@ -552,9 +555,10 @@ class Encoder:
         sequence = self._next_sequence
         self._next_sequence = sequence + 1
         self.records_sealed += records
-        tail = _SEQUENCE_KEY_ONE_TOTAL.pack(sequence, self._framing_key_id, 1, total)
-        header = self._framing_prefix + tail
-        body = aead.encrypt(self._nonce_prefix + tail[:8], payload, header)
+        header = _ONE_DATAGRAM_HEADER.pack(
+            self._framing_prefix, sequence, self._framing_key_id, 1, total
+        )
+        body = aead.encrypt(_NONCE.pack(self._nonce_prefix, sequence), payload, header)
         datagram = _new(OutgoingDatagram)
         n = total + TAG_SIZE
         _set_data(
@@ -668,7 +672,8 @@ class Encoder:
         prefix = MAGIC + bytes((VERSION, kind, compression, CIPHER_AES_256_GCM)) + self._session_id
         nonce_prefix = self._nonce_prefix
         encrypt = cipher.aead.encrypt
-        pack = _SEQUENCE_KEY_FRAGMENT_TOTAL.pack
+        header_of = _FRAGMENT_HEADER.pack
+        nonce_of = _NONCE.pack
         full = capacity + TAG_SIZE
         full_length = SMALL_LONGS[full] if full < _SMALL else encode_long(full)
         view = memoryview(payload)
@@ -678,14 +683,15 @@ class Encoder:
         last = count - 1
         for index in range(count):
             sequence = first + index
-            tail = pack(sequence, key_id, index, count, total)
-            header = prefix + tail
+            header = header_of(prefix, sequence, key_id, index, count, total)
             if index < last:
                 start = index * capacity
-                body = encrypt(nonce_prefix + tail[:8], view[start : start + capacity], header)
+                body = encrypt(
+                    nonce_of(nonce_prefix, sequence), view[start : start + capacity], header
+                )
                 length = full_length
             else:
-                body = encrypt(nonce_prefix + tail[:8], view[index * capacity :], header)
+                body = encrypt(nonce_of(nonce_prefix, sequence), view[index * capacity :], header)
                 n = len(body)
                 length = SMALL_LONGS[n] if n < _SMALL else encode_long(n)
             datagram = _new(OutgoingDatagram)

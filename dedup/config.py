@@ -121,6 +121,13 @@ class DedupConfig:
     """Spark master URL; ignored when started by spark-submit (its --master wins). A local
     master without a count of task attempts gets 4 (local[*] runs as local[*,4]): a task that
     fails on a transient Kafka error is retried, as on a cluster; local[N,1] fails at once."""
+    jvm_class_archive_dir: str = "auto"
+    """Where the driver JVM's class-data archive is kept, when the dedup starts that JVM itself
+    (not under spark-submit): auto (systemd's CACHE_DIRECTORY/jvm-classes, else
+    KAFKA_DIODE_CACHE/jvm-classes), a directory, or off. A start without an archive has the JVM
+    write one at its next clean stop (~150 MB; two are kept); a start with one maps Spark's
+    classes instead of loading them, seconds sooner (docs/dedup-internals.md "The driver JVM's
+    class archive")."""
     shuffle_partitions: int = 0
     """spark.sql.shuffle.partitions of the stateful step (state partitions = write tasks per
     batch); 0 = half the driver's cores, at least 1 (each task keeps two Python workers busy at
@@ -245,6 +252,10 @@ class DedupConfig:
         _check_range("METRICS_PORT", self.metrics_port, 0, 65_535)
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError("LOG_LEVEL", f"is {self.log_level!r}", "use DEBUG/INFO/WARNING/ERROR")
+        if not self.jvm_class_archive_dir.strip():
+            raise ConfigError(
+                "JVM_CLASS_ARCHIVE_DIR", "is empty", "use auto, off or a writable directory"
+            )
         if not self.spark_master.strip():
             raise ConfigError("SPARK_MASTER", "is empty", "use local[*] or spark://host:7077")
         if self.transactional_id is not None and not self.transactional_id.strip():

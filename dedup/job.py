@@ -99,12 +99,21 @@ def checkpoint_conf(layout: LayoutImpl, *, own_manager: bool = False) -> dict[st
 # -- session and query -----------------------------------------------------------------------
 
 
-def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0) -> SparkSession:
+def launches_jvm() -> bool:
+    """True when the session this process builds starts its own driver JVM (not under
+    spark-submit, whose JVM runs already)."""
+    return "SPARK_SUBMIT_OPTS" not in os.environ and not os.environ.get("PYSPARK_GATEWAY_PORT")
+
+
+def build_session(
+    config: DedupConfig, jars: list[str], raw_partitions: int = 0, jvm_options: str = ""
+) -> SparkSession:
     """The SparkSession with the settings docs/benchmarks.md measured; ``SPARK_CONF_*`` last.
 
     ``raw_partitions`` (0: not known) bounds the tasks that run at once, for the heap
-    (:func:`driver_heap_mib`). Under spark-submit the master and already-set options come from
-    spark-submit.
+    (:func:`driver_heap_mib`). ``jvm_options`` go to the driver's JVM when this process starts
+    it (the class archive's, dedup/class_archive.py). Under spark-submit the master and
+    already-set options come from spark-submit.
     """
     # the interpreter of every Python worker, the executors' too: Spark starts them with the
     # driver's PYSPARK_PYTHON (spark-submit sets it from spark.pyspark.python), not with an
@@ -112,9 +121,7 @@ def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName("kafka-diode-dedup")
-    launched_here = "SPARK_SUBMIT_OPTS" not in os.environ and not os.environ.get(
-        "PYSPARK_GATEWAY_PORT"
-    )
+    launched_here = launches_jvm()
     if launched_here:
         builder = builder.master(with_task_attempts(config.spark_master))
         for name, value in JVM_ENV.items():  # the JVM is started with this process's environment
@@ -154,7 +161,7 @@ def build_session(config: DedupConfig, jars: list[str], raw_partitions: int = 0)
         # under spark-submit the driver's JVM runs already and spark-defaults.conf is the
         # cluster administrator's: docs/dedup.md "Running on a Spark cluster" says what to add
         options = " ".join(filter(None, (JVM_OPTIONS, layout.jit_options(config))))
-        conf["spark.driver.defaultJavaOptions"] = options
+        conf["spark.driver.defaultJavaOptions"] = " ".join(filter(None, (options, jvm_options)))
         conf["spark.executor.defaultJavaOptions"] = options
         if layout.DRIVER_MEMORY_MIB:
             heap = driver_heap_mib(layout.DRIVER_MEMORY_MIB, config, raw_partitions)

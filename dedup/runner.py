@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from common import settings
 from common.errors import KafkaClientError
+from dedup import class_archive
 from dedup.config import DedupConfig
 from dedup.idle_tick import IdleTicker
 from dedup.layouts import StateLayout, implementation
@@ -75,11 +78,14 @@ def run(
     writer.scan_interval_s = config.gap_emit_interval_sec
     raw = raw_position_metrics(config, metrics.registry)
     jars = [str(path) for path in spark_connector_jars()]
-    spark = job.build_session(config, jars, raw_partitions)
+    archive = class_archive_plan(config, jars) if job.launches_jvm() else None
+    spark = job.build_session(config, jars, raw_partitions, archive.option if archive else "")
+    class_archive.check_mapped(archive, driver_jvm())
     with service.thread_signals(service.StopRequests(on_stop)):
         started = start_retrying(lambda: job.start_query(spark, config, writer), stop)
     if started is None:
         stop_spark(spark, requested=True)
+        class_archive.finish(archive, driver_jvm())
         return EXIT_OK
     query = started
     ticker, close_ticks = idle_ticker(config, writer.layout)
@@ -106,6 +112,31 @@ def run(
         writer.close()
         raw.close()
         stop_spark(spark, requested=stop.is_set())
+        class_archive.finish(archive, driver_jvm())
+
+
+def class_archive_plan(config: DedupConfig, jars: list[str]) -> class_archive.ArchivePlan | None:
+    """This start's use of the driver JVM's class archive (``JVM_CLASS_ARCHIVE_DIR``)."""
+    import pyspark  # noqa: PLC0415  heavy
+
+    from runtime.maven import cache_root  # noqa: PLC0415
+
+    folder = class_archive.directory(config.jvm_class_archive_dir, os.environ, cache_root())
+    java = class_archive.java_binary(os.environ)
+    if folder is None or java is None:
+        return None
+    home = os.environ.get("SPARK_HOME", "").strip()
+    spark_jars = (Path(home) if home else Path(pyspark.__file__).parent) / "jars"
+    name = class_archive.archive_name(java, [spark_jars], jars)
+    explicit = config.jvm_class_archive_dir.strip() not in {"auto", "off"}
+    return class_archive.plan(folder, name, explicit=explicit)
+
+
+def driver_jvm() -> Any:
+    """The driver JVM's process that pyspark started (None: none, or not known)."""
+    from pyspark import SparkContext  # noqa: PLC0415  heavy
+
+    return getattr(SparkContext._gateway, "proc", None)  # pyspark keeps its Popen there
 
 
 class _Waiting:

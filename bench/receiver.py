@@ -522,7 +522,11 @@ def main() -> int:
         action="store_true",
         help="interleave the 6 source partitions record by record (default: runs of 1000)",
     )
-    parser.add_argument("--compression", default="lz4", help="producer compression.type")
+    parser.add_argument(
+        "--compression",
+        default="none",
+        help="producer compression.type (none: the receiver's default, docs/receiver.md)",
+    )
     parser.add_argument("--bootstrap", help="use this broker instead of starting one")
     parser.add_argument(
         "--receiver-arg",

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from common.errors import ConfigError
+from runtime import file_watch
 
 log = logging.getLogger(__name__)
 
@@ -90,11 +91,11 @@ def archive_name(java: Path, classpath_dirs: Sequence[Path], jars: Sequence[str]
     files += [Path(jar) for jar in jars]
     for path in files:
         try:
-            stat = path.stat()
+            size = path.stat().st_size
         except OSError:
             digest.update(f"{path}:missing\n".encode())
             continue
-        digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+        digest.update(f"{path}:{size}:{file_watch.mtime(path)}\n".encode())
     return "dedup-" + digest.hexdigest()[:20]
 
 
@@ -205,6 +206,8 @@ def _alive(pid: int) -> bool:
 
 def _prune(folder: Path) -> None:
     """Keep the ``KEEP`` archives used last."""
-    archives = sorted(folder.glob("*" + _SUFFIX), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    archives = sorted(
+        folder.glob("*" + _SUFFIX), key=lambda p: file_watch.mtime(p) or 0, reverse=True
+    )
     for old in archives[KEEP:]:
         old.unlink(missing_ok=True)

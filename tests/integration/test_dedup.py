@@ -479,12 +479,18 @@ def test_a_direct_checkpoint_reads_on_with_either_reader(
     once. (Spark's source then librdkafka is the upgrade, tests/integration/
     test_dedup_upgrade.py, which continues a release's checkpoint of Spark's source with this
     tree's librdkafka reader; a checkpoint with groups refuses Spark's source,
-    tests/unit/test_dedup_state_layout_direct.py.)"""
+    tests/unit/test_dedup_state_layout_direct.py.)
+
+    The two starts also carry the driver JVM's class archive (dedup/class_archive.py) in a
+    directory of their own, as a restart does: the first start's clean stop writes it, the
+    second start's JVM maps it (its memory map names the file)."""
     raw = kafka_topic(downstream_kafka, partitions=3)
     tag = raw
     create_topic(downstream_kafka, f"clean.{tag}.{SOURCE}", partitions=3)
     env = job_env(downstream_kafka.bootstrap, raw, tmp_path, tag)
     env |= {"STATE_LAYOUT": "direct", "DIRECT_TRANSACTIONS": "3"}  # each raw partition alone
+    archives = tmp_path / "jvm-classes"
+    env["JVM_CLASS_ARCHIVE_DIR"] = str(archives)
     expected: set[tuple[int, int]] = set()
     for step, reader in enumerate(("librdkafka", "spark")):
         first, last = 40 * step, 40 * step + 39
@@ -500,6 +506,14 @@ def test_a_direct_checkpoint_reads_on_with_either_reader(
         seen = Counter((r.partition, int(r.timestamp - BASE_TS)) for r in clean)
         assert [k for k, n in seen.items() if n > 1] == [], reader
         assert set(seen) == expected, reader
+        written = [p.name for p in archives.iterdir()]
+        assert len(written) == 1, written
+        assert written[0].endswith(".jsa"), written  # whole, no part file left
+        if step == 0:
+            assert "wrote the JVM class archive" in log, log[-3000:]
+        else:
+            assert "the driver JVM mapped its class archive" in log, log[-3000:]
+            assert "wrote the JVM class archive" not in log
 
 
 def test_a_direct_checkpoint_whose_raw_topic_changed_reads_the_new_one_from_its_start(

@@ -3,7 +3,8 @@ it or writes it, and that only a JVM's complete, clean exit puts one in place.
 
 The JVM here is a real child process speaking the same protocol as pyspark's (EOF on its stdin
 ends it; it writes the file it was asked for on the way out); the real JVM writing and mapping a
-real archive is tests/integration/test_dedup_class_archive.py.
+real archive is tests/integration/test_dedup.py::
+test_a_direct_checkpoint_reads_on_with_either_reader.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -70,15 +69,6 @@ def directory(setting: str, env: Mapping[str, str], cache_root: Path) -> Path | 
         cache = env.get("CACHE_DIRECTORY", "").split(":")[0].strip()
         return Path(cache) / "jvm-classes" if cache else cache_root / "jvm-classes"
     return Path(value)
-
-
-def java_binary(env: Mapping[str, str]) -> Path | None:
-    """The java the launcher runs: ``$JAVA_HOME/bin/java``, else the first on ``PATH``."""
-    home = env.get("JAVA_HOME", "").strip()
-    if home:
-        return Path(home) / "bin" / "java"
-    found = shutil.which("java", path=env.get("PATH"))
-    return Path(found) if found else None
 
 
 def archive_name(java: Path, classpath_dirs: Sequence[Path], jars: Sequence[str]) -> str:

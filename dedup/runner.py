@@ -119,15 +119,15 @@ def class_archive_plan(config: DedupConfig, jars: list[str]) -> class_archive.Ar
     """This start's use of the driver JVM's class archive (``JVM_CLASS_ARCHIVE_DIR``)."""
     import pyspark  # noqa: PLC0415  heavy
 
-    from runtime.maven import cache_root  # noqa: PLC0415
+    from runtime.maven import cache_root, java_path  # noqa: PLC0415
 
     folder = class_archive.directory(config.jvm_class_archive_dir, os.environ, cache_root())
-    java = class_archive.java_binary(os.environ)
+    java = java_path()
     if folder is None or java is None:
         return None
     home = os.environ.get("SPARK_HOME", "").strip()
     spark_jars = (Path(home) if home else Path(pyspark.__file__).parent) / "jars"
-    name = class_archive.archive_name(java, [spark_jars], jars)
+    name = class_archive.archive_name(Path(java), [spark_jars], jars)
     explicit = config.jvm_class_archive_dir.strip() not in {"auto", "off"}
     return class_archive.plan(folder, name, explicit=explicit)
 

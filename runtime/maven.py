@@ -297,22 +297,30 @@ def _last_error(output: str) -> str:
     return text[:300]
 
 
+def java_path(env: Mapping[str, str] | None = None) -> str | None:
+    """Where the ``java`` to run is: ``$JAVA_HOME/bin/java`` when ``JAVA_HOME`` is set (whether
+    or not it exists), else ``java`` on PATH (None: none there). Not checked: see
+    :func:`java_executable`."""
+    environ = os.environ if env is None else env
+    java_home = environ.get("JAVA_HOME", "").strip()
+    if java_home:
+        return str(Path(java_home) / "bin" / "java")
+    return shutil.which("java", path=environ.get("PATH"))
+
+
 def java_executable(env: Mapping[str, str] | None = None) -> str:
-    """The ``java`` to run (``$JAVA_HOME/bin/java`` or ``java`` on PATH), checked to be >= 17.
+    """The ``java`` to run (:func:`java_path`), checked to be >= 17.
 
     Raises:
         LocalKafkaError: Java is missing, unusable or older than 17.
     """
     environ = os.environ if env is None else env
     java_home = environ.get("JAVA_HOME", "").strip()
-    if java_home:
-        candidate: str | None = str(Path(java_home) / "bin" / "java")
-        if not os.access(str(candidate), os.X_OK):
-            raise LocalKafkaError(
-                f"JAVA_HOME={java_home} has no bin/java: point JAVA_HOME at a Java 17+ installation"
-            )
-    else:
-        candidate = shutil.which("java", path=environ.get("PATH"))
+    candidate = java_path(environ)
+    if java_home and not os.access(str(candidate), os.X_OK):
+        raise LocalKafkaError(
+            f"JAVA_HOME={java_home} has no bin/java: point JAVA_HOME at a Java 17+ installation"
+        )
     if candidate is None:
         raise LocalKafkaError(
             "Java 17 or newer is needed to run Kafka but 'java' was not found: "

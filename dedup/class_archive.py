@@ -71,6 +71,30 @@ def directory(setting: str, env: Mapping[str, str], cache_root: Path) -> Path | 
     return Path(value)
 
 
+def check_setting(setting: str) -> None:
+    """Refuse, at start and before anything waits (for Kafka, for Spark), a directory the operator
+    named that cannot be created or written: its nearest existing ancestor is not a writable
+    directory. Creates nothing (``--check-config`` runs it too); ``plan`` checks again.
+
+    Raises:
+        ConfigError: naming ``JVM_CLASS_ARCHIVE_DIR`` and the fix.
+    """
+    value = setting.strip()
+    if value in {"auto", "off"}:
+        return
+    existing = Path(value).absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise _unusable(f"{existing} is not a directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _unusable(f"{existing} is not writable")
+
+
+def _unusable(why: str) -> ConfigError:
+    return ConfigError(KEY, f"cannot be used: {why}", "name a writable directory, or off")
+
+
 def archive_name(java: Path, classpath_dirs: Sequence[Path], jars: Sequence[str]) -> str:
     """A name that changes with anything the archive depends on: the java binary (its real path,
     size and time), each jar of ``classpath_dirs`` and each of ``jars`` (path, size, time)."""
@@ -107,9 +131,7 @@ def plan(
             raise PermissionError(f"{folder} is not writable")
     except OSError as exc:
         if explicit:
-            raise ConfigError(
-                KEY, f"cannot be used: {exc}", "name a writable directory, or off"
-            ) from None
+            raise _unusable(str(exc)) from None
         log.info("no JVM class archive (%s; %s=off says so quietly)", exc, KEY)
         return None
     _remove_dead_parts(folder)

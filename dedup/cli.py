@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from common import logging as diode_logging
 from common import raw_topic, settings
 from common.errors import ConfigError, DiodeError, GapStateError
+from dedup import class_archive
 from dedup.config import (
     LOG_LEVELS,
     PASS_THROUGH,
@@ -133,6 +134,7 @@ def main(argv: Sequence[str], prog: str = "kafka-diode dedup") -> int:
             os.environ, args, file_values=config_file.read_toml_section(args.config, "dedup")
         )
         check_files(config, key=table_variable(PASS_THROUGH))
+        class_archive.check_setting(config.jvm_class_archive_dir)
     except ConfigError as exc:
         print(f"{prog}: configuration error: {exc}", file=sys.stderr)
         return EXIT_CONFIG

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from common.errors import ConfigError
-from dedup import class_archive
+from dedup import class_archive, cli
 from dedup.class_archive import ArchivePlan
 from dedup.config import from_sources
 
@@ -112,6 +112,39 @@ def test_an_unusable_directory_stops_the_start_only_when_the_operator_named_it(
     with caplog.at_level(logging.INFO, logger="dedup.class_archive"):
         assert class_archive.plan(blocker / "jvm", "dedup-x", explicit=False) is None
     assert "JVM_CLASS_ARCHIVE_DIR=off" in caplog.text
+
+
+@pytest.mark.parametrize("mode", ["--check-config", "start"])
+def test_a_named_directory_that_cannot_be_used_stops_the_command_before_any_wait(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    mode: str,
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    env = {"RAW_TOPICS": "raw", "STATE_DIR_CONFIG": str(tmp_path / "state")}
+    env["BOOTSTRAP_SERVERS"] = "127.0.0.1:9"  # nothing answers: a start would wait for Kafka
+    env["JVM_CLASS_ARCHIVE_DIR"] = str(blocker / "jvm")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+
+    def waited(*_args: object, **_kwargs: object) -> int:
+        raise AssertionError("the dedup started before refusing its configuration")
+
+    monkeypatch.setattr(cli, "run", waited)
+    argv = ["--check-config"] if mode == "--check-config" else []
+    assert cli.main(argv, prog="dedup") == cli.EXIT_CONFIG
+    err = capsys.readouterr().err
+    assert "JVM_CLASS_ARCHIVE_DIR" in err
+    assert f"{blocker} is not a directory" in err
+    assert not (blocker / "jvm").exists()
+
+
+@pytest.mark.parametrize("setting", ["auto", "off", " off ", "{tmp}/new/jvm", "{tmp}"])
+def test_a_usable_or_default_setting_passes_the_start_check(tmp_path: Path, setting: str) -> None:
+    class_archive.check_setting(setting.format(tmp=tmp_path))
+    assert not (tmp_path / "new").exists()  # the check creates nothing
 
 
 def test_a_clean_exit_puts_the_archive_in_place_and_keeps_the_newest(tmp_path: Path) -> None:

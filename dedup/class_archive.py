@@ -79,16 +79,28 @@ def check_setting(setting: str) -> None:
     Raises:
         ConfigError: naming ``JVM_CLASS_ARCHIVE_DIR`` and the fix.
     """
-    value = setting.strip()
-    if value in {"auto", "off"}:
+    if not named(setting):
         return
-    existing = Path(value).absolute()
+    existing = Path(setting.strip()).absolute()
     while not existing.exists() and existing != existing.parent:
         existing = existing.parent
-    if not existing.is_dir():
-        raise _unusable(f"{existing} is not a directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise _unusable(f"{existing} is not writable")
+    why = _not_writable(existing)
+    if why is not None:
+        raise _unusable(why)
+
+
+def named(setting: str) -> bool:
+    """The setting names a directory (not ``auto``, not ``off``): one that cannot be used is a
+    configuration error, not a quiet start without an archive."""
+    return setting.strip() not in {"auto", "off"}
+
+
+def _not_writable(folder: Path) -> str | None:
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"{folder} is not writable"
+    return None
 
 
 def _unusable(why: str) -> ConfigError:
@@ -127,8 +139,8 @@ def plan(
         return None
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        if not os.access(folder, os.W_OK | os.X_OK):
-            raise PermissionError(f"{folder} is not writable")
+        if (why := _not_writable(folder)) is not None:
+            raise PermissionError(why)
     except OSError as exc:
         if explicit:
             raise _unusable(str(exc)) from None

@@ -128,8 +128,9 @@ def class_archive_plan(config: DedupConfig, jars: list[str]) -> class_archive.Ar
     home = os.environ.get("SPARK_HOME", "").strip()
     spark_jars = (Path(home) if home else Path(pyspark.__file__).parent) / "jars"
     name = class_archive.archive_name(Path(java), [spark_jars], jars)
-    explicit = config.jvm_class_archive_dir.strip() not in {"auto", "off"}
-    return class_archive.plan(folder, name, explicit=explicit)
+    return class_archive.plan(
+        folder, name, explicit=class_archive.named(config.jvm_class_archive_dir)
+    )
 
 
 def driver_jvm() -> Any:
